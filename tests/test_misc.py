@@ -1,0 +1,32 @@
+"""torch_utils.misc: shape assertions, seeding, parameter copies."""
+
+import pytest
+import torch
+
+from torch_utils import misc
+
+
+def test_assert_shape():
+    misc.assert_shape(torch.zeros(2, 3, 4), [2, None, 4])
+    with pytest.raises(AssertionError, match='dimension 1'):
+        misc.assert_shape(torch.zeros(2, 3, 4), [2, 5, 4])
+    with pytest.raises(AssertionError, match='number of dimensions'):
+        misc.assert_shape(torch.zeros(2, 3), [2, 3, 1])
+
+
+def test_set_seed_reproducible():
+    misc.set_seed(123)
+    a = torch.randn(5)
+    misc.set_seed(123)
+    assert torch.equal(a, torch.randn(5))
+
+
+def test_copy_params_and_buffers():
+    src, dst = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4)
+    with torch.no_grad():
+        src.weight.uniform_()
+        src.running_mean.uniform_()
+    misc.copy_params_and_buffers(src, dst)
+    assert torch.equal(src.weight, dst.weight) and torch.equal(src.running_mean, dst.running_mean)
+    with pytest.raises(KeyError):
+        misc.copy_params_and_buffers(torch.nn.Linear(4, 4), dst, require_all=True)  # No running stats.

@@ -1,0 +1,95 @@
+"""torch_utils.persistence: exact round trips, and refusal of snapshots that would run code."""
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from torch_utils import persistence
+
+
+@persistence.persistent_class
+class TinyNet(torch.nn.Module):
+    def __init__(self, width=4, use_bn=False, extra=None):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(3, width)
+        self.bn = torch.nn.BatchNorm1d(width) if use_bn else torch.nn.Identity()
+        self.fc2 = torch.nn.Linear(width, 1)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+def test_records_kwargs_and_requires_keywords():
+    net = TinyNet(width=6, extra={'a': [1, 2]})
+    assert net.init_kwargs == {'width': 6, 'extra': {'a': [1, 2]}}
+    with pytest.raises(TypeError, match='keyword'):
+        TinyNet(6)
+    with pytest.raises(TypeError, match='plain data'):
+        TinyNet(extra=torch.zeros(1))
+
+
+def test_round_trip_restores_identical_outputs(tmp_path):
+    torch.manual_seed(0)
+    net = TinyNet(width=7, use_bn=True)
+    net.train()
+    net(torch.randn(16, 3))  # Move the BatchNorm running statistics away from their init.
+    net.eval()
+    path = str(tmp_path / 'snap.pkl')
+    opt = torch.optim.Adam(net.parameters())
+    net(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    persistence.save_snapshot(path, {'G': net, 'progress': {'step': 5, 'kimg': 1.5}, 'opt': opt.state_dict()})
+    data = persistence.load_snapshot(path)
+    x = torch.randn(10, 3)
+    assert type(data.G) is TinyNet and not data.G.training
+    assert torch.equal(data.G(x), net(x))
+    assert data.progress.step == 5 and data.progress.kimg == 1.5
+    opt2 = torch.optim.Adam(data.G.parameters())
+    opt2.load_state_dict(data.opt)  # Optimizer state survives as plain data.
+    assert torch.equal(opt2.state_dict()['state'][0]['exp_avg'], opt.state_dict()['state'][0]['exp_avg'])
+    assert [f for f in os.listdir(tmp_path) if f != 'snap.pkl'] == []  # No temporary files left.
+
+
+def test_refuses_unregistered_module(tmp_path):
+    with pytest.raises(TypeError, match='persistent_class'):
+        persistence.save_snapshot(str(tmp_path / 'x.pkl'), {'G': torch.nn.Linear(2, 2)})
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, 'w'))  # Creates the marker file if it ever runs.
+
+
+@pytest.mark.parametrize('protocol', [2, pickle.HIGHEST_PROTOCOL])
+def test_crafted_pickle_is_refused_and_never_runs(tmp_path, protocol):
+    marker = str(tmp_path / 'pwned')
+    path = str(tmp_path / 'evil.pkl')
+    with open(path, 'wb') as f:
+        pickle.dump({'G': _Payload(marker)}, f, protocol=protocol)
+    with pytest.raises(persistence.UnsafeSnapshotError, match='refused'):
+        persistence.load_snapshot(path)
+    assert not os.path.exists(marker)
+
+
+def test_snapshot_naming_foreign_class_is_refused(tmp_path):
+    """A well-formed snapshot whose network class is not one of the project's own is refused."""
+    net = TinyNet(width=3)
+    path = str(tmp_path / 'forged.pkl')
+    persistence.save_snapshot(path, {'G': net})
+    payload = torch.load(path, weights_only=True)
+    payload['data']['G']['__persistent_module__'] = 'subprocess.Popen'
+    torch.save(payload, path)
+    with pytest.raises(persistence.UnsafeSnapshotError, match='subprocess.Popen'):
+        persistence.load_snapshot(path)
+
+
+def test_not_a_snapshot(tmp_path):
+    path = str(tmp_path / 'plain.pt')
+    torch.save({'weights': torch.zeros(2)}, path)
+    with pytest.raises(persistence.UnsafeSnapshotError, match='not a GN-GAN snapshot'):
+        persistence.load_snapshot(path)

@@ -1,0 +1,48 @@
+"""torch_utils.training_stats: moments against numpy, per-interval resets, and a 2-process reduction."""
+
+import numpy as np
+import pytest
+import torch
+
+from torch_utils import training_stats
+
+
+def test_mean_std_match_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=17), rng.normal(size=5)
+    collector = training_stats.Collector(r'Test1/.*')
+    training_stats.report('Test1/x', torch.from_numpy(a))
+    training_stats.report('Test1/x', b)
+    training_stats.report('Test1/y', float('nan'))  # Not counted.
+    training_stats.report('Other/z', 1.0)  # Not matched.
+    collector.update()
+    both = np.concatenate([a, b])
+    stats = collector.as_dict()
+    assert set(stats) == {'Test1/x'}
+    assert stats['Test1/x'].num == 22
+    assert stats['Test1/x'].mean == pytest.approx(both.mean(), rel=1e-12)
+    assert stats['Test1/x'].std == pytest.approx(both.std(), rel=1e-10)
+    collector.update()  # Nothing new since the last update.
+    assert collector.num('Test1/x') == 0 and np.isnan(collector.mean('Test1/x'))
+
+
+def _worker(rank, init_file, result_file):
+    torch.distributed.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=2)
+    collector = training_stats.Collector(r'Dist/.*')
+    training_stats.report('Dist/x', torch.arange(3.0) + 10 * rank)
+    if rank == 1:
+        training_stats.report('Dist/only1', 5.0)
+    collector.update()
+    if rank == 0:
+        torch.save({'mean': collector.mean('Dist/x'), 'num': collector.num('Dist/x'),
+                    'only1': collector.mean('Dist/only1')}, result_file)
+    torch.distributed.destroy_process_group()
+
+
+def test_two_process_reduction(tmp_path):
+    result_file = str(tmp_path / 'result.pt')
+    torch.multiprocessing.spawn(_worker, args=(str(tmp_path / 'init'), result_file), nprocs=2)
+    result = torch.load(result_file)
+    assert result['num'] == 6
+    assert result['mean'] == pytest.approx(np.mean([0, 1, 2, 10, 11, 12]))
+    assert result['only1'] == 5.0

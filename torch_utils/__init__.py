@@ -1,0 +1,1 @@
+"""PyTorch helpers: JIT-built custom ops, snapshot persistence, statistics across processes."""

@@ -1,0 +1,96 @@
+"""Small helpers: shape assertions, seeding, and the bits of torch.distributed the training loop needs."""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+#----------------------------------------------------------------------------
+
+
+def assert_shape(tensor: torch.Tensor, ref_shape: Sequence[int | None]) -> None:
+    """Raise AssertionError unless `tensor` has `ref_shape` (None entries match any size)."""
+    if tensor.ndim != len(ref_shape):
+        raise AssertionError(f'Wrong number of dimensions: got {tensor.ndim}, expected {len(ref_shape)}')
+    for idx, (size, ref_size) in enumerate(zip(tensor.shape, ref_shape)):
+        if ref_size is not None and size != ref_size:
+            raise AssertionError(f'Wrong size for dimension {idx}: got {size}, expected {ref_size}')
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python, numpy and torch (all devices) in one call."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+#----------------------------------------------------------------------------
+# torch.distributed helpers. All of them are no-ops in a single process.
+
+
+def world_size() -> int:
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
+    """Copy parameters and buffers of `module` from process `src` to every other process."""
+    if world_size() == 1:
+        return
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        torch.distributed.broadcast(tensor.data, src=src)
+
+
+def all_reduce_mean_grads(params: Iterable[torch.nn.Parameter]) -> None:
+    """Average the gradients of `params` across processes, as DDP would, in one flat all-reduce.
+
+    The training loop uses this instead of DistributedDataParallel because the GN discriminator
+    step back-propagates through a gradient (double backward), which DDP's reducer does not
+    follow reliably, and because G and D take turns being trained.
+    """
+    n = world_size()
+    params = [p for p in params if p.grad is not None]
+    if n == 1 or not params:
+        return
+    flat = torch.cat([p.grad.flatten() for p in params])
+    torch.distributed.all_reduce(flat)
+    flat /= n
+    offset = 0
+    for p in params:
+        numel = p.grad.numel()
+        p.grad.copy_(flat[offset:offset + numel].view_as(p.grad))
+        offset += numel
+
+
+def check_ddp_consistency(module: torch.nn.Module, ignore_regex: str | None = None) -> None:
+    """Assert that every parameter and buffer is identical across processes (debug aid)."""
+    import re
+    if world_size() == 1:
+        return
+    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        if ignore_regex is not None and re.fullmatch(ignore_regex, name):
+            continue
+        other = tensor.detach().clone()
+        torch.distributed.broadcast(other, src=0)
+        if not torch.equal(tensor.detach().nan_to_num(), other.nan_to_num()):
+            raise AssertionError(f'{name} differs between processes')
+
+
+def params_and_buffers(module: torch.nn.Module) -> list[torch.Tensor]:
+    return list(module.parameters()) + list(module.buffers())
+
+
+@torch.no_grad()
+def copy_params_and_buffers(src: torch.nn.Module, dst: torch.nn.Module, require_all: bool = False) -> None:
+    """Copy same-named tensors from `src` to `dst` (used to start EMA copies and to resume)."""
+    src_tensors = dict(src.named_parameters()) | dict(src.named_buffers())
+    for name, tensor in list(dst.named_parameters()) + list(dst.named_buffers()):
+        if name in src_tensors:
+            tensor.copy_(src_tensors[name])
+        elif require_all:
+            raise KeyError(f'{name} missing from the source module')
