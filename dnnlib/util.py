@@ -195,3 +195,36 @@ def open_url(url: str, cache_dir: str | None = None, num_attempts: int = 3, verb
                 os.remove(tmp)
             raise
     return io.BytesIO(data)
+
+#----------------------------------------------------------------------------
+
+
+class Logger:
+    """Copy everything written to stdout (and stderr) into a log file as well, line-buffered."""
+
+    def __init__(self, file_name: str, file_mode: str = 'a') -> None:
+        import sys
+        self._sys = sys
+        self.file = open(file_name, file_mode)
+        self.stdout, self.stderr = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = self, self
+
+    def write(self, text: str) -> None:
+        self.file.write(text)
+        self.stdout.write(text)
+        if '\n' in text:
+            self.flush()
+
+    def flush(self) -> None:
+        self.file.flush()
+        self.stdout.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if self._sys.stdout is self:
+            self._sys.stdout = self.stdout
+        if self._sys.stderr is self:
+            self._sys.stderr = self.stderr
+        self.file.close()

@@ -1,0 +1,73 @@
+"""training/training_loop.py helpers: data sharding, EMA, image grids, batch assembly."""
+
+import itertools
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+from training import training_loop
+
+
+def test_infinite_sampler_shards_are_disjoint_and_cover_each_pass():
+    size, replicas = 10, 2
+    shards = [list(itertools.islice(iter(training_loop.InfiniteSampler(size, rank=r, num_replicas=replicas, seed=3)), 5))
+              for r in range(replicas)]
+    assert set(shards[0]).isdisjoint(shards[1])
+    assert sorted(shards[0] + shards[1]) == list(range(size))  # One full pass over the data.
+
+
+def test_update_ema_matches_formula():
+    G, G_ema = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    with torch.no_grad():
+        G.weight.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        G_ema.weight.copy_(torch.tensor([0.0, 0.0, 6.0]))
+        G.running_mean.copy_(torch.tensor([5.0, 5.0, 5.0]))
+    training_loop.update_ema(G_ema, G, beta=0.75)
+    assert torch.allclose(G_ema.weight, torch.tensor([0.25, 0.5, 0.75 * 6 + 0.25 * 3]))
+    assert torch.equal(G_ema.running_mean, G.running_mean)  # Buffers are copied, not averaged.
+
+
+def test_save_image_grid_layout(tmp_path):
+    img = torch.zeros(6, 3, 2, 4)
+    for i in range(6):
+        img[i] = i / 5 * 2 - 1  # Tile i has a constant value.
+    path = str(tmp_path / 'grid.png')
+    training_loop.save_image_grid(img, path, grid_size=(3, 2))
+    out = np.asarray(PIL.Image.open(path))
+    assert out.shape == (4, 12, 3)
+    expected = np.clip(np.round(np.arange(6) / 5 * 255), 0, 255)  # (x * 127.5 + 128) truncated, x = i/5*2-1.
+    for i in range(6):
+        row, col = divmod(i, 3)
+        tile = out[row * 2:(row + 1) * 2, col * 4:(col + 1) * 4]
+        assert np.all(np.abs(tile.astype(int) - expected[i]) <= 1)
+
+
+def test_random_xflip_flips_whole_images():
+    torch.manual_seed(0)
+    img = torch.arange(2 * 1 * 3 * 4, dtype=torch.float32).reshape(2, 1, 3, 4).repeat(50, 1, 1, 1)
+    out = training_loop.random_xflip(img)
+    flipped = (out == img.flip(3)).flatten(1).all(1)
+    same = (out == img).flatten(1).all(1)
+    assert torch.all(flipped | same) and 20 < flipped.sum() < 80
+
+
+class _ToyDataset(torch.utils.data.Dataset):
+    def __len__(self):
+        return 7
+
+    def __getitem__(self, idx):
+        return np.full([1, 2, 2], idx, dtype=np.uint8), np.zeros([0], dtype=np.float32)
+
+
+def test_real_image_stream_assembles_any_batch_size():
+    stream = training_loop.RealImageStream(_ToyDataset(), chunk=3, rank=0, num_replicas=1, seed=0,
+                                           device=torch.device('cpu'), num_workers=0)
+    seen = []
+    for batch in (5, 2, 7):
+        img, c = stream.next(batch)
+        assert img.shape == (batch, 1, 2, 2) and c.shape == (batch, 0)
+        assert img.min() >= -1 and img.max() <= 1
+        seen += [int(round((v + 1) * 127.5)) for v in img[:, 0, 0, 0].tolist()]
+    assert sorted(seen[:7]) == list(range(7)) and sorted(seen[7:]) == list(range(7))  # Two full passes.
