@@ -1,0 +1,557 @@
+"""Build a training dataset: a zip archive (or folder) of PNGs plus dataset.json.
+
+The output is exactly what training/dataset.py reads:
+
+    00000/img00000000.png, 00000/img00000001.png, ..., 00001/img00001000.png, ...
+    dataset.json   {"labels": [["00000/img00000000.png", 6], ...]}   or   {"labels": null}
+
+Images keep their channel count: grayscale sources give 1-channel (mode L) PNGs,
+color sources 3-channel RGB. Every output image must be square and of one size,
+which --resolution and --transform arrange for sources that are not.
+
+The archive is written under a temporary name next to the destination and
+renamed at the end, so an error or an interrupt never leaves a half-written
+dataset behind.
+"""
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import pickle
+import posixpath
+import re
+import shutil
+import tarfile
+import tempfile
+import zipfile
+import zlib
+from typing import BinaryIO, Callable, Iterator, Optional
+
+import click
+import numpy as np
+import PIL
+import PIL.Image
+import PIL.ImageMode
+from tqdm import tqdm
+
+CIFAR10_SIZE = 32     # CIFAR-10 images are 32x32 RGB, stored as rows of 3*32*32 bytes (channel, row, column).
+STL10_SIZE = 96       # STL-10 images are 96x96 RGB, stored per channel in column-major order.
+STL10_CLASSES = 10    # STL-10 label files hold 1..10.
+
+# Zip entries get a fixed timestamp so that rebuilding a dataset gives a byte-identical archive.
+ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
+
+#----------------------------------------------------------------------------
+# What every source yields.
+
+@dataclasses.dataclass
+class SourceImage:
+    name: str               # Where the image came from, for error messages.
+    pixels: np.ndarray      # uint8 [height, width, channels], channels 1 or 3.
+    label: Optional[int]    # Class index, or None for an unlabeled source.
+
+@dataclasses.dataclass
+class Source:
+    num_images: int                 # How many images `images` yields (after --max-images).
+    images: Iterator[SourceImage]   # Decoded lazily, one at a time.
+
+def limit(count: int, max_images: Optional[int]) -> int:
+    return count if max_images is None else min(count, max_images)
+
+#----------------------------------------------------------------------------
+# Decoding.
+
+def image_to_array(image: PIL.Image.Image, name: str) -> np.ndarray:
+    """Pixels as uint8 [H, W, C]: grayscale modes become L (C = 1), everything else RGB (C = 3).
+
+    Modes with more than 8 bits per sample would lose precision silently, so they are refused.
+    """
+    if image.mode in ('I', 'F') or image.mode.startswith('I;16'):
+        raise click.ClickException(f'{name}: {image.mode} images (16-bit or float) are not supported; convert them to 8 bits')
+    mode = 'L' if PIL.ImageMode.getmode(image.mode).basemode == 'L' else 'RGB'
+    pixels = np.asarray(image.convert(mode))
+    return pixels[:, :, np.newaxis] if mode == 'L' else pixels
+
+def decode_image(data: bytes, name: str) -> np.ndarray:
+    try:
+        with PIL.Image.open(io.BytesIO(data)) as image:
+            image.load()
+            return image_to_array(image, name)
+    except PIL.UnidentifiedImageError as err:  # Its own message shows a BytesIO repr instead of the file.
+        raise click.ClickException(f'cannot read image {name}: not an image, or a format Pillow cannot read') from err
+    except (OSError, SyntaxError, ValueError, EOFError, zlib.error, PIL.Image.DecompressionBombError) as err:
+        raise click.ClickException(f'cannot read image {name}: {err}') from err
+
+def parse_labels(data: bytes, name: str) -> Optional[dict[str, int]]:
+    """The labels of dataset.json as {file name: class index}, or None where it says {"labels": null}."""
+    expected = 'expected {"labels": [["file name", class index], ...]} or {"labels": null}'
+    try:
+        labels = json.loads(data)['labels']
+    except (ValueError, KeyError, TypeError) as err:
+        raise click.ClickException(f'{name}: {expected}') from err
+    if labels is None:
+        return None
+    if not isinstance(labels, list):
+        raise click.ClickException(f'{name}: {expected}')
+    for entry in labels:
+        ok = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+        if not ok or not isinstance(entry[1], int) or isinstance(entry[1], bool) or entry[1] < 0:
+            raise click.ClickException(f'{name}: bad entry {json.dumps(entry)}; {expected}')
+    return dict(labels)
+
+#----------------------------------------------------------------------------
+# Image folders and zip archives of images (CelebA-HQ is an image folder too).
+
+def image_extensions() -> set[str]:
+    PIL.Image.init()
+    return set(PIL.Image.EXTENSION)
+
+def open_image_collection(fnames: list[str], read: Callable[[str], bytes], describe: Callable[[str], str], max_images: Optional[int]) -> Source:
+    """Images of a folder or zip, given their relative names (sorted, '/'-separated) and a reader.
+
+    A dataset.json at the top level supplies labels; it must then label every image used.
+    """
+    extensions = image_extensions()
+    image_fnames = sorted(fname for fname in fnames if posixpath.splitext(fname)[1].lower() in extensions)
+    if not image_fnames:
+        raise click.ClickException(f'no images found in {describe("")}')
+    image_fnames = image_fnames[:limit(len(image_fnames), max_images)]
+    labels = parse_labels(read('dataset.json'), describe('dataset.json')) if 'dataset.json' in fnames else None
+    if labels is not None:
+        unlabeled = [fname for fname in image_fnames if fname not in labels]
+        if unlabeled:
+            raise click.ClickException(f'{describe("dataset.json")} has no label for {unlabeled[0]} ({len(unlabeled)} images unlabeled)')
+
+    def iterate() -> Iterator[SourceImage]:
+        for fname in image_fnames:
+            data = read(fname)
+            yield SourceImage(name=describe(fname), pixels=decode_image(data, describe(fname)), label=None if labels is None else labels[fname])
+    return Source(num_images=len(image_fnames), images=iterate())
+
+def open_image_folder(root: str, max_images: Optional[int]) -> Source:
+    fnames = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        fnames += [fname if rel == '.' else posixpath.join(*rel.split(os.sep), fname) for fname in filenames]
+
+    def read(fname: str) -> bytes:
+        try:
+            with open(os.path.join(root, *fname.split('/')), 'rb') as f:
+                return f.read()
+        except OSError as err:
+            raise click.ClickException(f'cannot read {os.path.join(root, fname)}: {err.strerror}') from err
+    return open_image_collection(fnames, read, lambda fname: os.path.join(root, fname), max_images)
+
+def open_image_zip(path: str, max_images: Optional[int]) -> Source:
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as err:
+        raise click.ClickException(f'cannot open zip archive {path}: {err}') from err
+
+    def read(fname: str) -> bytes:
+        try:
+            return archive.read(fname)
+        except (OSError, zipfile.BadZipFile, zlib.error, EOFError) as err:
+            raise click.ClickException(f'cannot read {fname} in {path}: {err}') from err
+    fnames = [info.filename for info in archive.infolist() if not info.is_dir()]
+    return open_image_collection(fnames, read, lambda fname: f'{path}:{fname}' if fname else path, max_images)
+
+#----------------------------------------------------------------------------
+# CIFAR-10 (cifar-10-python.tar.gz).
+
+class NumpyOnlyUnpickler(pickle.Unpickler):
+    """The CIFAR-10 batches are pickles, and unpickling can run arbitrary code.
+
+    A batch is a dict of bytes, lists and numpy arrays, so only the few globals that
+    rebuild an array are allowed; anything else is refused before it runs.
+    """
+    allowed = {
+        ('numpy.core.multiarray', '_reconstruct'),
+        ('numpy.core.numeric', '_frombuffer'),
+        ('numpy', 'ndarray'),
+        ('numpy', 'dtype'),
+        ('_codecs', 'encode'),  # Python 3 pickles of bytes at protocol 2.
+    }
+    numpy_core = 'numpy._core' if np.lib.NumpyVersion(np.__version__) >= '2.0.0' else 'numpy.core'
+
+    def find_class(self, module: str, name: str):
+        canonical = re.sub(r'^numpy\._core\b', 'numpy.core', module)
+        if (canonical, name) not in self.allowed:
+            raise pickle.UnpicklingError(f'refusing to load {module}.{name}')
+        return super().find_class(re.sub(r'^numpy\.core\b', self.numpy_core, canonical), name)
+
+def open_cifar10(tar: tarfile.TarFile, path: str, subset: str, max_images: Optional[int]) -> Source:
+    batch_names = [f'data_batch_{i}' for i in range(1, 6)] if subset == 'train' else ['test_batch']
+    images, labels = [], []
+    for batch_name in batch_names:
+        member = find_member(tar, batch_name)
+        if member is None:
+            raise click.ClickException(f'{path} is not a CIFAR-10 python archive: {batch_name} is missing')
+        try:
+            batch = NumpyOnlyUnpickler(tar.extractfile(member), encoding='bytes').load()
+            data = np.asarray(batch[b'data'], dtype=np.uint8)
+            batch_labels = np.asarray(batch[b'labels'], dtype=np.int64)
+        except (OSError, EOFError, zlib.error, tarfile.TarError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as err:
+            raise click.ClickException(f'cannot read {member.name} in {path}: {err}') from err
+        if data.ndim != 2 or data.shape[1] != 3 * CIFAR10_SIZE**2 or batch_labels.shape != (data.shape[0],):
+            raise click.ClickException(f'{member.name} in {path} is not a CIFAR-10 batch: data has shape {list(data.shape)} and {batch_labels.size} labels')
+        images.append(data.reshape(-1, 3, CIFAR10_SIZE, CIFAR10_SIZE).transpose(0, 2, 3, 1))
+        labels.append(batch_labels)
+    images, labels = np.concatenate(images), np.concatenate(labels)
+    num_images = limit(len(images), max_images)
+
+    def iterate() -> Iterator[SourceImage]:
+        for idx in range(num_images):
+            yield SourceImage(name=f'{path} ({subset} image {idx})', pixels=images[idx], label=int(labels[idx]))
+    return Source(num_images=num_images, images=iterate())
+
+#----------------------------------------------------------------------------
+# STL-10 (stl10_binary.tar.gz or its extracted folder).
+
+STL10_FILE = re.compile(r'(train|test|unlabeled)_[Xy]\.bin')
+
+def open_stl10(open_file: Callable[[str], tuple[int, BinaryIO]], path: str, subset: str, max_images: Optional[int]) -> Source:
+    """Images of one STL-10 split; open_file(basename) -> (size in bytes, binary file) or raises ClickException.
+
+    Each image is 3 * 96 * 96 bytes: channel by channel, each channel column by column, so
+    byte c*96*96 + x*96 + y holds channel c of the pixel at row y, column x.
+    """
+    image_bytes = 3 * STL10_SIZE**2
+    size, images_file = open_file(f'{subset}_X.bin')
+    if size % image_bytes != 0:
+        raise click.ClickException(f'{subset}_X.bin in {path} is not an STL-10 image file: {size} bytes is not a multiple of {image_bytes}')
+    num_images = limit(size // image_bytes, max_images)
+    labels = None
+    if subset != 'unlabeled':
+        labels_size, labels_file = open_file(f'{subset}_y.bin')
+        labels = np.frombuffer(read_exactly(labels_file, labels_size, f'{subset}_y.bin in {path}'), dtype=np.uint8).astype(np.int64) - 1
+        if len(labels) != size // image_bytes or labels.min(initial=0) < 0 or labels.max(initial=0) >= STL10_CLASSES:
+            raise click.ClickException(f'{subset}_y.bin in {path} is not an STL-10 label file for {size // image_bytes} images')
+
+    def iterate() -> Iterator[SourceImage]:
+        for idx in range(num_images):
+            name = f'{path} ({subset} image {idx})'
+            data = np.frombuffer(read_exactly(images_file, image_bytes, name), dtype=np.uint8)
+            yield SourceImage(name=name, pixels=data.reshape(3, STL10_SIZE, STL10_SIZE).transpose(2, 1, 0), label=None if labels is None else int(labels[idx]))
+    return Source(num_images=num_images, images=iterate())
+
+def read_exactly(f: BinaryIO, num_bytes: int, name: str) -> bytes:
+    try:
+        data = f.read(num_bytes)
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as err:
+        raise click.ClickException(f'cannot read {name}: {err}') from err
+    if len(data) != num_bytes:
+        raise click.ClickException(f'cannot read {name}: file ends early')
+    return data
+
+def stl10_folder_opener(root: str) -> Optional[Callable[[str], tuple[int, BinaryIO]]]:
+    """An open_file for open_stl10 if root (or root/stl10_binary) holds STL-10 files, else None."""
+    for folder in (root, os.path.join(root, 'stl10_binary')):
+        if os.path.isdir(folder) and any(STL10_FILE.fullmatch(fname) for fname in os.listdir(folder)):
+            def open_file(basename: str, folder: str = folder) -> tuple[int, BinaryIO]:
+                file_path = os.path.join(folder, basename)
+                try:
+                    return os.path.getsize(file_path), open(file_path, 'rb')
+                except OSError as err:
+                    raise click.ClickException(f'cannot read {file_path}: {err.strerror}') from err
+            return open_file
+    return None
+
+#----------------------------------------------------------------------------
+# Tar archives: CIFAR-10 or STL-10.
+
+def find_member(tar: tarfile.TarFile, basename: str) -> Optional[tarfile.TarInfo]:
+    """The first regular file called basename, reading the archive only as far as needed."""
+    for member in tar:
+        if member.isfile() and posixpath.basename(member.name) == basename:
+            return member
+    return None
+
+def open_tar(path: str, subset: Optional[str], max_images: Optional[int]) -> Source:
+    try:
+        tar = tarfile.open(path)
+        kind = None
+        for member in tar:  # Stop at the first file that tells the format; later members are read only when needed.
+            basename = posixpath.basename(member.name)
+            if basename in ('batches.meta', 'data_batch_1', 'test_batch'):
+                kind = 'cifar10'
+            elif STL10_FILE.fullmatch(basename):
+                kind = 'stl10'
+            if kind is not None:
+                break
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as err:
+        raise click.ClickException(f'cannot read tar archive {path}: {err}') from err
+    if kind is None:
+        raise click.ClickException(f'unknown source format: {path} is a tar archive but neither CIFAR-10 (python version) nor STL-10 (binary version)')
+    subset = check_subset(subset, kind)
+    if kind == 'cifar10':
+        return open_cifar10(tar, path, subset, max_images)
+
+    def open_file(basename: str) -> tuple[int, BinaryIO]:
+        member = find_member(tar, basename)
+        if member is None:
+            raise click.ClickException(f'{path} has no {basename}')
+        return member.size, tar.extractfile(member)
+    return open_stl10(open_file, path, subset, max_images)
+
+#----------------------------------------------------------------------------
+# LSUN (an lmdb folder of encoded images, e.g. church_outdoor_train_lmdb).
+
+def open_lmdb(path: str, max_images: Optional[int]) -> Source:
+    try:
+        import lmdb
+    except ImportError as err:
+        raise click.ClickException('LSUN lmdb sources need the lmdb package: pip install lmdb') from err
+    try:
+        env = lmdb.open(path, readonly=True, lock=False, readahead=False)
+        num_images = limit(env.stat()['entries'], max_images)
+    except lmdb.Error as err:
+        raise click.ClickException(f'cannot open lmdb database {path}: {err}') from err
+
+    def iterate() -> Iterator[SourceImage]:
+        with env.begin(write=False) as txn:
+            for idx, (key, value) in enumerate(txn.cursor()):
+                if idx >= num_images:
+                    break
+                name = f'{path} (key {key.decode(errors="replace")})'
+                yield SourceImage(name=name, pixels=decode_image(value, name), label=None)
+        env.close()
+    return Source(num_images=num_images, images=iterate())
+
+#----------------------------------------------------------------------------
+# Choosing the reader.
+
+def check_subset(subset: Optional[str], kind: Optional[str]) -> Optional[str]:
+    """--subset for a source kind: CIFAR-10 train (default) or test; STL-10 unlabeled (default), train or test."""
+    if kind == 'cifar10':
+        if subset == 'unlabeled':
+            raise click.ClickException('CIFAR-10 has no unlabeled subset; use --subset=train or --subset=test')
+        return subset or 'train'
+    if kind == 'stl10':
+        return subset or 'unlabeled'
+    if subset is not None:
+        raise click.ClickException('--subset applies only to CIFAR-10 and STL-10 sources')
+    return None
+
+def open_source(source: str, subset: Optional[str], max_images: Optional[int]) -> Source:
+    if not os.path.exists(source):
+        raise click.ClickException(f'source {source} does not exist')
+    if os.path.isdir(source):
+        if os.path.isfile(os.path.join(source, 'data.mdb')):
+            check_subset(subset, None)
+            return open_lmdb(source, max_images)
+        stl10_open_file = stl10_folder_opener(source)
+        if stl10_open_file is not None:
+            return open_stl10(stl10_open_file, source, check_subset(subset, 'stl10'), max_images)
+        check_subset(subset, None)
+        return open_image_folder(source, max_images)
+    if zipfile.is_zipfile(source):
+        check_subset(subset, None)
+        return open_image_zip(source, max_images)
+    if tarfile.is_tarfile(source):
+        return open_tar(source, subset, max_images)
+    raise click.ClickException(f'unknown source format: {source} is not a folder, a zip archive, a CIFAR-10 or STL-10 tar archive, or an LSUN lmdb folder')
+
+#----------------------------------------------------------------------------
+# Resizing and cropping.
+
+def resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Lanczos resampling; PIL widens the kernel when shrinking, so downscaling is antialiased."""
+    if pixels.shape[:2] == (height, width):
+        return pixels
+    image = PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
+    resized = np.asarray(image.resize((width, height), PIL.Image.Resampling.LANCZOS))
+    return resized.reshape(height, width, pixels.shape[2])
+
+def make_transform(transform: Optional[str], resolution: Optional[tuple[int, int]]) -> Callable[[np.ndarray], np.ndarray]:
+    """The map from source pixels [H, W, C] to output pixels.
+
+    - no --transform: resize to --resolution when given, else leave the image as it is;
+    - center-crop: the largest centered square, resized to --resolution (which must be square);
+    - center-crop-wide: the largest centered region of aspect W:H, resized to WxH and placed in
+      the middle of a black WxW square (for wide scenes such as LSUN cars).
+    """
+    if transform is None:
+        if resolution is None:
+            return lambda pixels: pixels
+        return lambda pixels: resize(pixels, *resolution)
+    if resolution is None:
+        raise click.ClickException(f'--transform={transform} needs --resolution')
+    width, height = resolution
+    if transform == 'center-crop':
+        if width != height:
+            raise click.ClickException(f'--transform=center-crop needs a square --resolution, not {width}x{height}')
+
+        def center_crop(pixels: np.ndarray) -> np.ndarray:
+            crop = min(pixels.shape[:2])
+            top, left = (pixels.shape[0] - crop) // 2, (pixels.shape[1] - crop) // 2
+            return resize(pixels[top : top + crop, left : left + crop], width, height)
+        return center_crop
+    if height > width:
+        raise click.ClickException(f'--transform=center-crop-wide needs a --resolution at least as wide as tall, not {width}x{height}')
+
+    def center_crop_wide(pixels: np.ndarray) -> np.ndarray:
+        src_height, src_width = pixels.shape[:2]
+        crop_height, crop_width = src_height, src_width
+        if src_height * width > src_width * height:
+            crop_height = round(src_width * height / width)
+        else:
+            crop_width = round(src_height * width / height)
+        top, left = (src_height - crop_height) // 2, (src_width - crop_width) // 2
+        cropped = resize(pixels[top : top + crop_height, left : left + crop_width], width, height)
+        canvas = np.zeros([width, width, pixels.shape[2]], dtype=np.uint8)
+        canvas[(width - height) // 2 : (width - height) // 2 + height] = cropped
+        return canvas
+    return center_crop_wide
+
+def parse_resolution(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[tuple[int, int]]:
+    """'WxH' -> (W, H); a single number N means NxN."""
+    if value is None:
+        return None
+    match = re.fullmatch(r'(\d+)(?:x(\d+))?', value)
+    if match is None or int(match.group(1)) == 0 or (match.group(2) is not None and int(match.group(2)) == 0):
+        raise click.BadParameter(f'expected WxH such as 256x256, not {value!r}')
+    width = int(match.group(1))
+    return width, int(match.group(2) or width)
+
+#----------------------------------------------------------------------------
+# Writing.
+
+def check_dest(dest: str) -> None:
+    if not os.path.lexists(dest):
+        return
+    if os.path.isdir(dest) and not is_zip_dest(dest) and not os.listdir(dest):
+        return
+    raise click.ClickException(f'destination {dest} already exists{" and is not empty" if os.path.isdir(dest) else ""}; give a new path or remove it first')
+
+def is_zip_dest(dest: str) -> bool:
+    return dest.lower().endswith('.zip')
+
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+@contextlib.contextmanager
+def open_dest(dest: str) -> Iterator[Callable[[str, bytes], None]]:
+    """A function write(name, data) that adds a file to the dataset; the dataset appears at dest only on success.
+
+    Everything goes to a temporary file or folder in dest's directory, renamed to dest
+    at the end (atomic on one file system) and removed if anything fails.
+    """
+    parent = os.path.dirname(os.path.abspath(dest))
+    prefix = f'.{os.path.basename(os.path.abspath(dest))}.'
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkstemp(dir=parent, prefix=prefix, suffix='.tmp')[1] if is_zip_dest(dest) else tempfile.mkdtemp(dir=parent, prefix=prefix, suffix='.tmp')
+    except OSError as err:
+        raise click.ClickException(f'cannot write {dest}: {err}') from err
+    try:
+        if is_zip_dest(dest):
+            with zipfile.ZipFile(tmp, 'w', compression=zipfile.ZIP_STORED) as archive:
+                def write(name: str, data: bytes) -> None:
+                    info = zipfile.ZipInfo(name, date_time=ZIP_DATE_TIME)
+                    info.external_attr = 0o644 << 16  # Unix permissions rw-r--r-- for unzip.
+                    archive.writestr(info, data)
+                yield guard_write(write, dest)
+            os.chmod(tmp, 0o666 & ~current_umask())
+            os.replace(tmp, dest)
+        else:
+            def write(name: str, data: bytes) -> None:
+                path = os.path.join(tmp, *name.split('/'))
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, 'wb') as f:
+                    f.write(data)
+            yield guard_write(write, dest)
+            os.chmod(tmp, 0o777 & ~current_umask())
+            if os.path.isdir(dest):
+                os.rmdir(dest)
+            os.rename(tmp, dest)
+    except OSError as err:
+        remove(tmp)
+        raise click.ClickException(f'cannot write {dest}: {err}') from err
+    except BaseException:
+        remove(tmp)
+        raise
+
+def guard_write(write: Callable[[str, bytes], None], dest: str) -> Callable[[str, bytes], None]:
+    """write, with OS errors (disk full, permissions) reported as a one-line error about dest."""
+    def guarded(name: str, data: bytes) -> None:
+        try:
+            write(name, data)
+        except OSError as err:
+            raise click.ClickException(f'cannot write {dest}: {err}') from err
+    return guarded
+
+def remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+def encode_png(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(buffer, format='png')
+    return buffer.getvalue()
+
+#----------------------------------------------------------------------------
+
+@click.command()
+@click.option('--source', help='Image folder or zip, cifar-10-python.tar.gz, stl10_binary.tar.gz (or its folder), LSUN lmdb folder', required=True, metavar='PATH')
+@click.option('--dest', help='Output: a .zip archive, or else a folder', required=True, metavar='PATH')
+@click.option('--max-images', help='Use at most this many images (the first ones)', type=click.IntRange(min=1), metavar='INT')
+@click.option('--resolution', help='Output size, e.g. 256x256 (resizes images that differ)', callback=parse_resolution, metavar='WxH')
+@click.option('--transform', help='Crop before resizing to --resolution', type=click.Choice(['center-crop', 'center-crop-wide']))
+@click.option('--subset', help='CIFAR-10: train (default) or test; STL-10: unlabeled (default), train or test', type=click.Choice(['train', 'test', 'unlabeled']))
+def main(source: str, dest: str, max_images: Optional[int], resolution: Optional[tuple[int, int]], transform: Optional[str], subset: Optional[str]) -> None:
+    """Convert an image dataset into the zip format that training reads.
+
+    \b
+    Examples:
+    python dataset_tool.py --source=cifar-10-python.tar.gz --dest=cifar10.zip
+    python dataset_tool.py --source=cifar-10-python.tar.gz --subset=test --dest=cifar10-test.zip
+    python dataset_tool.py --source=stl10_binary.tar.gz --dest=stl10-48.zip --resolution=48x48
+    python dataset_tool.py --source=celeba-hq-1024/ --dest=celebahq256.zip --resolution=256x256
+    python dataset_tool.py --source=church_outdoor_train_lmdb/ --dest=church256.zip \\
+        --resolution=256x256 --transform=center-crop
+
+    \b
+    Output: PNGs named 00000/img00000000.png, ... and a dataset.json of
+    {"labels": [[file name, class index], ...]} (or null for unlabeled
+    sources). An image folder or zip keeps the labels of its own dataset.json.
+    Grayscale sources stay 1-channel. All images must come out square and of
+    one size; --resolution (with --transform for non-square sources) sees to it.
+    """
+    transform_pixels = make_transform(transform, resolution)
+    check_dest(dest)
+    src = open_source(source, subset, max_images)
+    if src.num_images == 0:
+        raise click.ClickException(f'no images in {source}')
+    with open_dest(dest) as write, tqdm(total=src.num_images, unit='img', disable=None) as progress:
+        labels = []
+        first = None  # (name, shape) of the first output image; all others must match it.
+        for idx, item in enumerate(src.images):
+            pixels = transform_pixels(item.pixels)
+            height, width, channels = pixels.shape
+            if first is None:
+                first = (item.name, pixels.shape)
+                if width != height:
+                    hint = '--resolution=NxN with --transform=center-crop' if resolution is None else 'a square --resolution or --transform=center-crop-wide'
+                    raise click.ClickException(f'{item.name} is {width}x{height} but images must be square; use {hint}')
+            elif channels != first[1][2]:
+                raise click.ClickException(f'{item.name} has {channels} channel(s) but {first[0]} has {first[1][2]}; make all images grayscale or all RGB')
+            elif pixels.shape != first[1]:
+                raise click.ClickException(f'{item.name} is {width}x{height} but {first[0]} is {first[1][1]}x{first[1][0]}; use --resolution to make them one size')
+            name = f'{idx // 1000:05d}/img{idx:08d}.png'
+            write(name, encode_png(pixels))
+            labels.append([name, item.label])
+            progress.update()
+        has_labels = len(labels) > 0 and labels[0][1] is not None
+        write('dataset.json', json.dumps({'labels': labels if has_labels else None}).encode())
+
+#----------------------------------------------------------------------------
+
+if __name__ == '__main__':
+    main()

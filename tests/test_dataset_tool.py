@@ -1,0 +1,429 @@
+"""dataset_tool.py: every source format, the transforms, and clean failures on bad input.
+
+Expected pixels come from the file formats' definitions (byte offsets), from
+numpy slicing, or from block averages; the written datasets are read back both
+directly (zipfile + PIL) and through training.dataset.ImageFolderDataset.
+"""
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import numpy as np
+import PIL.Image
+import pytest
+from click.testing import CliRunner
+
+import dataset_tool
+from training.dataset import ImageFolderDataset
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+#----------------------------------------------------------------------------
+# Helpers.
+
+def random_pixels(rng: np.random.Generator, height: int, width: int, channels: int) -> np.ndarray:
+    return rng.integers(0, 256, size=[height, width, channels], dtype=np.uint8)
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(buffer, format='png')
+    return buffer.getvalue()
+
+def write_file(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, 'wb') as f:
+        f.write(data)
+
+def make_image_folder(root: str, images: dict, labels: dict = None) -> None:
+    """images: {relative name: pixels [H, W, C]}; labels: {relative name: class} written as dataset.json."""
+    for name, pixels in images.items():
+        write_file(os.path.join(root, *name.split('/')), png_bytes(pixels))
+    if labels is not None:
+        write_file(os.path.join(root, 'dataset.json'), json.dumps({'labels': [[name, label] for name, label in labels.items()]}).encode())
+
+def run_tool(*args: str):
+    return CliRunner().invoke(dataset_tool.main, list(args))
+
+def read_output(dest: str) -> tuple[list[str], list[np.ndarray], object]:
+    """(image names, pixels [H, W, C], labels of dataset.json) of a written zip or folder, read directly."""
+    if dest.endswith('.zip'):
+        with zipfile.ZipFile(dest) as archive:
+            files = {name: archive.read(name) for name in archive.namelist()}
+    else:
+        files = {}
+        for dirpath, _dirnames, filenames in os.walk(dest):
+            for fname in filenames:
+                with open(os.path.join(dirpath, fname), 'rb') as f:
+                    files[os.path.relpath(os.path.join(dirpath, fname), dest).replace(os.sep, '/')] = f.read()
+    labels = json.loads(files.pop('dataset.json'))['labels']
+    names = sorted(files)
+    pixels = []
+    for name in names:
+        array = np.asarray(PIL.Image.open(io.BytesIO(files[name])))
+        pixels.append(array[:, :, np.newaxis] if array.ndim == 2 else array)
+    return names, pixels, labels
+
+def expected_names(count: int) -> list[str]:
+    return [f'{idx // 1000:05d}/img{idx:08d}.png' for idx in range(count)]
+
+#----------------------------------------------------------------------------
+# Image folders and zips, round trip through the loader.
+
+@pytest.mark.parametrize('channels', [1, 3])
+@pytest.mark.parametrize('dest_name', ['out.zip', 'out'])
+def test_image_folder_round_trip(tmp_path, channels, dest_name):
+    rng = np.random.default_rng(channels)
+    names = ['b/c/z.png', 'a/x.png', 'a/y.png', 'top.png']
+    images = {name: random_pixels(rng, 8, 8, channels) for name in names}
+    labels = {name: int(label) for name, label in zip(names, [3, 0, 7, 2])}
+    make_image_folder(str(tmp_path / 'src'), images, labels)
+    dest = str(tmp_path / dest_name)
+
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={dest}')
+    assert result.exit_code == 0, result.output
+
+    order = sorted(names)  # The tool takes images in sorted order of their relative paths.
+    out_names, out_pixels, out_labels = read_output(dest)
+    assert out_names == expected_names(len(names))
+    assert out_labels == [[out_name, labels[name]] for out_name, name in zip(out_names, order)]
+    for pixels, name in zip(out_pixels, order):
+        np.testing.assert_array_equal(pixels, images[name])
+
+    dataset = ImageFolderDataset(dest, use_labels=True)
+    assert len(dataset) == len(names)
+    assert dataset.image_shape == [channels, 8, 8]
+    assert dataset.label_dim == 8
+    for idx, name in enumerate(order):
+        image, label = dataset[idx]
+        np.testing.assert_array_equal(image, images[name].transpose(2, 0, 1))
+        np.testing.assert_array_equal(label, np.eye(8, dtype=np.float32)[labels[name]])
+
+def test_zip_source_without_labels(tmp_path):
+    rng = np.random.default_rng(1)
+    images = [random_pixels(rng, 4, 4, 3) for _ in range(3)]
+    with zipfile.ZipFile(tmp_path / 'src.zip', 'w') as archive:
+        for idx, pixels in enumerate(images):
+            archive.writestr(f'dir/{idx}.png', png_bytes(pixels))
+    result = run_tool(f'--source={tmp_path / "src.zip"}', f'--dest={tmp_path / "out"}')
+    assert result.exit_code == 0, result.output
+    names, pixels, labels = read_output(str(tmp_path / 'out'))
+    assert names == expected_names(3) and labels is None
+    for got, want in zip(pixels, images):
+        np.testing.assert_array_equal(got, want)
+    assert not ImageFolderDataset(str(tmp_path / 'out'), use_labels=True).has_labels
+
+def test_rebuild_is_byte_identical(tmp_path):
+    rng = np.random.default_rng(2)
+    make_image_folder(str(tmp_path / 'src'), {f'{idx}.png': random_pixels(rng, 4, 4, 1) for idx in range(3)}, {f'{idx}.png': idx for idx in range(3)})
+    for dest in ('a.zip', 'b.zip'):
+        assert run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / dest}').exit_code == 0
+    assert (tmp_path / 'a.zip').read_bytes() == (tmp_path / 'b.zip').read_bytes()
+
+def test_max_images(tmp_path):
+    rng = np.random.default_rng(3)
+    images = {f'{idx}.png': random_pixels(rng, 4, 4, 3) for idx in range(5)}
+    make_image_folder(str(tmp_path / 'src'), images, {name: idx for idx, name in enumerate(images)})
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out.zip"}', '--max-images=2')
+    assert result.exit_code == 0, result.output
+    names, pixels, labels = read_output(str(tmp_path / 'out.zip'))
+    assert names == expected_names(2)
+    assert labels == [[names[0], 0], [names[1], 1]]
+    np.testing.assert_array_equal(pixels[1], images['1.png'])
+
+#----------------------------------------------------------------------------
+# CIFAR-10 and STL-10 in their official formats.
+
+def cifar_batch(rng: np.random.Generator, count: int) -> dict:
+    return {b'batch_label': b'synthetic', b'labels': [int(x) for x in rng.integers(0, 10, count)],
+        b'data': rng.integers(0, 256, size=[count, 3072], dtype=np.uint8), b'filenames': [b'x.png'] * count}
+
+def make_cifar10(path: str, batches: dict) -> None:
+    """cifar-10-python.tar.gz layout: cifar-10-batches-py/<batch> pickles (protocol 2, as the Python 2 originals)."""
+    with tarfile.open(path, 'w:gz') as tar:
+        for name, batch in batches.items():
+            data = pickle.dumps(batch, protocol=2)
+            info = tarfile.TarInfo(f'cifar-10-batches-py/{name}')
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+def cifar_pixels(row: np.ndarray) -> np.ndarray:
+    """Pixel (y, x, c) of a CIFAR-10 row is byte c*1024 + y*32 + x."""
+    y, x, c = np.meshgrid(np.arange(32), np.arange(32), np.arange(3), indexing='ij')
+    return row[c * 1024 + y * 32 + x]
+
+@pytest.mark.parametrize('subset', ['train', 'test'])
+def test_cifar10(tmp_path, subset):
+    rng = np.random.default_rng(4)
+    batches = {'batches.meta': {b'label_names': [b'airplane'] * 10}}
+    batches.update({f'data_batch_{i}': cifar_batch(rng, 2) for i in range(1, 6)})
+    batches['test_batch'] = cifar_batch(rng, 3)
+    make_cifar10(str(tmp_path / 'cifar-10-python.tar.gz'), batches)
+    result = run_tool(f'--source={tmp_path / "cifar-10-python.tar.gz"}', f'--dest={tmp_path / "out.zip"}', f'--subset={subset}')
+    assert result.exit_code == 0, result.output
+
+    used = [batches[f'data_batch_{i}'] for i in range(1, 6)] if subset == 'train' else [batches['test_batch']]
+    rows = np.concatenate([batch[b'data'] for batch in used])
+    classes = sum((batch[b'labels'] for batch in used), [])
+    names, pixels, labels = read_output(str(tmp_path / 'out.zip'))
+    assert len(names) == len(rows) == (10 if subset == 'train' else 3)
+    assert [label for _name, label in labels] == classes
+    for got, row in zip(pixels, rows):
+        np.testing.assert_array_equal(got, cifar_pixels(row))
+
+def test_cifar10_refuses_code_in_pickle(tmp_path):
+    class RunsCode:
+        def __reduce__(self):
+            return (os.makedirs, (str(tmp_path / 'pwned'),))
+    batches = {f'data_batch_{i}': cifar_batch(np.random.default_rng(i), 1) for i in range(1, 6)}
+    batches['data_batch_1'][b'labels'] = RunsCode()
+    make_cifar10(str(tmp_path / 'cifar-10-python.tar.gz'), batches)
+    result = run_tool(f'--source={tmp_path / "cifar-10-python.tar.gz"}', f'--dest={tmp_path / "out.zip"}')
+    assert result.exit_code != 0
+    assert 'refusing to load' in result.output and 'Traceback' not in result.output
+    assert not (tmp_path / 'pwned').exists() and not (tmp_path / 'out.zip').exists()
+
+def stl10_pixels(raw: bytes, idx: int) -> np.ndarray:
+    """Pixel (y, x, c) of STL-10 image idx is byte idx*27648 + c*9216 + x*96 + y (column-major channels)."""
+    y, x, c = np.meshgrid(np.arange(96), np.arange(96), np.arange(3), indexing='ij')
+    return np.frombuffer(raw, dtype=np.uint8)[idx * 27648 + c * 9216 + x * 96 + y]
+
+@pytest.mark.parametrize('packed', [True, False], ids=['tar.gz', 'folder'])
+@pytest.mark.parametrize('subset', ['unlabeled', 'train'])
+def test_stl10(tmp_path, packed, subset):
+    rng = np.random.default_rng(5)
+    files = {
+        'unlabeled_X.bin': rng.integers(0, 256, 2 * 27648, dtype=np.uint8).tobytes(),
+        'train_X.bin': rng.integers(0, 256, 3 * 27648, dtype=np.uint8).tobytes(),
+        'train_y.bin': bytes([10, 1, 4]),
+    }
+    for name, data in files.items():
+        write_file(str(tmp_path / 'stl10_binary' / name), data)
+    source = tmp_path / 'stl10_binary'
+    if packed:
+        source = tmp_path / 'stl10_binary.tar.gz'
+        with tarfile.open(source, 'w:gz') as tar:
+            tar.add(tmp_path / 'stl10_binary', arcname='stl10_binary')
+    args = [f'--source={source}', f'--dest={tmp_path / "out.zip"}'] + ([] if subset == 'unlabeled' else [f'--subset={subset}'])
+    result = run_tool(*args)
+    assert result.exit_code == 0, result.output
+
+    names, pixels, labels = read_output(str(tmp_path / 'out.zip'))
+    raw = files[f'{subset}_X.bin']
+    assert len(names) == len(raw) // 27648
+    for idx, got in enumerate(pixels):
+        assert got.shape == (96, 96, 3)
+        np.testing.assert_array_equal(got, stl10_pixels(raw, idx))
+    if subset == 'unlabeled':
+        assert labels is None
+    else:
+        assert [label for _name, label in labels] == [9, 0, 3]
+
+def test_stl10_resized_to_48(tmp_path):
+    """STL-10 is trained at 48x48: a constant image stays constant, at the new size."""
+    raw = np.repeat(np.array([10, 100, 200], dtype=np.uint8), 96 * 96).tobytes()
+    write_file(str(tmp_path / 'stl' / 'unlabeled_X.bin'), raw)
+    result = run_tool(f'--source={tmp_path / "stl"}', f'--dest={tmp_path / "out.zip"}', '--resolution=48x48')
+    assert result.exit_code == 0, result.output
+    _names, pixels, _labels = read_output(str(tmp_path / 'out.zip'))
+    np.testing.assert_array_equal(pixels[0], np.broadcast_to(np.array([10, 100, 200], dtype=np.uint8), [48, 48, 3]))
+
+#----------------------------------------------------------------------------
+# LSUN lmdb.
+
+def test_lmdb(tmp_path):
+    lmdb = pytest.importorskip('lmdb')
+    rng = np.random.default_rng(6)
+    images = [random_pixels(rng, 8, 8, 3) for _ in range(3)]
+    env = lmdb.open(str(tmp_path / 'church_lmdb'), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        for idx, pixels in enumerate(images):
+            buffer = io.BytesIO()
+            PIL.Image.fromarray(pixels).save(buffer, format='webp', lossless=True)  # LSUN stores webp.
+            txn.put(f'key{idx}'.encode(), buffer.getvalue())
+    env.close()
+    result = run_tool(f'--source={tmp_path / "church_lmdb"}', f'--dest={tmp_path / "out.zip"}', '--max-images=2')
+    assert result.exit_code == 0, result.output
+    names, pixels, labels = read_output(str(tmp_path / 'out.zip'))
+    assert names == expected_names(2) and labels is None
+    for got, want in zip(pixels, images):
+        np.testing.assert_array_equal(got, want)
+
+def test_lmdb_missing_package(tmp_path, monkeypatch):
+    write_file(str(tmp_path / 'church_lmdb' / 'data.mdb'), b'')
+    monkeypatch.setitem(sys.modules, 'lmdb', None)  # Makes `import lmdb` fail.
+    result = run_tool(f'--source={tmp_path / "church_lmdb"}', f'--dest={tmp_path / "out.zip"}')
+    assert result.exit_code == 1
+    assert 'pip install lmdb' in result.output and 'Traceback' not in result.output
+
+#----------------------------------------------------------------------------
+# Resolution and transforms.
+
+def convert_one(tmp_path, pixels: np.ndarray, *args: str) -> np.ndarray:
+    make_image_folder(str(tmp_path / 'src'), {'img.png': pixels})
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out.zip"}', *args)
+    assert result.exit_code == 0, result.output
+    return read_output(str(tmp_path / 'out.zip'))[1][0]
+
+def test_center_crop_wide_source(tmp_path):
+    pixels = random_pixels(np.random.default_rng(7), 6, 10, 3)
+    out = convert_one(tmp_path, pixels, '--resolution=6x6', '--transform=center-crop')
+    np.testing.assert_array_equal(out, pixels[:, 2:8])
+
+def test_center_crop_tall_source(tmp_path):
+    pixels = random_pixels(np.random.default_rng(8), 10, 6, 1)
+    out = convert_one(tmp_path, pixels, '--resolution=6x6', '--transform=center-crop')
+    np.testing.assert_array_equal(out, pixels[2:8])
+
+def test_center_crop_resizes(tmp_path):
+    pixels = np.zeros([6, 10, 3], dtype=np.uint8)
+    pixels[:, 2:8] = [30, 60, 90]  # Only the centered square is colored.
+    out = convert_one(tmp_path, pixels, '--resolution=4x4', '--transform=center-crop')
+    np.testing.assert_array_equal(out, np.broadcast_to(np.array([30, 60, 90], dtype=np.uint8), [4, 4, 3]))
+
+def test_center_crop_wide(tmp_path):
+    pixels = random_pixels(np.random.default_rng(9), 10, 12, 3)
+    out = convert_one(tmp_path, pixels, '--resolution=12x8', '--transform=center-crop-wide')
+    expected = np.zeros([12, 12, 3], dtype=np.uint8)
+    expected[2:10] = pixels[1:9]  # 12x8 crop from the middle rows, centered in a black 12x12 square.
+    np.testing.assert_array_equal(out, expected)
+
+def test_celebahq_1024_and_downscaled(tmp_path):
+    """A CelebA-HQ-like folder of 1024x1024 images, kept as is and downscaled to 256x256."""
+    y, x = np.meshgrid(np.arange(1024), np.arange(1024), indexing='ij')
+    images = {f'{idx:05d}.jpg.png': np.stack([x // 4, y // 4, (x + y) // 8], axis=2).astype(np.uint8) for idx in range(2)}
+    make_image_folder(str(tmp_path / 'celeba-hq'), images)
+
+    assert run_tool(f'--source={tmp_path / "celeba-hq"}', f'--dest={tmp_path / "full.zip"}').exit_code == 0
+    full = ImageFolderDataset(str(tmp_path / 'full.zip'), resolution=1024)
+    np.testing.assert_array_equal(full[1][0], images['00001.jpg.png'].transpose(2, 0, 1))
+
+    result = run_tool(f'--source={tmp_path / "celeba-hq"}', f'--dest={tmp_path / "256.zip"}', '--resolution=256x256')
+    assert result.exit_code == 0, result.output
+    small = ImageFolderDataset(str(tmp_path / '256.zip'), resolution=256)
+    assert len(small) == 2 and small.image_shape == [3, 256, 256]
+    # A symmetric filter keeps a linear ramp linear: away from the borders each output pixel is its 4x4 block's mean.
+    block_mean = images['00000.jpg.png'].astype(np.float64).reshape(256, 4, 256, 4, 3).mean(axis=(1, 3)).transpose(2, 0, 1)
+    interior = (slice(None), slice(8, -8), slice(8, -8))
+    assert np.abs(small[0][0][interior] - block_mean[interior]).max() <= 1.0
+
+def test_resolution_resizes_mixed_sizes(tmp_path):
+    make_image_folder(str(tmp_path / 'src'), {'a.png': np.full([8, 8, 1], 40, np.uint8), 'b.png': np.full([16, 16, 1], 200, np.uint8)})
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out.zip"}', '--resolution=4')
+    assert result.exit_code == 0, result.output
+    _names, pixels, _labels = read_output(str(tmp_path / 'out.zip'))
+    np.testing.assert_array_equal(pixels[0], np.full([4, 4, 1], 40, np.uint8))
+    np.testing.assert_array_equal(pixels[1], np.full([4, 4, 1], 200, np.uint8))
+
+#----------------------------------------------------------------------------
+# Bad input: a non-zero exit, one clear line, no traceback, nothing left behind.
+
+def corrupt_bytes(_pixels: np.ndarray) -> bytes:
+    return b'this is not an image'
+
+def truncated_png(pixels: np.ndarray) -> bytes:
+    data = png_bytes(pixels)
+    return data[: len(data) // 2]
+
+def write_bad_folder(root: str, case: str) -> str:
+    """A source folder for one bad-input case; returns a text the error message must contain."""
+    rng = np.random.default_rng(10)
+    good = {f'{idx}.png': random_pixels(rng, 8, 8, 3) for idx in range(3)}
+    if case in ('corrupt', 'truncated'):
+        make_image_folder(root, good)
+        write_file(os.path.join(root, '1.png'), (corrupt_bytes if case == 'corrupt' else truncated_png)(good['1.png']))
+        return '1.png'
+    if case == 'mixed-sizes':
+        make_image_folder(root, dict(good, **{'2.png': random_pixels(rng, 16, 16, 3)}))
+        return 'use --resolution'
+    if case == 'mixed-channels':
+        make_image_folder(root, dict(good, **{'2.png': random_pixels(rng, 8, 8, 1)}))
+        return 'channel'
+    if case == 'non-square':
+        make_image_folder(root, {'0.png': random_pixels(rng, 8, 6, 3)})
+        return 'must be square'
+    if case == 'missing-label':
+        make_image_folder(root, good, {'0.png': 1, '2.png': 0})
+        return 'no label for 1.png'
+    if case == 'bad-dataset-json':
+        make_image_folder(root, good)
+        write_file(os.path.join(root, 'dataset.json'), b'{"labels": [["0.png", "cat"]]}')
+        return 'dataset.json'
+    if case == 'no-images':
+        write_file(os.path.join(root, 'notes.txt'), b'hello')
+        return 'no images'
+    raise ValueError(case)
+
+BAD_FOLDER_CASES = ['corrupt', 'truncated', 'mixed-sizes', 'mixed-channels', 'non-square', 'missing-label', 'bad-dataset-json', 'no-images']
+
+def assert_clean_failure(result, message: str, out_dir) -> None:
+    assert result.exit_code not in (0, None), result.output
+    assert isinstance(result.exception, SystemExit)
+    assert 'Traceback' not in result.output
+    error_lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(error_lines) == 1 and error_lines[0].startswith('Error: '), result.output
+    assert message in error_lines[0]
+    assert os.listdir(out_dir) == []  # No dataset, no temporary file.
+
+@pytest.mark.parametrize('dest_name', ['ds.zip', 'ds'])
+@pytest.mark.parametrize('case', BAD_FOLDER_CASES)
+def test_bad_image_folder(tmp_path, case, dest_name):
+    message = write_bad_folder(str(tmp_path / 'src'), case)
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / dest_name}')
+    assert_clean_failure(result, message, tmp_path / 'out')
+
+@pytest.mark.parametrize('dest_name', ['ds.zip', 'ds'])
+def test_destination_exists_and_not_empty(tmp_path, dest_name):
+    make_image_folder(str(tmp_path / 'src'), {'0.png': np.zeros([4, 4, 3], np.uint8)})
+    dest = tmp_path / dest_name
+    if dest_name.endswith('.zip'):
+        dest.write_bytes(b'precious')
+    else:
+        write_file(str(dest / 'precious.txt'), b'precious')
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={dest}')
+    assert result.exit_code != 0 and 'already exists' in result.output and 'Traceback' not in result.output
+    assert (dest.read_bytes() if dest_name.endswith('.zip') else (dest / 'precious.txt').read_bytes()) == b'precious'
+    assert sorted(os.listdir(tmp_path)) == sorted(['src', dest_name])
+
+def test_empty_destination_folder_is_used(tmp_path):
+    make_image_folder(str(tmp_path / 'src'), {'0.png': np.zeros([4, 4, 3], np.uint8)})
+    (tmp_path / 'out').mkdir()
+    assert run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out"}').exit_code == 0
+    assert read_output(str(tmp_path / 'out'))[0] == expected_names(1)
+
+@pytest.mark.parametrize('case', ['missing', 'text-file', 'other-tar', '--subset on a folder', 'crop without resolution'])
+def test_bad_source_or_options(tmp_path, case):
+    make_image_folder(str(tmp_path / 'images'), {'0.png': np.zeros([4, 4, 3], np.uint8)})
+    source, extra, message = str(tmp_path / 'images'), [], None
+    if case == 'missing':
+        source, message = str(tmp_path / 'nowhere'), 'does not exist'
+    elif case == 'text-file':
+        source, message = str(tmp_path / 'notes.txt'), 'unknown source format'
+        write_file(source, b'hello')
+    elif case == 'other-tar':
+        source, message = str(tmp_path / 'other.tar.gz'), 'unknown source format'
+        with tarfile.open(source, 'w:gz') as tar:
+            tar.add(tmp_path / 'images', arcname='images')
+    elif case == '--subset on a folder':
+        extra, message = ['--subset=test'], '--subset applies only'
+    elif case == 'crop without resolution':
+        extra, message = ['--transform=center-crop'], 'needs --resolution'
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={source}', f'--dest={tmp_path / "out" / "ds.zip"}', *extra)
+    assert_clean_failure(result, message, tmp_path / 'out')
+
+def test_error_from_a_real_process(tmp_path):
+    """Exit status and stderr as a shell sees them: one line naming the bad file, no traceback."""
+    write_bad_folder(str(tmp_path / 'src'), 'corrupt')
+    (tmp_path / 'out').mkdir()
+    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'dataset_tool.py'), f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}'],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [f'Error: cannot read image {tmp_path / "src" / "1.png"}: not an image, or a format Pillow cannot read']
+    assert os.listdir(tmp_path / 'out') == []

@@ -1,0 +1,245 @@
+"""Training data: a zip archive or folder of images with optional class labels.
+
+The format is what dataset_tool.py writes: PNGs (any names, any sub-folders)
+plus a top-level dataset.json, {"labels": [["00000/img00000000.png", 6], ...]}
+or {"labels": null}. Images are read lazily, one per __getitem__, so a dataset
+of any size opens instantly and each DataLoader worker reads only its share.
+"""
+
+import io
+import json
+import os
+import posixpath
+import zipfile
+from typing import Optional
+
+import numpy as np
+import PIL.Image
+import PIL.ImageMode
+import torch
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used as asked; the message says why in one line, for the user."""
+
+#----------------------------------------------------------------------------
+
+class Dataset(torch.utils.data.Dataset):
+    """Indexing, labels, subsets and x-flips over raw images that a subclass loads.
+
+    Item i is raw image raw_idx[i], mirrored when xflip[i]: with xflip=True the
+    items are the raw images followed by their mirror images (len doubles).
+    Labels are class indices in the data and one-hot vectors of label_dim =
+    (largest class index + 1) entries in the items.
+    """
+
+    def __init__(self,
+        name: str,                      # Dataset name, for logs and run directory names.
+        raw_shape: list[int],           # Shape of the raw image data: [num_images, channels, height, width].
+        use_labels: bool = False,       # Return one-hot class labels? Else labels have shape [0].
+        max_size: Optional[int] = None, # Use a random subset of at most this many raw images; None = all.
+        xflip: bool = False,            # Append a horizontally mirrored copy of every image (doubles len)?
+        random_seed: int = 0,           # Seed that picks the max_size subset.
+    ):
+        if max_size is not None and max_size < 1:
+            raise DatasetError(f'max_size must be at least 1, not {max_size}')
+        self._name = name
+        self._raw_shape = list(raw_shape)
+        self._use_labels = use_labels
+        self._max_size = max_size
+        self._xflip_enabled = xflip
+        self._random_seed = random_seed
+
+        raw_idx = np.arange(self._raw_shape[0], dtype=np.int64)
+        if max_size is not None and max_size < len(raw_idx):
+            raw_idx = np.sort(np.random.RandomState(random_seed).choice(raw_idx, size=max_size, replace=False))
+        self._xflip = np.concatenate([np.zeros_like(raw_idx, dtype=bool)] + ([np.ones_like(raw_idx, dtype=bool)] if xflip else []))
+        self._raw_idx = np.tile(raw_idx, 2 if xflip else 1)
+
+        self._raw_labels = self._load_raw_labels() if use_labels else None
+        if self._raw_labels is not None and self._raw_labels.shape != (self._raw_shape[0],):
+            raise DatasetError(f'{name}: {len(self._raw_labels)} labels for {self._raw_shape[0]} images')
+        self._label_dim = 0 if self._raw_labels is None or len(self._raw_labels) == 0 else int(self._raw_labels.max()) + 1
+
+    def _load_raw_image(self, raw_idx: int) -> np.ndarray:
+        """uint8 [channels, height, width]."""
+        raise NotImplementedError
+
+    def _load_raw_labels(self) -> Optional[np.ndarray]:
+        """int64 [num_images] class indices, or None for an unlabeled dataset."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return len(self._raw_idx)
+
+    def __getitem__(self, idx: int) -> tuple[np.ndarray, np.ndarray]:
+        """(uint8 image [C, H, W], float32 one-hot label [label_dim], or [0] without labels)."""
+        image = self._load_raw_image(int(self._raw_idx[idx]))
+        if self._xflip[idx]:
+            image = image[:, :, ::-1]
+        return np.ascontiguousarray(image), self.get_label(idx)
+
+    def get_label(self, idx: int) -> np.ndarray:
+        label = np.zeros(self.label_shape, dtype=np.float32)
+        if self._label_dim > 0:
+            label[self._raw_labels[self._raw_idx[idx]]] = 1
+        return label
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def image_shape(self) -> list[int]:
+        return self._raw_shape[1:]
+
+    @property
+    def num_channels(self) -> int:
+        return self.image_shape[0]
+
+    @property
+    def resolution(self) -> int:
+        return self.image_shape[1]
+
+    @property
+    def label_shape(self) -> list[int]:
+        return [self._label_dim]
+
+    @property
+    def label_dim(self) -> int:
+        return self._label_dim
+
+    @property
+    def has_labels(self) -> bool:
+        return self._label_dim > 0
+
+#----------------------------------------------------------------------------
+
+class ImageFolderDataset(Dataset):
+    """Images of a zip archive or a folder (searched recursively), labels from its dataset.json.
+
+    Images must be square and all of one size (checked for the first image when
+    the dataset opens, and for each image when it is read). The zip archive is
+    opened lazily by each process that reads it and never pickled: a handle
+    inherited through fork would share its file offset with the parent's, and
+    concurrent DataLoader workers would then read each other's bytes.
+    """
+
+    def __init__(self,
+        path: str,                      # Zip archive or folder of images, with an optional dataset.json.
+        resolution: Optional[int] = None, # Expected image resolution; None = whatever the data has.
+        use_labels: bool = False,       # Return one-hot class labels? Else labels have shape [0].
+        max_size: Optional[int] = None, # Use a random subset of at most this many images; None = all.
+        xflip: bool = False,            # Append a horizontally mirrored copy of every image (doubles len)?
+        random_seed: int = 0,           # Seed that picks the max_size subset.
+    ):
+        self._path = path
+        self._zipfile = None
+        self._zipfile_pid = None
+        if os.path.isdir(path):
+            self._kind = 'dir'
+            all_fnames = []
+            for dirpath, _dirnames, filenames in os.walk(path):
+                rel = os.path.relpath(dirpath, path)
+                all_fnames += [fname if rel == '.' else posixpath.join(*rel.split(os.sep), fname) for fname in filenames]
+        elif os.path.isfile(path) and zipfile.is_zipfile(path):
+            self._kind = 'zip'
+            all_fnames = [info.filename for info in self._get_zipfile().infolist() if not info.is_dir()]
+        elif os.path.exists(path):
+            raise DatasetError(f'dataset {path} is neither a zip archive nor a folder')
+        else:
+            raise DatasetError(f'dataset {path} does not exist')
+        self._all_fnames = set(all_fnames)
+
+        PIL.Image.init()
+        self._image_fnames = sorted(fname for fname in all_fnames if posixpath.splitext(fname)[1].lower() in PIL.Image.EXTENSION)
+        if not self._image_fnames:
+            raise DatasetError(f'dataset {path} holds no images')
+        first_image = self._decode(self._image_fnames[0])
+        self.close()  # Each process opens its own handle when it reads.
+        channels, height, width = first_image.shape
+        if height != width:
+            raise DatasetError(f'dataset {path}: images must be square, but {self._image_fnames[0]} is {width}x{height}')
+        if resolution is not None and height != resolution:
+            raise DatasetError(f'dataset {path} has resolution {width}x{height}, not the expected {resolution}x{resolution}')
+        name = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+        super().__init__(name=name, raw_shape=[len(self._image_fnames), channels, height, width],
+            use_labels=use_labels, max_size=max_size, xflip=xflip, random_seed=random_seed)
+
+    def _get_zipfile(self) -> zipfile.ZipFile:
+        if self._zipfile is None or self._zipfile_pid != os.getpid():
+            try:
+                self._zipfile = zipfile.ZipFile(self._path)
+            except (OSError, zipfile.BadZipFile) as err:
+                raise DatasetError(f'cannot open dataset {self._path}: {err}') from err
+            self._zipfile_pid = os.getpid()
+        return self._zipfile
+
+    def _read(self, fname: str) -> bytes:
+        try:
+            if self._kind == 'dir':
+                with open(os.path.join(self._path, *fname.split('/')), 'rb') as f:
+                    return f.read()
+            return self._get_zipfile().read(fname)
+        except (OSError, zipfile.BadZipFile, EOFError) as err:
+            raise DatasetError(f'cannot read {fname} in dataset {self._path}: {err}') from err
+
+    def close(self) -> None:
+        if self._zipfile is not None and self._zipfile_pid == os.getpid():
+            self._zipfile.close()
+        self._zipfile = None
+        self._zipfile_pid = None
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__, _zipfile=None, _zipfile_pid=None)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # The interpreter may be shutting down; nothing left to release.
+            pass
+
+    def _decode(self, fname: str) -> np.ndarray:
+        """uint8 [C, H, W] with C = 1 for grayscale images and 3 for all others."""
+        try:
+            with PIL.Image.open(io.BytesIO(self._read(fname))) as image:
+                mode = 'L' if PIL.ImageMode.getmode(image.mode).basemode == 'L' else 'RGB'
+                pixels = np.asarray(image.convert(mode))
+        except (OSError, SyntaxError, ValueError, EOFError, PIL.Image.DecompressionBombError) as err:
+            raise DatasetError(f'cannot decode {fname} in dataset {self._path}: {err}') from err
+        return pixels[np.newaxis] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+    def _load_raw_image(self, raw_idx: int) -> np.ndarray:
+        fname = self._image_fnames[raw_idx]
+        pixels = self._decode(fname)
+        if list(pixels.shape) != self.image_shape:
+            raise DatasetError(f'{fname} in dataset {self._path} has shape {list(pixels.shape)} [C, H, W], unlike the first image: {self.image_shape}')
+        return pixels
+
+    def _load_raw_labels(self) -> Optional[np.ndarray]:
+        if 'dataset.json' not in self._all_fnames:
+            return None
+        expected = 'expected {"labels": [["file name", class index], ...]} or {"labels": null}'
+        try:
+            labels = json.loads(self._read('dataset.json'))['labels']
+            if labels is None:
+                return None
+            labels = dict(labels)
+        except (ValueError, KeyError, TypeError) as err:
+            raise DatasetError(f'dataset.json in {self._path}: {expected}') from err
+        missing = [fname for fname in self._image_fnames if fname not in labels]
+        if missing:
+            raise DatasetError(f'dataset.json in {self._path} has no label for {missing[0]} ({len(missing)} images unlabeled)')
+        values = [labels[fname] for fname in self._image_fnames]
+        if not all(isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in values):
+            raise DatasetError(f'dataset.json in {self._path}: labels must be class indices (integers >= 0)')
+        return np.array(values, dtype=np.int64)
+
+    @property
+    def init_kwargs(self) -> dict:
+        """Plain-data kwargs that rebuild this dataset via dnnlib.util.construct_class_by_name.
+
+        The training loop stores them in snapshots as training_set_kwargs; resolution is
+        that of the data, so a rebuilt dataset is checked against what was trained on.
+        """
+        return dict(class_name=f'{type(self).__module__}.{type(self).__qualname__}', path=self._path, resolution=self.resolution,
+            use_labels=self._use_labels, max_size=self._max_size, xflip=self._xflip_enabled, random_seed=self._random_seed)
