@@ -69,17 +69,13 @@ def _next_run_dir(outdir: str, desc: str) -> str:
 
 
 def _open_dataset(data: str) -> tuple[dict, object]:
-    """Dataset kwargs for a zip or folder, and the opened dataset (to check it against the preset)."""
-    kwargs = dnnlib.EasyDict(class_name='training.dataset.ImageFolderDataset', path=data, use_labels=True,
-                             max_size=None, xflip=False)
+    """Open the training data (labels used when present) and return its kwargs and the dataset."""
+    from training.dataset import ImageFolderDataset
     try:
-        dataset = dnnlib.util.construct_class_by_name(**kwargs)
+        dataset = ImageFolderDataset(path=data, use_labels=True)
     except (OSError, ValueError) as e:
         raise click.ClickException(f'--data: {e}')
-    kwargs.resolution = dataset.resolution
-    kwargs.max_size = len(dataset)
-    kwargs.use_labels = dataset.has_labels
-    return kwargs, dataset
+    return dnnlib.EasyDict(dataset.init_kwargs, use_labels=dataset.has_labels), dataset
 
 #----------------------------------------------------------------------------
 

@@ -1,0 +1,27 @@
+"""Kernel Inception Distance (Binkowski et al. 2018): an unbiased MMD estimate between the Inception
+features of real and generated images, averaged over random subsets as in StyleGAN2-ADA."""
+
+from __future__ import annotations
+
+from . import metric_utils
+
+
+def compute_kid(opts: metric_utils.MetricOptions, max_real: int | None, num_gen: int, num_subsets: int,
+                max_subset_size: int) -> float:
+    """KID between `num_gen` generated images and up to `max_real` training images (None = all).
+    NaN on ranks other than 0."""
+    detector_url = opts.detector_url or metric_utils.INCEPTION_URL
+    detector_kwargs = dict(return_features=True)
+
+    real_features = metric_utils.compute_feature_stats_for_dataset(
+        opts, dataset_kwargs=metric_utils.real_dataset_kwargs(opts, use_ref_data=False),
+        detector_url=detector_url, detector_kwargs=detector_kwargs,
+        max_items=max_real, capture_all=True).get_all()
+    gen_features = metric_utils.compute_feature_stats_for_generator(
+        opts, detector_url=detector_url, detector_kwargs=detector_kwargs,
+        max_items=num_gen, capture_all=True).get_all()
+
+    if opts.rank != 0:
+        return float('nan')
+    return metric_utils.kid_from_features(gen_features, real_features, num_subsets=num_subsets,
+                                          max_subset_size=max_subset_size, seed=opts.seed, device=opts.device)

@@ -1,0 +1,30 @@
+"""Improved precision and recall (Kynkaanniemi et al. 2019): k-nearest-neighbour manifolds of VGG16
+features of real and generated images, as in StyleGAN2-ADA."""
+
+from __future__ import annotations
+
+from . import metric_utils
+
+
+def compute_pr(opts: metric_utils.MetricOptions, max_real: int | None, num_gen: int, nhood_size: int,
+               batch_size: int) -> tuple[float, float]:
+    """Precision and recall of `num_gen` generated images against up to `max_real` training images
+    (None = all), with neighbourhoods of `nhood_size`. NaN on ranks other than 0.
+
+    The features come from opts.detector_url when given (the same detector for every metric),
+    else from StyleGAN2-ADA's VGG16 export."""
+    detector_url = opts.detector_url or metric_utils.VGG16_URL
+    detector_kwargs = dict(return_features=True)
+
+    real_features = metric_utils.compute_feature_stats_for_dataset(
+        opts, dataset_kwargs=metric_utils.real_dataset_kwargs(opts, use_ref_data=False),
+        detector_url=detector_url, detector_kwargs=detector_kwargs,
+        max_items=max_real, capture_all=True).get_all()
+    gen_features = metric_utils.compute_feature_stats_for_generator(
+        opts, detector_url=detector_url, detector_kwargs=detector_kwargs,
+        max_items=num_gen, capture_all=True).get_all()
+
+    if opts.rank != 0:
+        return float('nan'), float('nan')
+    return metric_utils.precision_recall_from_features(real_features, gen_features, nhood_size=nhood_size,
+                                                       batch_size=batch_size, device=opts.device)

@@ -1,0 +1,127 @@
+"""Tests of calc_metrics.py: a whole run on a snapshot and a dataset zip with a tiny TorchScript
+detector, the dataset statistics cache, a 2-process gloo run, and the offline-detector message."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import calc_metrics
+import training.dataset
+from metrics import metric_utils
+from tests.test_metric_main import TinyGenerator, dataset_kwargs_of, features_of, make_detector, write_dataset_zip
+from torch_utils import persistence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """A run folder holding a snapshot of a tiny G whose training set is a dataset zip, and a detector file."""
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
+    data_path = str(tmp_path / 'data.zip')
+    images = write_dataset_zip(data_path, num_images=20)
+    run_dir = tmp_path / 'run'
+    run_dir.mkdir()
+    snapshot = str(run_dir / 'network-snapshot-000010.pkl')
+    G = TinyGenerator()
+    persistence.save_snapshot(snapshot, dict(G=TinyGenerator(), G_ema=G, training_set_kwargs=dict(dataset_kwargs_of(data_path), xflip=True)))
+    detector_path = str(tmp_path / 'tiny-detector.pt')
+    detector = make_detector(detector_path)
+    return dict(tmp_path=tmp_path, run_dir=run_dir, snapshot=snapshot, data_path=data_path, images=images,
+                detector_path=detector_path, detector=detector)
+
+
+def invoke(run: dict, *extra: str, metrics: str = 'fid50k_full,is50k'):
+    args = [f'--network={run["snapshot"]}', f'--metrics={metrics}', f'--detector={run["detector_path"]}', '--num-gen=30', *extra]
+    return CliRunner().invoke(calc_metrics.main, args)
+
+
+def read_jsonl(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def cache_files(run: dict, cache_dir: str = 'cache') -> list:
+    return sorted((run['tmp_path'] / cache_dir / 'metrics').glob('*.npz'))
+
+
+def test_run_writes_results_and_reuses_cached_statistics(run, monkeypatch):
+    result = invoke(run)
+    assert result.exit_code == 0, result.output
+    fid_lines = read_jsonl(run['run_dir'] / 'metric-fid50k_full.jsonl')
+    is_lines = read_jsonl(run['run_dir'] / 'metric-is50k.jsonl')
+    assert len(fid_lines) == 1 and len(is_lines) == 1
+    fid = fid_lines[0]['results']['fid50k_full']
+    assert np.isfinite(fid) and fid_lines[0]['snapshot_pkl'] == 'network-snapshot-000010.pkl'
+    assert fid_lines[0]['num_gen'] == 30 and fid_lines[0]['detector'] == run['detector_path']
+    assert set(is_lines[0]['results']) == {'is50k_mean', 'is50k_std'}
+    assert 'fid50k_full' in result.output and 'is50k_mean' in result.output  # The table.
+
+    # The cached statistics are those of the training images, without x-flips although the snapshot's
+    # training set had them (the paper protocol).
+    [cache_file] = cache_files(run)
+    mean, cov = metric_utils.FeatureStats.load(str(cache_file)).get_mean_cov()
+    real = features_of(run['detector'], run['images'])
+    np.testing.assert_allclose(mean, real.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cov, np.cov(real, rowvar=False), rtol=1e-4, atol=1e-6)
+
+    # Second run: the dataset must not even be opened, and the cache file stays as it was.
+    mtime = os.stat(cache_file).st_mtime_ns
+    def refuse(*args, **kwargs):
+        raise AssertionError('the dataset was opened although its statistics are cached')
+    monkeypatch.setattr(training.dataset.ImageFolderDataset, '__init__', refuse)
+    result = invoke(run, metrics='fid50k_full')
+    assert result.exit_code == 0, result.output
+    assert 'Using cached dataset statistics' in result.output
+    assert os.stat(cache_file).st_mtime_ns == mtime and cache_files(run) == [cache_file]
+    fid_lines = read_jsonl(run['run_dir'] / 'metric-fid50k_full.jsonl')
+    assert len(fid_lines) == 2 and fid_lines[1]['results']['fid50k_full'] == pytest.approx(fid, rel=1e-6)
+
+
+def test_two_gloo_processes_match_one_process(run, monkeypatch):
+    result = invoke(run, '--gpus=1', '--verbose=false', metrics='fid50k_full')
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(run['tmp_path'] / 'cache2'))
+    # Data loader workers of spawned processes start slowly (each imports torch): none here.
+    result = invoke(run, '--gpus=2', '--workers=0', '--verbose=false', metrics='fid50k_full')
+    assert result.exit_code == 0, result.output
+
+    [one], [two] = cache_files(run), cache_files(run, 'cache2')
+    assert one.name == two.name
+    stats_one, stats_two = metric_utils.FeatureStats.load(str(one)), metric_utils.FeatureStats.load(str(two))
+    assert stats_one.num_items == stats_two.num_items == len(run['images'])
+    for a, b in zip(stats_one.get_mean_cov(), stats_two.get_mean_cov()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    lines = read_jsonl(run['run_dir'] / 'metric-fid50k_full.jsonl')
+    assert [line['num_gpus'] for line in lines] == [1, 2]
+    # The generated images do not depend on the number of processes either.
+    assert lines[1]['results']['fid50k_full'] == pytest.approx(lines[0]['results']['fid50k_full'], rel=1e-5)
+
+
+def test_unreachable_detector_gives_clear_message_and_exit_code(run):
+    url = 'http://127.0.0.1:9/x.pt'
+    # A fresh interpreter, as a user runs it; it imports the test module first so that the snapshot's
+    # test-only generator class is on the allow-list.
+    code = 'import tests.test_metric_main, calc_metrics; calc_metrics.main()'
+    proc = subprocess.run([sys.executable, '-c', code, f'--network={run["snapshot"]}', f'--detector={url}', '--num-gen=8'],
+                          cwd=REPO_ROOT, capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert proc.returncode != 0
+    assert 'Traceback' not in proc.stderr + proc.stdout
+    error_lines = proc.stderr.strip().splitlines()
+    assert len(error_lines) == 1, proc.stderr
+    assert url in error_lines[0] and '--detector=/path/to/x.pt' in error_lines[0]
+    assert not (run['run_dir'] / 'metric-fid50k_full.jsonl').exists()
+
+
+def test_user_errors_are_one_line(run):
+    result = invoke(run, metrics='fid5k')
+    assert result.exit_code != 0 and 'invalid --metrics: fid5k' in result.output
+    result = invoke(run, metrics='fid10k')
+    assert result.exit_code == 1 and 'Error: this metric compares with a reference split' in result.output
+    result = CliRunner().invoke(calc_metrics.main, [f'--network={run["tmp_path"] / "missing.pkl"}'])
+    assert result.exit_code == 1 and 'cannot load --network' in result.output

@@ -1,0 +1,234 @@
+"""Tests of metrics/metric_main.py: the registry, calc_metric end to end on tiny data with a tiny
+TorchScript detector (against independent numpy/scipy computations), and report_metric.
+
+The helpers here (tiny generators, detector, dataset zip) are also used by test_calc_metrics.py.
+"""
+
+import io
+import json
+import os
+import zipfile
+
+import numpy as np
+import PIL.Image
+import pytest
+import scipy.linalg
+import torch
+
+from metrics import metric_main, metric_utils
+from torch_utils import persistence
+
+#----------------------------------------------------------------------------
+# Helpers.
+
+
+@persistence.persistent_class
+class TinyGenerator(torch.nn.Module):
+    """A random linear map from (z, c) to images in [-1, 1]."""
+
+    def __init__(self,
+        z_dim: int = 4,             # Latent size.
+        c_dim: int = 0,             # Number of classes, 0 = unconditional.
+        img_resolution: int = 8,    # Output resolution.
+        img_channels: int = 3,      # Output channels.
+    ):
+        super().__init__()
+        self.z_dim, self.c_dim, self.img_resolution, self.img_channels = z_dim, c_dim, img_resolution, img_channels
+        self.fc = torch.nn.Linear(z_dim + c_dim, img_channels * img_resolution ** 2)
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.fc(torch.cat([z, c], dim=1)))
+        return x.reshape(-1, self.img_channels, self.img_resolution, self.img_resolution)
+
+
+@persistence.persistent_class
+class ConstantGenerator(torch.nn.Module):
+    """Ignores z: every image is the constant `values[k]` for class k (values[0] when unconditional)."""
+
+    def __init__(self,
+        values: list = (0.25,),     # Pixel value in [-1, 1] per class.
+        z_dim: int = 3,             # Latent size (unused).
+        c_dim: int = 0,             # Number of classes, 0 = unconditional.
+        img_resolution: int = 8,    # Output resolution.
+        img_channels: int = 3,      # Output channels.
+    ):
+        super().__init__()
+        self.z_dim, self.c_dim, self.img_resolution, self.img_channels = z_dim, c_dim, img_resolution, img_channels
+        self.register_buffer('values', torch.tensor(values, dtype=torch.float32))
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        value = self.values[c.argmax(dim=1)] if self.c_dim > 0 else self.values[0].expand(len(z))
+        return value.reshape(-1, 1, 1, 1).expand(-1, self.img_channels, self.img_resolution, self.img_resolution)
+
+
+class TinyDetector(torch.nn.Module):
+    """StyleGAN2-ADA's detector calling convention, with random weights: uint8 [N, 3, H, W] of any size
+    -> features [N, num_features] (return_features=True) or class probabilities [N, num_classes]."""
+
+    def __init__(self, num_features: int = 6, num_classes: int = 5):
+        super().__init__()
+        self.features = torch.nn.Linear(3 * 2 * 2, num_features)
+        self.logits = torch.nn.Linear(num_features, num_classes)
+
+    def forward(self, x: torch.Tensor, return_features: bool = False, no_output_bias: bool = False) -> torch.Tensor:
+        if x.dtype != torch.uint8 or x.shape[1] != 3:
+            raise ValueError('expected uint8 RGB images')
+        pooled = torch.nn.functional.adaptive_avg_pool2d(x.to(torch.float32) / 255, [2, 2]).flatten(1)
+        features = self.features(pooled * 4)
+        if return_features:
+            return features
+        logits = features @ self.logits.weight.t()
+        if not no_output_bias:
+            logits = logits + self.logits.bias
+        return torch.softmax(logits, dim=1)
+
+
+def make_detector(path: str, seed: int = 0) -> TinyDetector:
+    """Save a scripted TinyDetector to `path`; return the eager module for independent computations."""
+    torch.manual_seed(seed)
+    detector = TinyDetector().eval()
+    torch.jit.script(detector).save(path)
+    return detector
+
+
+def write_dataset_zip(path: str, num_images: int = 24, resolution: int = 8, labels: list | None = None,
+                      seed: int = 0) -> np.ndarray:
+    """A dataset zip in dataset_tool's format (PNGs + dataset.json); returns the images uint8 [N, 3, H, W]."""
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=[num_images, 3, resolution, resolution], dtype=np.uint8)
+    names = [f'00000/img{i:08d}.png' for i in range(num_images)]
+    with zipfile.ZipFile(path, 'w') as zf:
+        for name, image in zip(names, images):
+            buf = io.BytesIO()
+            PIL.Image.fromarray(image.transpose(1, 2, 0)).save(buf, format='png')
+            zf.writestr(name, buf.getvalue())
+        json_labels = None if labels is None else [[name, int(label)] for name, label in zip(names, labels)]
+        zf.writestr('dataset.json', json.dumps(dict(labels=json_labels)))
+    return images
+
+
+def dataset_kwargs_of(path: str) -> dict:
+    return dict(class_name='training.dataset.ImageFolderDataset', path=path)
+
+
+def features_of(detector: TinyDetector, images: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return detector(torch.from_numpy(images), return_features=True).double().numpy()
+
+
+def fid_reference(features_a: np.ndarray, features_b: np.ndarray) -> float:
+    """Direct FID of two feature sets with numpy's mean/cov and scipy's sqrtm."""
+    mu_a, mu_b = features_a.mean(axis=0), features_b.mean(axis=0)
+    sigma_a, sigma_b = np.cov(features_a, rowvar=False), np.cov(features_b, rowvar=False)
+    return float(np.sum((mu_a - mu_b) ** 2) + np.trace(sigma_a + sigma_b - 2 * scipy.linalg.sqrtm(sigma_a @ sigma_b).real))
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
+    detector_path = str(tmp_path / 'tiny-detector.pt')
+    detector = make_detector(detector_path)
+    data_path = str(tmp_path / 'data.zip')
+    images = write_dataset_zip(data_path)
+    return dict(tmp_path=tmp_path, detector_path=detector_path, detector=detector, data_path=data_path, images=images)
+
+#----------------------------------------------------------------------------
+# Registry.
+
+
+def test_registry_lists_the_protocols():
+    for name in ['fid50k_full', 'fid10k_full', 'fid50k', 'fid10k', 'is50k', 'kid50k_full', 'pr50k3_full', 'fid30k_full']:
+        assert metric_main.is_valid_metric(name)
+    assert not metric_main.is_valid_metric('fid5k')
+    assert set(metric_main.list_valid_metrics()) >= {'fid50k_full', 'is50k'}
+
+
+def test_unknown_metric_and_missing_reference_split(setup):
+    G = ConstantGenerator()
+    with pytest.raises(ValueError, match='unknown metric'):
+        metric_main.calc_metric('fid5k', G=G, dataset_kwargs=dataset_kwargs_of(setup['data_path']))
+    with pytest.raises(ValueError, match='--ref-data'):
+        metric_main.calc_metric('fid10k', G=G, dataset_kwargs=dataset_kwargs_of(setup['data_path']),
+                                detector_url=setup['detector_path'], num_gen=4)
+
+#----------------------------------------------------------------------------
+# calc_metric end to end, against independent computations.
+
+
+def expected_constant_image(value: float, resolution: int = 8) -> np.ndarray:
+    level = np.uint8(np.clip(np.floor(value * 127.5 + 127.5 + 0.5), 0, 255))
+    return np.full([1, 3, resolution, resolution], level, dtype=np.uint8)
+
+
+def test_fid_of_constant_generator(setup):
+    # All generated images are one image g: mu_gen = f(g), sigma_gen = 0, so FID = |f(g) - mu|^2 + tr(sigma).
+    G = ConstantGenerator(values=[0.25])
+    result = metric_main.calc_metric('fid50k_full', G=G, dataset_kwargs=dataset_kwargs_of(setup['data_path']),
+                                     detector_url=setup['detector_path'], num_gen=20)
+    real = features_of(setup['detector'], setup['images'])
+    gen = features_of(setup['detector'], expected_constant_image(0.25))[0]
+    expected = np.sum((gen - real.mean(axis=0)) ** 2) + np.trace(np.cov(real, rowvar=False))
+    assert result.results.fid50k_full == pytest.approx(expected, rel=1e-5)
+    assert result.metric == 'fid50k_full' and result.num_gen == 20 and result.num_gpus == 1
+
+
+def test_fid_against_reference_split_with_mirror(setup):
+    ref_path = str(setup['tmp_path'] / 'ref.zip')
+    ref_images = write_dataset_zip(ref_path, num_images=10, resolution=16, seed=1)
+    G = TinyGenerator()
+    result = metric_main.calc_metric('fid10k', G=G, dataset_kwargs={}, ref_dataset_kwargs=dataset_kwargs_of(ref_path),
+                                     detector_url=setup['detector_path'], num_gen=30, mirror=True)
+    # Only the reference statistics are checked here: with mirror, the 10 images and their mirror images.
+    cache_files = list((setup['tmp_path'] / 'cache' / 'metrics').glob('ref-tiny-detector-*.npz'))
+    assert len(cache_files) == 1
+    mean, cov = metric_utils.FeatureStats.load(str(cache_files[0])).get_mean_cov()
+    real = features_of(setup['detector'], np.concatenate([ref_images, ref_images[:, :, :, ::-1].copy()]))
+    np.testing.assert_allclose(mean, real.mean(axis=0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cov, np.cov(real, rowvar=False), rtol=1e-4, atol=1e-6)
+    assert np.isfinite(result.results.fid10k) and result.mirror is True
+
+
+def test_conditional_generator_uses_dataset_labels(setup):
+    # Every training label is class 1 (of 2), so every generated image is class 1's constant.
+    data_path = str(setup['tmp_path'] / 'labeled.zip')
+    images = write_dataset_zip(data_path, num_images=12, labels=[1] * 12, seed=2)
+    G = ConstantGenerator(values=[-0.5, 0.75], c_dim=2)
+    result = metric_main.calc_metric('fid10k_full', G=G, dataset_kwargs=dataset_kwargs_of(data_path),
+                                     detector_url=setup['detector_path'], num_gen=9)
+    real = features_of(setup['detector'], images)
+    gen = features_of(setup['detector'], expected_constant_image(0.75))[0]
+    expected = np.sum((gen - real.mean(axis=0)) ** 2) + np.trace(np.cov(real, rowvar=False))
+    assert result.results.fid10k_full == pytest.approx(expected, rel=1e-5)
+
+    with pytest.raises(ValueError, match='conditional on 3 classes'):
+        metric_main.calc_metric('fid10k_full', G=ConstantGenerator(values=[0, 0, 0], c_dim=3),
+                                dataset_kwargs=dataset_kwargs_of(data_path), detector_url=setup['detector_path'], num_gen=9)
+
+
+def test_inception_score_kid_and_pr_run_end_to_end(setup):
+    # A generator whose images are all alike has IS exactly 1; KID and PR of a random G are finite and in range.
+    kwargs = dict(dataset_kwargs=dataset_kwargs_of(setup['data_path']), detector_url=setup['detector_path'])
+    is_result = metric_main.calc_metric('is50k', G=ConstantGenerator(), num_gen=20, **kwargs)
+    assert is_result.results.is50k_mean == pytest.approx(1, abs=1e-6)
+    assert is_result.results.is50k_std == pytest.approx(0, abs=1e-6)
+    kid = metric_main.calc_metric('kid50k_full', G=TinyGenerator(), num_gen=16, **kwargs).results.kid50k_full
+    assert np.isfinite(kid)
+    pr = metric_main.calc_metric('pr50k3_full', G=TinyGenerator(), num_gen=16, **kwargs).results
+    assert 0 <= pr.pr50k3_full_precision <= 1 and 0 <= pr.pr50k3_full_recall <= 1
+
+#----------------------------------------------------------------------------
+# report_metric.
+
+
+def test_report_metric_appends_json_lines(tmp_path):
+    snapshot = tmp_path / 'network-snapshot-000100.pkl'
+    snapshot.write_bytes(b'')
+    result = dict(results=dict(fid50k_full=12.5), metric='fid50k_full', total_time=3.0, total_time_str='3s', num_gpus=1)
+    path = metric_main.report_metric(result, snapshot_pkl=str(snapshot))
+    assert path == str(tmp_path / 'metric-fid50k_full.jsonl')
+    metric_main.report_metric(dict(result, results=dict(fid50k_full=11.0)), run_dir=str(tmp_path), snapshot_pkl=str(snapshot))
+    lines = [json.loads(line) for line in open(path)]
+    assert [line['results']['fid50k_full'] for line in lines] == [12.5, 11.0]
+    assert lines[0]['snapshot_pkl'] == 'network-snapshot-000100.pkl' and 'timestamp' in lines[0]
+    assert metric_main.report_metric(result) is None
+    assert sorted(os.listdir(tmp_path)) == ['metric-fid50k_full.jsonl', 'network-snapshot-000100.pkl']
