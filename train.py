@@ -68,14 +68,14 @@ def _next_run_dir(outdir: str, desc: str) -> str:
     return os.path.join(outdir, f'{max(prev, default=-1) + 1:05d}-{desc}')
 
 
-def _open_dataset(data: str) -> tuple[dict, object]:
-    """Open the training data (labels used when present) and return its kwargs and the dataset."""
+def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
+    """Open the training data and return its kwargs and the dataset (labels only for conditional presets)."""
     from training.dataset import ImageFolderDataset
     try:
-        dataset = ImageFolderDataset(path=data, use_labels=True)
+        dataset = ImageFolderDataset(path=data, use_labels=use_labels)
     except (OSError, ValueError) as e:
         raise click.ClickException(f'--data: {e}')
-    return dnnlib.EasyDict(dataset.init_kwargs, use_labels=dataset.has_labels), dataset
+    return dnnlib.EasyDict(dataset.init_kwargs), dataset
 
 #----------------------------------------------------------------------------
 
@@ -113,7 +113,7 @@ def main(**opts):
     data = opts.data if opts.data is not None else QUICKSTART_DATA
     if not os.path.exists(data):
         raise click.ClickException(f'--data: no such file or folder: {data}')
-    training_set_kwargs, dataset = _open_dataset(data)
+    training_set_kwargs, dataset = _open_dataset(data, use_labels=bool(cfg.get('conditional')))
     if cfg.get('conditional') and not dataset.has_labels:
         raise click.ClickException(f'--cfg={opts.cfg} is class-conditional, but {data} has no labels')
     if cfg.get('progressive') is not None:

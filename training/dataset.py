@@ -203,7 +203,7 @@ class ImageFolderDataset(Dataset):
         try:
             with PIL.Image.open(io.BytesIO(self._read(fname))) as image:
                 mode = 'L' if PIL.ImageMode.getmode(image.mode).basemode == 'L' else 'RGB'
-                pixels = np.asarray(image.convert(mode))
+                pixels = np.array(image.convert(mode))  # A writable copy (torch warns about read-only arrays).
         except (OSError, SyntaxError, ValueError, EOFError, PIL.Image.DecompressionBombError) as err:
             raise DatasetError(f'cannot decode {fname} in dataset {self._path}: {err}') from err
         return pixels[np.newaxis] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)

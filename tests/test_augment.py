@@ -1,0 +1,57 @@
+"""CR augmentations: flip + translation with black fill, per sample, batched; checked against numpy."""
+
+import numpy as np
+import torch
+
+from training.augment import consistency_augment, flip_translate
+
+
+def reference_flip_translate(img, flip, dy, dx, fill):
+    """One image [C, H, W] in numpy: optional left-right mirror, then shift by (dy, dx) with constant fill."""
+    img = img[:, :, ::-1] if flip else img
+    C, H, W = img.shape
+    out = np.full_like(img, fill)
+    ys, xs = slice(max(dy, 0), H + min(dy, 0)), slice(max(dx, 0), W + min(dx, 0))
+    yd, xd = slice(max(-dy, 0), H + min(-dy, 0)), slice(max(-dx, 0), W + min(-dx, 0))
+    out[:, ys, xs] = img[:, yd, xd]
+    return out
+
+
+def test_flip_translate_matches_reference():
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, size=(6, 3, 7, 9))
+    flip = np.array([False, True, False, True, True, False])
+    shift = np.array([[0, 0], [1, -2], [-3, 4], [6, 0], [0, -8], [-7, 9]])  # Includes shifts past the border.
+    out = flip_translate(torch.tensor(images), torch.tensor(flip), torch.tensor(shift), fill=-1.0).numpy()
+    for i in range(len(images)):
+        np.testing.assert_array_equal(out[i], reference_flip_translate(images[i], flip[i], *shift[i], -1.0))
+
+
+def _recover(original, augmented, limit):
+    """All (flip, dy, dx) with |dy|, |dx| <= limit that map `original` to `augmented` exactly."""
+    return [(flip, dy, dx)
+            for flip in (False, True) for dy in range(-limit, limit + 1) for dx in range(-limit, limit + 1)
+            if np.array_equal(reference_flip_translate(original, flip, dy, dx, -1.0), augmented)]
+
+
+def test_consistency_augment_shape_range_and_parameters():
+    torch.manual_seed(0)
+    images = torch.rand(64, 3, 10, 10) * 1.8 - 0.9  # Distinct values in (-1, 1): the transform is identifiable.
+    out = consistency_augment(images)
+    assert out.shape == images.shape and out.dtype == images.dtype
+    assert out.min() >= -1 and out.max() <= 1
+    params = [_recover(images[i].numpy(), out[i].numpy(), limit=2) for i in range(len(images))]
+    assert all(len(p) == 1 for p in params)  # Every output is the input flipped and shifted by at most 20%.
+    flips = [p[0][0] for p in params]
+    shifts = {p[0][1:] for p in params}
+    assert 0.25 < np.mean(flips) < 0.75
+    assert {dy for dy, _ in shifts} == {-2, -1, 0, 1, 2} and {dx for _, dx in shifts} == {-2, -1, 0, 1, 2}
+
+
+def test_consistency_augment_is_per_sample_and_keeps_input():
+    torch.manual_seed(1)
+    images = torch.rand(1, 3, 16, 16).repeat(32, 1, 1, 1)
+    before = images.clone()
+    out = consistency_augment(images)
+    assert torch.equal(images, before)
+    assert len({tuple(o.flatten().tolist()) for o in out}) > 8  # Identical inputs get different augmentations.

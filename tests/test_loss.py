@@ -1,0 +1,231 @@
+"""GANLoss: adversarial losses, gradient penalties, CR, the fast G path and every --norm x --loss pair."""
+
+import copy
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from torch_utils import training_stats
+from training.augment import consistency_augment
+from training.loss import LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
+from training.networks.biggan import BigGANDiscriminator, BigGANGenerator
+from training.networks.sngan import CNNDiscriminator, CNNGenerator, ResNetDiscriminator, ResNetGenerator
+
+SHAPE = (2, 4, 4)
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """These networks are tiny: on a loaded CPU, intra-op threading costs far more than it saves."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(num_threads)
+
+#----------------------------------------------------------------------------
+# Adversarial loss terms against hand-written formulas.
+
+
+def test_loss_terms_match_formulas():
+    s = np.array([-1.5, -0.4, 0.0, 0.7, 2.0])
+    real, fake = torch.tensor(s), torch.tensor(s[::-1].copy())
+    softplus = lambda v: np.log1p(np.exp(v))
+    p_real, p_fake = np.clip((s + 1) / 2, 0, 1), np.clip((s[::-1] + 1) / 2, 0, 1)  # Scores outside [-1, 1] saturate.
+    log = lambda p: np.maximum(np.log(np.maximum(p, 1e-300)), -100)  # torch's BCE clamps its logs at -100.
+    expected = {
+        'hinge': (np.maximum(0, 1 - s), np.maximum(0, 1 + s[::-1]), -s[::-1]),
+        'ns': (softplus(-s), softplus(s[::-1]), softplus(-s[::-1])),
+        'ns-nosigmoid': (-log(p_real), -log(1 - p_fake), -log(p_fake)),
+        'wasserstein': (-s, s[::-1], -s[::-1]),
+    }
+    for loss, (exp_real, exp_fake, exp_g) in expected.items():
+        got_real, got_fake = d_loss_terms(loss, real, fake)
+        np.testing.assert_allclose(got_real.numpy(), exp_real, rtol=1e-10, err_msg=loss)
+        np.testing.assert_allclose(got_fake.numpy(), exp_fake, rtol=1e-10, err_msg=loss)
+        np.testing.assert_allclose(g_loss_terms(loss, fake).numpy(), exp_g, rtol=1e-10, err_msg=loss)
+
+
+def test_unknown_names_raise():
+    G, D = nn.Identity(), nn.Identity()
+    with pytest.raises(ValueError, match='hinge'):
+        GANLoss(G=G, D=D, loss='bce')
+    with pytest.raises(ValueError, match='gp1'):
+        GANLoss(G=G, D=D, norm='wgan')
+    with pytest.raises(ValueError, match='phase'):
+        GANLoss(G=G, D=D).accumulate_gradients('both', None, None, None, None)
+
+#----------------------------------------------------------------------------
+# Penalties and CR against direct computations with analytic discriminators.
+
+
+class ReshapeG(nn.Module):
+    """G(z, c) = z reshaped to images: fakes are known exactly."""
+
+    def forward(self, z, c):
+        return z.reshape(-1, *SHAPE)
+
+
+class QuadraticD(nn.Module):
+    """f(x) = 0.5 * sum(w * x^2) + b, so grad_x f = w * x and d/dw of any penalty is analytic."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.2, 1.5, int(np.prod(SHAPE)), dtype=torch.float64).reshape(SHAPE))
+        self.b = nn.Parameter(torch.tensor(0.1, dtype=torch.float64))
+
+    def forward(self, x, c):
+        return (0.5 * self.w * x.square()).flatten(1).sum(1, keepdim=True) + self.b
+
+
+def _batch(seed, n=5):
+    g = torch.Generator().manual_seed(seed)
+    real = torch.rand(n, *SHAPE, generator=g, dtype=torch.float64) * 2 - 1
+    z = torch.rand(n, int(np.prod(SHAPE)), generator=g, dtype=torch.float64) * 2 - 1
+    c = torch.zeros(n, 0, dtype=torch.float64)
+    return real, c, z
+
+
+@pytest.mark.parametrize('norm', ['gp1', 'gp0', 'r1'])
+def test_gradient_penalties_match_direct_computation(norm):
+    real, c, z = _batch(0)
+    fake = z.reshape(-1, *SHAPE)
+    D = QuadraticD()
+    loss = GANLoss(G=ReshapeG(), D=D, loss='wasserstein', norm=norm, gp_weight=7.0, r1_gamma=3.0)
+    torch.manual_seed(123)
+    loss.accumulate_gradients('D', real, c, z, c)
+
+    w = D.w.detach().numpy()
+    xr, xf = real.numpy(), fake.numpy()
+    grad_w = -np.mean(0.5 * xr**2, axis=0) + np.mean(0.5 * xf**2, axis=0)  # Wasserstein part.
+    if norm == 'r1':
+        grad_w += 3.0 * np.mean(w * xr**2, axis=0)  # d/dw of gamma/2 * mean ||w x||^2.
+    else:
+        torch.manual_seed(123)  # The interpolation weights are the step's only random draw.
+        alpha = torch.rand(real.shape[0], 1, 1, 1, dtype=torch.float64).numpy()
+        xm = alpha * xr + (1 - alpha) * xf
+        n = np.sqrt(np.sum((w * xm)**2, axis=(1, 2, 3)))[:, None, None, None]
+        if norm == 'gp1':  # d/dw of lambda * mean (||w x|| - 1)^2.
+            grad_w += 7.0 * np.mean(2 * (n - 1) * w * xm**2 / n, axis=0)
+        else:              # d/dw of lambda * mean ||w x||^2.
+            grad_w += 7.0 * np.mean(2 * w * xm**2, axis=0)
+    np.testing.assert_allclose(D.w.grad.numpy(), grad_w, rtol=1e-10)
+    np.testing.assert_allclose(D.b.grad.item(), 0.0, atol=1e-12)
+
+
+class LinearConditionalD(nn.Module):
+    """f(x, c) = <w, x> + <u, c>: the CR term cancels the label part only if both copies get the same label."""
+
+    def __init__(self, c_dim):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(-1, 1, int(np.prod(SHAPE)), dtype=torch.float64).reshape(SHAPE))
+        self.u = nn.Parameter(torch.arange(1.0, c_dim + 1, dtype=torch.float64))
+
+    def forward(self, x, c):
+        return (self.w * x).flatten(1).sum(1, keepdim=True) + (self.u * c).sum(1, keepdim=True)
+
+
+def test_consistency_regularization_matches_direct_computation():
+    real, _, z = _batch(1, n=6)
+    real_c = torch.eye(3, dtype=torch.float64)[torch.tensor([0, 1, 2, 0, 1, 2])]
+    gen_c = torch.eye(3, dtype=torch.float64)[torch.tensor([2, 2, 1, 1, 0, 0])]
+    D = LinearConditionalD(3)
+    loss = GANLoss(G=ReshapeG(), D=D, loss='wasserstein', norm='none', cr=5.0)
+    torch.manual_seed(7)
+    loss.accumulate_gradients('D', real, real_c, z, gen_c)
+
+    torch.manual_seed(7)  # The augmentation draws are the step's only random draws.
+    aug = consistency_augment(real).numpy()
+    w = D.w.detach().numpy()
+    xr, xf = real.numpy(), z.reshape(-1, *SHAPE).numpy()
+    diff = np.sum(w * (xr - aug), axis=(1, 2, 3))[:, None, None, None]  # f(real) - f(aug), same label.
+    grad_w = -xr.mean(0) + xf.mean(0) + 5.0 * np.mean(2 * diff * (xr - aug), axis=0)
+    grad_u = -real_c.numpy().mean(0) + gen_c.numpy().mean(0)  # No CR contribution: the labels cancel.
+    np.testing.assert_allclose(D.w.grad.numpy(), grad_w, rtol=1e-10)
+    np.testing.assert_allclose(D.u.grad.numpy(), grad_u, rtol=1e-10, atol=1e-12)
+
+
+def test_gn_loss_uses_normalized_scores(monkeypatch):
+    # Under GN, the D loss is the adversarial loss of f_hat = f / (||grad f|| + |f|); for the quadratic D
+    # grad f = w x, so the expected loss value is computable in numpy.
+    real, c, z = _batch(2)
+    D = QuadraticD()
+    reported = {}
+    monkeypatch.setattr(training_stats, 'report', lambda name, value: reported.setdefault(name, value))
+    GANLoss(G=ReshapeG(), D=D, loss='hinge', norm='gn').accumulate_gradients('D', real, c, z, c)
+    w = D.w.detach().numpy()
+
+    def f_hat(x):
+        f = 0.5 * np.sum(w * x**2, axis=(1, 2, 3)) + 0.1
+        return f / (np.linalg.norm((w * x).reshape(len(x), -1), axis=1) + np.abs(f))
+    expected = np.mean(np.maximum(0, 1 - f_hat(real.numpy()))) + np.mean(np.maximum(0, 1 + f_hat(z.reshape(-1, *SHAPE).numpy())))
+    np.testing.assert_allclose(reported['Loss/D/loss'].item(), expected, rtol=1e-10)
+    np.testing.assert_allclose(reported['Loss/scores/real'].detach().numpy()[:, 0], f_hat(real.numpy()), rtol=1e-10)
+
+#----------------------------------------------------------------------------
+# Fast G path through GANLoss on the real (conditional) networks.
+
+
+@pytest.mark.parametrize('nets,pairs', [
+    ('resnet', [('hinge', 'gn'), ('ns-nosigmoid', 'gn1')]),
+    ('cnn', [('ns', 'gn'), ('wasserstein', 'gn0')]),
+    ('biggan', [('hinge', 'gn')]),
+])
+def test_fast_generator_path_matches_exact_on_networks(nets, pairs):
+    torch.manual_seed(0)
+    G_class, D_class, kwargs = {
+        'resnet': (ResNetGenerator, ResNetDiscriminator, dict(ch=2)),
+        'cnn': (CNNGenerator, CNNDiscriminator, dict(ch=2)),
+        'biggan': (BigGANGenerator, BigGANDiscriminator, dict(ch=2)),
+    }[nets]
+    G = G_class(c_dim=3, img_resolution=32, img_channels=3, z_dim=16, **kwargs).double()
+    D = D_class(c_dim=3, img_resolution=32, img_channels=3, **kwargs).double()
+    assert D.is_piecewise_linear and GANLoss(G=G, D=D).fast_g
+    z = torch.randn(3, 16, dtype=torch.float64)
+    c = torch.eye(3, dtype=torch.float64)[torch.tensor([0, 2, 1])]
+    for loss, norm in pairs:
+        grads = []
+        for fast in [False, True]:
+            G_copy = copy.deepcopy(G)  # G's spectral-norm power iteration (BigGAN) advances on each call.
+            GANLoss(G=G_copy, D=D, loss=loss, norm=norm, fast_g=fast).accumulate_gradients('G', None, None, z, c)
+            grads.append(torch.cat([p.grad.flatten() for p in G_copy.parameters()]))
+        exact, fast = grads
+        assert exact.norm() > 0
+        assert ((fast - exact).norm() / exact.norm()).item() < 1e-5, (loss, norm)
+
+
+def test_fast_g_default_follows_piecewise_linearity():
+    class SmoothD(nn.Module):
+        is_piecewise_linear = False
+    assert not GANLoss(G=nn.Identity(), D=SmoothD()).fast_g
+    assert not GANLoss(G=nn.Identity(), D=nn.Identity()).fast_g
+    assert GANLoss(G=nn.Identity(), D=SmoothD(), fast_g=True).fast_g
+
+#----------------------------------------------------------------------------
+# Every --norm x --loss combination: one D step and one G step on CPU.
+
+
+@pytest.mark.parametrize('norm,loss', list(itertools.product(NORMS, LOSSES)))
+def test_every_combination_trains(norm, loss, monkeypatch):
+    torch.manual_seed(0)
+    G = CNNGenerator(c_dim=0, img_resolution=8, img_channels=3, z_dim=8, ch=2)
+    D = CNNDiscriminator(c_dim=0, img_resolution=8, img_channels=3, ch=2, spectral_norm=(norm == 'sn'))
+    gan_loss = GANLoss(G=G, D=D, loss=loss, norm=norm, cr=1.0)
+    real = torch.rand(2, 3, 8, 8) * 2 - 1
+    c = torch.zeros(2, 0)
+    reported = {}
+    monkeypatch.setattr(training_stats, 'report', lambda name, value: reported.setdefault(name, value))
+    for phase, module, z in [('D', D, torch.randn(2, 8)), ('G', G, torch.randn(4, 8))]:
+        before = [p.detach().clone() for p in module.parameters()]
+        opt = torch.optim.Adam(module.parameters(), lr=1e-3)
+        opt.zero_grad()
+        gan_loss.accumulate_gradients(phase, real, c, z, torch.zeros(z.shape[0], 0))
+        assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
+        opt.step()
+        assert any(not torch.equal(a, p) for a, p in zip(before, module.parameters())), phase
+    for name in ['Loss/D/loss', 'Loss/G/loss', 'Loss/D/real', 'Loss/D/fake', 'Loss/cr']:
+        assert torch.isfinite(torch.as_tensor(reported[name])).all(), name
+    if norm in ('gn', 'gn1', 'gn0', 'gp1', 'gp0', 'r1'):
+        assert torch.isfinite(reported['Loss/grad_norm']).all()

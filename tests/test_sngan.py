@@ -1,0 +1,142 @@
+"""SN-GAN standard CNN and ResNet: parameter counts of the paper's models, shapes, init, pooling, SN, snapshots."""
+
+import numpy as np
+import pytest
+import torch
+
+from torch_utils import persistence
+from training.networks.sngan import (CNNDiscriminator, CNNGenerator, ResNetDiscriminator, ResNetGenerator,
+                                     apply_spectral_norm)
+
+# DESIGN section 4: parameter counts of the GN-GAN authors' released models (3 channels, unconditional).
+PARAM_COUNTS = [
+    (CNNGenerator, 32, 3_813_379), (CNNDiscriminator, 32, 5_860_865),
+    (CNNGenerator, 48, 5_134_339), (CNNDiscriminator, 48, 5_871_105),
+    (ResNetGenerator, 32, 4_276_739), (ResNetDiscriminator, 32, 1_053_825),
+    (ResNetGenerator, 48, 4_878_083), (ResNetDiscriminator, 48, 4_859_073),
+    (ResNetGenerator, 128, 32_150_787), (ResNetDiscriminator, 128, 38_419_137),
+    (ResNetGenerator, 256, 37_135_107), (ResNetDiscriminator, 256, 43_401_409),
+]
+
+
+@pytest.mark.parametrize('cls,resolution,count', PARAM_COUNTS)
+def test_parameter_counts_match_paper(cls, resolution, count):
+    with torch.device('meta'):
+        net = cls(c_dim=0, img_resolution=resolution, img_channels=3)
+    assert sum(p.numel() for p in net.parameters()) == count
+
+
+def test_spectral_norm_keeps_parameter_count():
+    with torch.device('meta'):
+        plain = ResNetDiscriminator(c_dim=0, img_resolution=48, img_channels=3)
+        normed = ResNetDiscriminator(c_dim=0, img_resolution=48, img_channels=3, spectral_norm=True)
+    assert sum(p.numel() for p in normed.parameters()) == sum(p.numel() for p in plain.parameters())
+
+
+@pytest.mark.parametrize('G_class,D_class,resolution', [
+    (CNNGenerator, CNNDiscriminator, 48), (ResNetGenerator, ResNetDiscriminator, 32),
+    (ResNetGenerator, ResNetDiscriminator, 48)])
+@pytest.mark.parametrize('c_dim', [0, 5])
+def test_shapes_and_range(G_class, D_class, resolution, c_dim):
+    torch.manual_seed(0)
+    G = G_class(c_dim=c_dim, img_resolution=resolution, img_channels=3, z_dim=16, ch=4)
+    D = D_class(c_dim=c_dim, img_resolution=resolution, img_channels=3, ch=4)
+    assert (G.z_dim, G.c_dim, G.img_resolution, G.img_channels) == (16, c_dim, resolution, 3)
+    assert (D.c_dim, D.img_resolution, D.img_channels) == (c_dim, resolution, 3)
+    assert D.is_piecewise_linear
+    z = torch.randn(3, 16)
+    c = torch.eye(c_dim)[[0, 1, 2]] if c_dim else torch.zeros(3, 0)
+    img = G(z, c)
+    assert img.shape == (3, 3, resolution, resolution)
+    assert img.min() >= -1 and img.max() <= 1
+    assert D(img, c).shape == (3, 1)
+
+
+def test_conditional_parameters():
+    # Class-conditional BN replaces each block BN's 2C affine parameters by 2 * c_dim * C; projection adds c_dim * C.
+    with torch.device('meta'):
+        G0 = ResNetGenerator(c_dim=0, img_resolution=32, img_channels=3)
+        G10 = ResNetGenerator(c_dim=10, img_resolution=32, img_channels=3)
+        D0 = ResNetDiscriminator(c_dim=0, img_resolution=32, img_channels=3)
+        D10 = ResNetDiscriminator(c_dim=10, img_resolution=32, img_channels=3)
+    count = lambda m: sum(p.numel() for p in m.parameters())
+    assert count(G10) - count(G0) == 6 * (2 * 10 * 256 - 2 * 256)  # Three blocks, two BNs each, 256 channels.
+    assert count(D10) - count(D0) == 10 * 128
+
+
+def test_conditional_outputs_depend_on_label():
+    torch.manual_seed(0)
+    G = ResNetGenerator(c_dim=3, img_resolution=32, img_channels=3, ch=4)
+    D = ResNetDiscriminator(c_dim=3, img_resolution=32, img_channels=3, ch=4)
+    with torch.no_grad():
+        for m in G.modules():
+            if hasattr(m, 'gain') and isinstance(m.gain, torch.nn.Linear):
+                m.gain.weight.normal_()
+    z = torch.randn(2, 128).repeat(2, 1)
+    c = torch.eye(3)[torch.tensor([0, 0, 1, 1])]
+    img = G(z, c)
+    assert not torch.allclose(img[:2], img[2:])
+    x = torch.randn(2, 3, 32, 32).repeat(2, 1, 1, 1)
+    f = D(x, c)
+    assert not torch.allclose(f[:2], f[2:])
+
+
+def test_resnet_init_is_kaiming_normal_with_zero_bias():
+    torch.manual_seed(0)
+    D = ResNetDiscriminator(c_dim=0, img_resolution=32, img_channels=3)
+    conv = D.blocks[1].conv1  # 128 -> 128, 3x3: fan_in 1152.
+    assert abs(conv.weight.std().item() / np.sqrt(2 / 1152) - 1) < 0.01  # 147k samples: 5 standard errors.
+    assert abs(conv.weight.mean().item()) < 1e-3
+    assert all(torch.all(m.bias == 0) for m in D.modules() if isinstance(m, torch.nn.Conv2d))
+
+
+def test_resnet_discriminator_ends_in_global_average_pooling():
+    torch.manual_seed(0)
+    D = ResNetDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=4)
+    x = torch.randn(2, 3, 32, 32)
+    features = {}
+    D.blocks[-1].register_forward_hook(lambda m, i, o: features.setdefault('last', o))
+    D.fc.register_forward_hook(lambda m, i, o: features.setdefault('fc_in', i[0]))
+    D(x, torch.zeros(2, 0))
+    last = features['last'].detach().numpy()
+    np.testing.assert_allclose(features['fc_in'].detach().numpy(), np.maximum(last, 0).mean(axis=(2, 3)), rtol=1e-6)
+    assert last.shape[-1] == 8  # 32 -> 16 -> 8, then two blocks at 8x8.
+
+
+def test_spectral_norm_normalizes_weights():
+    torch.manual_seed(0)
+    D = CNNDiscriminator(c_dim=0, img_resolution=16, img_channels=3, ch=4, spectral_norm=True)
+    x = torch.randn(2, 3, 16, 16)
+    for _ in range(10):  # The power iteration advances once per training-mode forward.
+        D(x, torch.zeros(2, 0))
+    for layer in list(D.convs) + [D.fc]:
+        sigma = np.linalg.svd(layer.weight.detach().reshape(layer.weight.shape[0], -1).numpy(), compute_uv=False)[0]
+        assert 1 - 1e-5 < sigma < 1.01  # Power iteration approaches sigma(W) from below.
+
+
+def test_snapshot_round_trip(tmp_path):
+    torch.manual_seed(0)
+    D = ResNetDiscriminator(c_dim=4, img_resolution=32, img_channels=3, ch=4, spectral_norm=True)
+    G = ResNetGenerator(c_dim=4, img_resolution=32, img_channels=3, ch=4)
+    D(torch.randn(2, 3, 32, 32), torch.eye(4)[:2])  # Advance SN's power iteration past its initial state.
+    persistence.save_snapshot(str(tmp_path / 'snap.pkl'), {'D': D, 'G': G})
+    data = persistence.load_snapshot(str(tmp_path / 'snap.pkl'))
+    x, z, c = torch.randn(3, 3, 32, 32), torch.randn(3, 128), torch.eye(4)[:3]
+    D.eval(), G.eval()
+    assert torch.equal(data.D(x, c), D(x, c))
+    assert torch.equal(data.G(z, c), G(z, c))
+
+
+def test_bad_resolution_raises():
+    with pytest.raises(ValueError, match='128'):
+        ResNetGenerator(c_dim=0, img_resolution=64, img_channels=3)
+    with pytest.raises(ValueError):
+        CNNDiscriminator(c_dim=0, img_resolution=30, img_channels=3)
+
+
+def test_apply_spectral_norm_only_on_weights():
+    layer = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    apply_spectral_norm(layer)
+    assert torch.nn.utils.parametrize.is_parametrized(layer[0], 'weight')
+    assert torch.nn.utils.parametrize.is_parametrized(layer[2], 'weight')
+    assert not torch.nn.utils.parametrize.is_parametrized(layer[0], 'bias')

@@ -1,0 +1,86 @@
+"""The --cfg presets: the paper's training settings for each dataset and architecture, as data.
+
+`get_config(name)` returns an EasyDict that the training loop reads:
+
+    name, description       preset name and a one-line summary
+    G_kwargs, D_kwargs      class_name + constructor kwargs, without c_dim / img_resolution / img_channels
+                            (the training loop fills those from the dataset)
+    loss_kwargs             class_name='training.loss.GANLoss' + loss / norm / cr / ...
+    G_opt_kwargs, D_opt_kwargs   class_name='torch.optim.Adam' + lr, betas, eps
+    n_dis                   D steps per G step
+    batch_D, batch_G        global batch of a D step (M) and of a G step (2M, or M for BigGAN)
+    total_steps             training length in G steps
+    lr_decay                'linear' (to 0 over total_steps) or 'none'
+    ema_beta, ema_start     G EMA decay per G step (None = no EMA) and the G step from which it averages
+                            (before it the EMA copy just follows G)
+    z_dim, conditional, resolution   latent size, whether labels are needed, expected dataset resolution
+
+Settings follow the GN-GAN paper and the authors' release (Adam; D batch M, G batch 2M). Every
+preset takes the --norm, --loss and --cr overrides; --norm=sn turns on D's spectral normalization.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import dnnlib
+from training.loss import LOSSES, NORMS, check_choice
+
+#----------------------------------------------------------------------------
+
+ARCHS = {
+    'cnn':    ('training.networks.sngan.CNNGenerator',      'training.networks.sngan.CNNDiscriminator'),
+    'resnet': ('training.networks.sngan.ResNetGenerator',   'training.networks.sngan.ResNetDiscriminator'),
+    'biggan': ('training.networks.biggan.BigGANGenerator',  'training.networks.biggan.BigGANDiscriminator'),
+}
+
+_SNGAN_SMALL = dict(z_dim=128, betas=[0.0, 0.9], batch_D=64, batch_G=128, total_steps=200_000, ema_beta=None,
+                    ema_start=0, conditional=False)
+_SNGAN_LARGE = dict(arch='resnet', z_dim=128, loss='hinge', lr_G=2e-4, lr_D=2e-4, betas=[0.0, 0.9], n_dis=5,
+                    batch_D=64, batch_G=128, total_steps=100_000, lr_decay='linear', ema_beta=0.9999, conditional=False)
+
+PRESETS = {
+    'cifar10-cnn':        dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='ns', lr_G=2e-4, lr_D=2e-4, n_dis=1, lr_decay='none',
+                               description='CIFAR-10 32x32, SN-GAN standard CNN, NS loss, n_dis 1'),
+    'cifar10-resnet':     dict(_SNGAN_SMALL, arch='resnet', resolution=32, loss='hinge', lr_G=2e-4, lr_D=4e-4, n_dis=5, lr_decay='linear',
+                               description='CIFAR-10 32x32, SN-GAN ResNet, hinge loss, n_dis 5, linear lr decay'),
+    'stl10-cnn':          dict(_SNGAN_SMALL, arch='cnn', resolution=48, loss='ns', lr_G=2e-4, lr_D=2e-4, n_dis=1, lr_decay='none',
+                               description='STL-10 48x48, SN-GAN standard CNN, NS loss, n_dis 1'),
+    'stl10-resnet':       dict(_SNGAN_SMALL, arch='resnet', resolution=48, loss='hinge', lr_G=2e-4, lr_D=4e-4, n_dis=5, lr_decay='linear',
+                               description='STL-10 48x48, SN-GAN ResNet, hinge loss, n_dis 5, linear lr decay'),
+    'cifar10-biggan':     dict(arch='biggan', resolution=32, z_dim=128, loss='hinge', lr_G=1e-4, lr_D=2e-4, betas=[0.0, 0.999], n_dis=4,
+                               batch_D=50, batch_G=50, total_steps=125_000, lr_decay='none', ema_beta=0.9999, ema_start=1000,
+                               conditional=True, description='CIFAR-10 32x32 class-conditional BigGAN, hinge loss, n_dis 4, G EMA'),
+    'celebahq128-resnet': dict(_SNGAN_LARGE, resolution=128, ema_start=10_000,
+                               description='CelebA-HQ 128x128, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
+    'celebahq256-resnet': dict(_SNGAN_LARGE, resolution=256, ema_start=10_000,
+                               description='CelebA-HQ 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
+    'church256-resnet':   dict(_SNGAN_LARGE, resolution=256, ema_start=20_000,
+                               description='LSUN Church 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
+}
+
+
+def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: float | None = None) -> dnnlib.EasyDict:
+    """The preset `name` with optional overrides: norm (default 'gn'), loss (default: the preset's), cr (default 0)."""
+    if name not in PRESETS:
+        raise ValueError(f'unknown config "{name}"; valid: {", ".join(PRESETS)}')
+    preset = copy.deepcopy(PRESETS[name])
+    norm = 'gn' if norm is None else norm
+    loss = preset['loss'] if loss is None else loss
+    cr = 0.0 if cr is None else float(cr)
+    check_choice('norm', norm, NORMS)
+    check_choice('loss', loss, LOSSES)
+    if cr < 0:
+        raise ValueError(f'cr must be non-negative, got {cr}')
+
+    G_class, D_class = ARCHS[preset['arch']]
+    cfg = dnnlib.EasyDict(name=name, description=preset['description'])
+    cfg.G_kwargs = dnnlib.EasyDict(class_name=G_class, z_dim=preset['z_dim'])
+    cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, spectral_norm=(norm == 'sn'))
+    cfg.loss_kwargs = dnnlib.EasyDict(class_name='training.loss.GANLoss', loss=loss, norm=norm, cr=cr)
+    cfg.G_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_G'], betas=preset['betas'], eps=1e-8)
+    cfg.D_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_D'], betas=preset['betas'], eps=1e-8)
+    for key in ['n_dis', 'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim',
+                'conditional', 'resolution']:
+        cfg[key] = preset[key]
+    return cfg

@@ -1,0 +1,334 @@
+"""The networks of SN-GAN (Miyato et al., ICLR 2018) used by the GN-GAN paper for small datasets.
+
+Two families, each a generator and a discriminator:
+
+  * the "standard CNN" (DCGAN-like; 32x32 CIFAR-10 and 48x48 STL-10), and
+  * the ResNet (32x32, 48x48, and the ImageNet-style deeper nets used at 128x128 and 256x256).
+
+The layers, widths and hence parameter counts are those of the GN-GAN authors' release, which
+reproduces SN-GAN's architectures. All of them use Kaiming-normal weights and zero biases (the
+release initializes the standard CNN with N(0, 0.02^2) instead; see `init_weights`). Every
+network also works class-conditionally (c_dim > 0): G then uses class-conditional batch norm
+(de Vries et al. 2017) and D adds a projection term (Miyato & Koyama, ICLR 2018). BigGAN
+(training/networks/biggan.py) is built from the same blocks.
+
+Every discriminator here is piecewise linear in its input for fixed weights (ReLU/LeakyReLU,
+convolutions, average pooling, linear layers; spectral normalization only rescales weights),
+which is what the fast generator path of gradient normalization relies on.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torch_utils import misc, persistence
+
+#----------------------------------------------------------------------------
+# Shared helpers.
+
+
+def apply_spectral_norm(module: nn.Module) -> None:
+    """Reparametrize every conv/linear weight under `module` as W / sigma(W) (power iteration).
+
+    Uses torch's parametrization, so the state dict holds the raw weight and the power-iteration
+    vectors, and rebuilding the network with the same kwargs restores it exactly.
+    """
+    layers = [m for m in module.modules() if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear))]
+    for layer in layers:
+        nn.utils.parametrizations.spectral_norm(layer)
+
+
+def init_weights(module: nn.Module, init: str) -> None:
+    """Initialize every conv/linear weight under `module` and zero its bias.
+
+    init: 'kaiming' (normal, fan-in, ReLU gain: keeps activations at unit scale through the depth, which
+    matters under GN since the gradient w.r.t. a bias grows as the activations shrink) or 'xavier'
+    (uniform; BigGAN at 32x32).
+    """
+    for m in module.modules():
+        if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
+            if init == 'kaiming':
+                nn.init.kaiming_normal_(m.weight)
+            elif init == 'xavier':
+                nn.init.xavier_uniform_(m.weight)
+            else:
+                raise ValueError(f'unknown init "{init}"')
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+class ClassBatchNorm2d(nn.Module):
+    """Batch norm whose affine gain and bias depend on the class label when c_dim > 0.
+
+    y = BN(x) * (1 + c @ W_gain) + c @ W_bias for a one-hot c, i.e. one (gain, bias) pair per class;
+    with c_dim = 0 it is an ordinary affine BatchNorm2d (gain and bias shared by all samples).
+    """
+
+    def __init__(self, num_features: int, c_dim: int) -> None:
+        super().__init__()
+        self.c_dim = c_dim
+        self.bn = nn.BatchNorm2d(num_features, affine=(c_dim == 0))
+        if c_dim > 0:
+            self.gain = nn.Linear(c_dim, num_features, bias=False)
+            self.bias = nn.Linear(c_dim, num_features, bias=False)
+
+    def reset_class_parameters(self) -> None:
+        """Start from the identity transform for every class (gain 1, bias 0)."""
+        if self.c_dim > 0:
+            nn.init.zeros_(self.gain.weight)
+            nn.init.zeros_(self.bias.weight)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        x = self.bn(x)
+        if self.c_dim == 0:
+            return x
+        gain = 1 + self.gain(c)[:, :, None, None]
+        bias = self.bias(c)[:, :, None, None]
+        return x * gain + bias
+
+
+class Projection(nn.Module):
+    """The class-conditional term of a projection discriminator: <embed(c), h> (zero if c_dim = 0)."""
+
+    def __init__(self, c_dim: int, num_features: int) -> None:
+        super().__init__()
+        self.c_dim = c_dim
+        if c_dim > 0:
+            self.embed = nn.Linear(c_dim, num_features, bias=False)
+
+    def forward(self, h: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        if self.c_dim == 0:
+            return h.new_zeros(h.shape[0], 1)
+        return (self.embed(c) * h).sum(dim=1, keepdim=True)
+
+
+def check_label(c: torch.Tensor, batch: int, c_dim: int) -> None:
+    misc.assert_shape(c, [batch, c_dim])
+
+#----------------------------------------------------------------------------
+# ResNet blocks (SN-GAN; reused by BigGAN).
+
+
+class GeneratorBlock(nn.Module):
+    """Up-sampling residual block: [BN, ReLU, up 2x, conv3x3, BN, ReLU, conv3x3] + [up 2x, conv1x1]."""
+
+    def __init__(self, in_channels: int, out_channels: int, c_dim: int) -> None:
+        super().__init__()
+        self.norm1 = ClassBatchNorm2d(in_channels, c_dim)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.norm2 = ClassBatchNorm2d(out_channels, c_dim)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        self.shortcut = nn.Conv2d(in_channels, out_channels, 1)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.norm1(x, c))
+        h = self.conv1(F.interpolate(h, scale_factor=2, mode='nearest'))
+        h = self.conv2(F.relu(self.norm2(h, c)))
+        return h + self.shortcut(F.interpolate(x, scale_factor=2, mode='nearest'))
+
+
+class DiscriminatorBlock(nn.Module):
+    """Residual block of the ResNet discriminator, optionally halving the resolution (2x2 average pool).
+
+    The first block of a discriminator (`first=True`, SN-GAN's "optimized" block) sees the image
+    itself and so starts with a convolution instead of a ReLU, and always down-samples.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, down: bool, first: bool) -> None:
+        super().__init__()
+        self.down = down or first
+        self.first = first
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        self.shortcut = nn.Conv2d(in_channels, out_channels, 1) if (in_channels != out_channels or self.down) else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x if self.first else F.relu(x)
+        h = self.conv2(F.relu(self.conv1(h)))
+        s = x if self.shortcut is None else self.shortcut(x)
+        if self.down:
+            h = F.avg_pool2d(h, 2)
+            s = F.avg_pool2d(s, 2)
+        return h + s
+
+#----------------------------------------------------------------------------
+# Standard CNN.
+
+
+@persistence.persistent_class
+class CNNGenerator(nn.Module):
+    """SN-GAN's standard CNN generator: linear to (res/8)^2 x 8ch, three stride-2 transposed convs, tanh."""
+
+    def __init__(self,
+        c_dim: int,             # Label dimension, 0 = unconditional.
+        img_resolution: int,    # Output resolution, a multiple of 8 (32 for CIFAR-10, 48 for STL-10).
+        img_channels: int,      # Number of output color channels.
+        z_dim: int = 128,       # Latent dimension.
+        ch: int = 64,           # Width of the last hidden layer; the first has 8 * ch channels.
+    ) -> None:
+        super().__init__()
+        if img_resolution % 8 != 0:
+            raise ValueError(f'CNNGenerator needs a resolution divisible by 8, got {img_resolution}')
+        self.z_dim = z_dim
+        self.c_dim = c_dim
+        self.img_resolution = img_resolution
+        self.img_channels = img_channels
+        self.bottom = img_resolution // 8
+        widths = [ch * 8, ch * 4, ch * 2, ch]
+        self.fc = nn.Linear(z_dim, self.bottom * self.bottom * widths[0])
+        self.norms = nn.ModuleList([ClassBatchNorm2d(w, c_dim) for w in widths])
+        self.convs = nn.ModuleList([nn.ConvTranspose2d(a, b, 4, stride=2, padding=1)
+                                    for a, b in zip(widths[:-1], widths[1:])])
+        self.to_rgb = nn.ConvTranspose2d(ch, img_channels, 3, stride=1, padding=1)
+        init_weights(self, 'kaiming')
+        for norm in self.norms:
+            norm.reset_class_parameters()
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        misc.assert_shape(z, [None, self.z_dim])
+        check_label(c, z.shape[0], self.c_dim)
+        x = self.fc(z).view(z.shape[0], -1, self.bottom, self.bottom)
+        for norm, conv in zip(self.norms[:-1], self.convs):
+            x = conv(F.relu(norm(x, c)))
+        x = self.to_rgb(F.relu(self.norms[-1](x, c)))
+        return torch.tanh(x)
+
+
+@persistence.persistent_class
+class CNNDiscriminator(nn.Module):
+    """SN-GAN's standard CNN discriminator: seven convs with LeakyReLU(0.1), then one linear layer."""
+
+    is_piecewise_linear = True
+
+    def __init__(self,
+        c_dim: int,                     # Label dimension, 0 = unconditional.
+        img_resolution: int,            # Input resolution, a multiple of 8.
+        img_channels: int,              # Number of input color channels.
+        ch: int = 64,                   # Width of the first conv; the last ones have 8 * ch channels.
+        spectral_norm: bool = False,    # Spectral normalization on every conv/linear weight (--norm=sn).
+    ) -> None:
+        super().__init__()
+        if img_resolution % 8 != 0:
+            raise ValueError(f'CNNDiscriminator needs a resolution divisible by 8, got {img_resolution}')
+        self.c_dim = c_dim
+        self.img_resolution = img_resolution
+        self.img_channels = img_channels
+        layers = [nn.Conv2d(img_channels, ch, 3, padding=1)]
+        for width in [ch, ch * 2, ch * 4]:  # Each stage: stride-2 4x4 conv doubling the width, then a 3x3 conv.
+            layers += [nn.Conv2d(width, width * 2, 4, stride=2, padding=1), nn.Conv2d(width * 2, width * 2, 3, padding=1)]
+        self.convs = nn.ModuleList(layers)
+        num_features = (img_resolution // 8) ** 2 * ch * 8
+        self.fc = nn.Linear(num_features, 1)
+        self.projection = Projection(c_dim, num_features)
+        init_weights(self, 'kaiming')
+        if spectral_norm:
+            apply_spectral_norm(self)
+
+    def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        misc.assert_shape(img, [None, self.img_channels, self.img_resolution, self.img_resolution])
+        check_label(c, img.shape[0], self.c_dim)
+        x = img
+        for conv in self.convs:
+            x = F.leaky_relu(conv(x), 0.1)
+        h = x.flatten(1)
+        return self.fc(h) + self.projection(h, c)
+
+#----------------------------------------------------------------------------
+# ResNet.
+
+# Per resolution, the channel multipliers of the paper's nets (times `ch`) and the default `ch`.
+# G: widths of the 4x4 (6x6 at 48) input and after each up-sampling block.
+# D: widths after each block; every block halves the resolution except the last `D_keep` ones.
+RESNET_LAYOUTS = {
+    32:  dict(G_ch=256, G_mult=[1, 1, 1, 1],              D_ch=128, D_mult=[1, 1, 1, 1],              D_keep=2),
+    48:  dict(G_ch=64,  G_mult=[8, 4, 2, 1],              D_ch=64,  D_mult=[1, 2, 4, 8],              D_keep=0),
+    128: dict(G_ch=64,  G_mult=[16, 16, 8, 4, 2, 1],      D_ch=64,  D_mult=[1, 2, 4, 8, 16, 16],      D_keep=1),
+    256: dict(G_ch=64,  G_mult=[16, 16, 8, 8, 4, 2, 1],   D_ch=64,  D_mult=[1, 2, 4, 8, 8, 16, 16],   D_keep=1),
+}
+
+
+def resnet_layout(img_resolution: int) -> dict:
+    if img_resolution not in RESNET_LAYOUTS:
+        raise ValueError(f'no ResNet layout for resolution {img_resolution}; '
+                         f'available: {", ".join(str(r) for r in RESNET_LAYOUTS)}')
+    return RESNET_LAYOUTS[img_resolution]
+
+
+@persistence.persistent_class
+class ResNetGenerator(nn.Module):
+    """SN-GAN's ResNet generator: linear to a small feature map, up-sampling residual blocks, BN-ReLU-conv-tanh."""
+
+    def __init__(self,
+        c_dim: int,             # Label dimension, 0 = unconditional (>0: class-conditional batch norm).
+        img_resolution: int,    # Output resolution: 32, 48, 128 or 256.
+        img_channels: int,      # Number of output color channels.
+        z_dim: int = 128,       # Latent dimension.
+        ch: int | None = None,  # Base width (multiplied per block); None = the paper's width for this resolution.
+    ) -> None:
+        super().__init__()
+        layout = resnet_layout(img_resolution)
+        ch = layout['G_ch'] if ch is None else ch
+        widths = [ch * m for m in layout['G_mult']]
+        self.z_dim = z_dim
+        self.c_dim = c_dim
+        self.img_resolution = img_resolution
+        self.img_channels = img_channels
+        self.bottom = img_resolution // 2 ** (len(widths) - 1)
+        self.fc = nn.Linear(z_dim, self.bottom * self.bottom * widths[0])
+        self.blocks = nn.ModuleList([GeneratorBlock(a, b, c_dim) for a, b in zip(widths[:-1], widths[1:])])
+        self.norm = nn.BatchNorm2d(widths[-1])
+        self.to_rgb = nn.Conv2d(widths[-1], img_channels, 3, padding=1)
+        init_weights(self, 'kaiming')
+        for m in self.modules():
+            if isinstance(m, ClassBatchNorm2d):
+                m.reset_class_parameters()
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        misc.assert_shape(z, [None, self.z_dim])
+        check_label(c, z.shape[0], self.c_dim)
+        x = self.fc(z).view(z.shape[0], -1, self.bottom, self.bottom)
+        for block in self.blocks:
+            x = block(x, c)
+        return torch.tanh(self.to_rgb(F.relu(self.norm(x))))
+
+
+@persistence.persistent_class
+class ResNetDiscriminator(nn.Module):
+    """SN-GAN's ResNet discriminator: residual blocks, ReLU, global average pooling, linear (+ projection)."""
+
+    is_piecewise_linear = True
+
+    def __init__(self,
+        c_dim: int,                     # Label dimension, 0 = unconditional (>0: projection discriminator).
+        img_resolution: int,            # Input resolution: 32, 48, 128 or 256.
+        img_channels: int,              # Number of input color channels.
+        ch: int | None = None,          # Base width; None = the paper's width for this resolution.
+        spectral_norm: bool = False,    # Spectral normalization on every conv/linear weight (--norm=sn).
+    ) -> None:
+        super().__init__()
+        layout = resnet_layout(img_resolution)
+        ch = layout['D_ch'] if ch is None else ch
+        widths = [img_channels] + [ch * m for m in layout['D_mult']]
+        num_blocks = len(widths) - 1
+        self.c_dim = c_dim
+        self.img_resolution = img_resolution
+        self.img_channels = img_channels
+        self.blocks = nn.ModuleList([
+            DiscriminatorBlock(widths[i], widths[i + 1], down=(i < num_blocks - layout['D_keep']), first=(i == 0))
+            for i in range(num_blocks)])
+        self.fc = nn.Linear(widths[-1], 1)
+        self.projection = Projection(c_dim, widths[-1])
+        init_weights(self, 'kaiming')
+        if spectral_norm:
+            apply_spectral_norm(self)
+
+    def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        misc.assert_shape(img, [None, self.img_channels, self.img_resolution, self.img_resolution])
+        check_label(c, img.shape[0], self.c_dim)
+        x = img
+        for block in self.blocks:
+            x = block(x)
+        h = F.relu(x).mean(dim=[2, 3])
+        return self.fc(h) + self.projection(h, c)
