@@ -1,0 +1,165 @@
+"""Fused bias + activation + gain + clamp.
+
+    y = clamp(gain * act(x + b), -clamp, clamp)
+
+with b broadcast along dimension `dim` of x. Unfused, this is four memory
+passes forward and as many backward; the CUDA kernel does each direction in
+one pass. Both implementations are differentiable twice (gradient
+normalization and R1 back-propagate through the input gradient of every
+discriminator layer).
+"""
+
+import dataclasses
+import math
+import os
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from torch_utils import custom_ops
+
+
+@dataclasses.dataclass(frozen=True)
+class ActivationSpec:
+    func: Callable  # reference implementation: func(x, alpha) -> act(x)
+    def_alpha: float  # default alpha (slope/scale parameter; unused by most activations)
+    def_gain: float  # default gain, chosen to roughly preserve the signal magnitude
+    cuda_id: int  # activation index understood by the kernel (enum in bias_act.h)
+    is_piecewise_linear: bool  # True when act'' = 0 almost everywhere (no second-order term)
+
+
+activation_funcs = {
+    'linear':   ActivationSpec(lambda x, alpha: x,                          0.0, 1.0,          1, True),
+    'relu':     ActivationSpec(lambda x, alpha: F.relu(x),                  0.0, math.sqrt(2), 2, True),
+    'lrelu':    ActivationSpec(lambda x, alpha: F.leaky_relu(x, alpha),     0.2, math.sqrt(2), 3, True),
+    'tanh':     ActivationSpec(lambda x, alpha: torch.tanh(x),              0.0, 1.0,          4, False),
+    'sigmoid':  ActivationSpec(lambda x, alpha: torch.sigmoid(x),           0.0, 1.0,          5, False),
+    'elu':      ActivationSpec(lambda x, alpha: F.elu(x, alpha),            1.0, 1.0,          6, False),
+    'selu':     ActivationSpec(lambda x, alpha: F.selu(x),                  0.0, 1.0,          7, False),
+    'softplus': ActivationSpec(lambda x, alpha: F.softplus(x),              0.0, 1.0,          8, False),
+    'swish':    ActivationSpec(lambda x, alpha: torch.sigmoid(x) * x,       0.0, math.sqrt(2), 9, False),
+}
+
+_plugin = custom_ops.LazyPlugin('bias_act', module_name='gngan_bias_act_plugin',
+                                sources=['bias_act.cpp', 'bias_act.cu'], headers=['bias_act.h'],
+                                source_dir=os.path.dirname(__file__))
+
+
+def bias_act(x: torch.Tensor, b: Optional[torch.Tensor] = None, dim: int = 1, act: str = 'linear',
+             alpha: Optional[float] = None, gain: Optional[float] = None, clamp: Optional[float] = None,
+             impl: str = 'cuda') -> torch.Tensor:
+    """Add bias b along dimension dim, apply activation act, multiply by gain, clamp to [-clamp, clamp].
+
+    x: input of any shape; b: 1-D bias with x.shape[dim] entries, or None.
+    act: one of activation_funcs ('linear', 'relu', 'lrelu', 'tanh', 'sigmoid', 'elu', 'selu',
+    'softplus', 'swish'). alpha, gain: None means the activation's default (lrelu: alpha 0.2,
+    gain sqrt(2)). clamp: None or a non-negative bound on the output magnitude.
+    impl: 'cuda' uses the fused kernel for CUDA tensors (the reference for CPU tensors, or when
+    the kernel cannot be built); 'ref' always uses plain PyTorch ops.
+    """
+    if impl not in ('cuda', 'ref'):
+        raise ValueError(f'bias_act: impl must be "cuda" or "ref", got {impl!r}')
+    if act not in activation_funcs:
+        raise ValueError(f'bias_act: unknown activation {act!r}; expected one of {", ".join(activation_funcs)}')
+    if not -x.ndim <= dim < x.ndim:
+        raise ValueError(f'bias_act: dim {dim} is out of range for a tensor with {x.ndim} dimensions')
+    dim = dim % x.ndim
+    if b is not None and (b.ndim != 1 or b.shape[0] != x.shape[dim]):
+        raise ValueError(f'bias_act: bias of shape {list(b.shape)} does not match dimension {dim} of '
+                         f'input shape {list(x.shape)}')
+    if clamp is not None and clamp < 0:
+        raise ValueError(f'bias_act: clamp must be non-negative, got {clamp}')
+    spec = activation_funcs[act]
+    alpha = float(spec.def_alpha if alpha is None else alpha)
+    gain = float(spec.def_gain if gain is None else gain)
+    clamp = float(-1 if clamp is None else clamp)  # negative: no clamping
+    if impl == 'cuda' and x.device.type == 'cuda' and _plugin.get() is not None:
+        cfg = _CudaConfig(dim=dim, act=act, alpha=alpha, gain=gain, clamp=clamp)
+        return _BiasActCuda.apply(x, b, cfg)
+    return _bias_act_ref(x, b, dim, spec, alpha, gain, clamp)
+
+
+def _bias_act_ref(x: torch.Tensor, b: Optional[torch.Tensor], dim: int, spec: ActivationSpec, alpha: float,
+                  gain: float, clamp: float) -> torch.Tensor:
+    """The chain of standard ops; autograd provides derivatives of every order."""
+    if b is not None:
+        x = x + b.to(x.dtype).reshape([-1 if i == dim else 1 for i in range(x.ndim)])
+    x = spec.func(x, alpha)
+    if gain != 1:
+        x = x * gain
+    if clamp >= 0:
+        x = x.clamp(-clamp, clamp)
+    return x
+
+
+# ----------------------------------------------------------------------------
+# CUDA path. The kernel evaluates, per element with s = x + b,
+#   mode 0: y = clamp(gain * act(s))
+#   mode 1: dy * gain * act'(s) * [|gain * act(s)| <= clamp]
+#   mode 2: dy * gain * act''(s) * [|gain * act(s)| <= clamp]
+# Mode 1 is the input gradient; its own derivatives are mode 1 (w.r.t. dy,
+# linear) and mode 2 (w.r.t. x), which gives second-order gradients.
+
+@dataclasses.dataclass(frozen=True)
+class _CudaConfig:
+    dim: int  # bias dimension
+    act: str  # activation name
+    alpha: float  # activation parameter
+    gain: float  # output gain
+    clamp: float  # output bound, negative for none
+
+
+def _run_kernel(mode: int, x: torch.Tensor, b: Optional[torch.Tensor], dy: Optional[torch.Tensor],
+                cfg: _CudaConfig) -> torch.Tensor:
+    empty = x.new_empty([0])
+    return _plugin.get().bias_act(x, empty if b is None else b.to(x.dtype).contiguous(),
+                                  empty if dy is None else dy.to(x.dtype).contiguous(), cfg.dim,
+                                  activation_funcs[cfg.act].cuda_id, mode, cfg.alpha, cfg.gain, cfg.clamp)
+
+
+def _bias_grad(dx: torch.Tensor, dim: int) -> torch.Tensor:
+    return dx.sum([i for i in range(dx.ndim) if i != dim])
+
+
+class _BiasActCuda(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, b, cfg):  # pylint: disable=arguments-differ
+        x = x.contiguous()
+        ctx.cfg = cfg
+        ctx.save_for_backward(x, b)
+        return _run_kernel(0, x, b, None, cfg)
+
+    @staticmethod
+    def backward(ctx, dy):  # pylint: disable=arguments-differ
+        x, b = ctx.saved_tensors
+        dx = db = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[1]:
+            dx = _BiasActCudaGrad.apply(dy, x, b, ctx.cfg)
+        if ctx.needs_input_grad[1]:
+            db = _bias_grad(dx, ctx.cfg.dim).to(b.dtype)
+        return dx, db, None
+
+
+class _BiasActCudaGrad(torch.autograd.Function):
+    """dx = dy * d(bias_act)/dx, as a function of (dy, x, b), so that it can itself be differentiated."""
+
+    @staticmethod
+    def forward(ctx, dy, x, b, cfg):  # pylint: disable=arguments-differ
+        ctx.cfg = cfg
+        ctx.save_for_backward(dy, x, b)
+        return _run_kernel(1, x, b, dy, cfg)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):  # pylint: disable=arguments-differ
+        dy, x, b = ctx.saved_tensors
+        cfg = ctx.cfg
+        d_dy = d_x = d_b = None
+        if ctx.needs_input_grad[0]:
+            d_dy = _run_kernel(1, x, b, g, cfg)
+        if (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]) and not activation_funcs[cfg.act].is_piecewise_linear:
+            d_x = _run_kernel(2, x, b, g * dy, cfg)
+            if ctx.needs_input_grad[2]:
+                d_b = _bias_grad(d_x, cfg.dim).to(b.dtype)
+        return d_dy, d_x, d_b, None

@@ -1,0 +1,178 @@
+"""conv2d / conv_transpose2d with gradients of any order and optional weight-gradient skipping.
+
+Gradient normalization and gradient penalties differentiate the input
+gradient of D, so every convolution in D is differentiated twice. Here a
+convolution y = A(x, w) (bilinear in input x and weight w) is an autograd
+Function whose backward is expressed through the same Functions:
+
+    dx = A_x^T(dy; w)    the adjoint in x: the transposed convolution (or the
+                         convolution, for a transposed one) of dy with w
+    dw = A_w^T(dy; x)    the weight gradient, bilinear in (dy, x)
+
+and the weight gradient's own backward, for an incoming g shaped like w, is
+    d/d(dy) <g, A_w^T(dy; x)> = A(x, g),   d/dx = A_x^T(dy; g),
+again convolutions. So derivatives of every order stay within these ops.
+
+Inside `with no_weight_gradients():` backward passes skip dw entirely, which
+saves a convolution per layer when only input gradients are wanted (the
+gradient penalty's grad of D w.r.t. images).
+"""
+
+import contextlib
+import dataclasses
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+enabled = True  # False: always use torch.nn.functional's convolutions
+weight_gradients_disabled = False  # set by no_weight_gradients()
+
+IntPair = Union[int, Tuple[int, int]]
+
+
+@contextlib.contextmanager
+def no_weight_gradients(disable: bool = True):
+    """Within this context, backward passes through these convolutions skip weight gradients."""
+    global weight_gradients_disabled  # pylint: disable=global-statement
+    previous = weight_gradients_disabled
+    if disable:
+        weight_gradients_disabled = True
+    try:
+        yield
+    finally:
+        weight_gradients_disabled = previous
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride: IntPair = 1,
+           padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1) -> torch.Tensor:
+    """Drop-in for torch.nn.functional.conv2d (integer padding only on the custom path)."""
+    if not _use_custom_op(padding):
+        return F.conv2d(input, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    cfg = _ConvConfig(transpose=False, stride=_pair(stride), padding=_pair(padding), output_padding=(0, 0),
+                      dilation=_pair(dilation), groups=groups)
+    return _Conv2d.apply(input, weight, bias, cfg)
+
+
+def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                     stride: IntPair = 1, padding: IntPair = 0, output_padding: IntPair = 0, groups: int = 1,
+                     dilation: IntPair = 1) -> torch.Tensor:
+    """Drop-in for torch.nn.functional.conv_transpose2d."""
+    if not _use_custom_op(padding):
+        return F.conv_transpose2d(input, weight, bias, stride=stride, padding=padding, output_padding=output_padding,
+                                  groups=groups, dilation=dilation)
+    cfg = _ConvConfig(transpose=True, stride=_pair(stride), padding=_pair(padding),
+                      output_padding=_pair(output_padding), dilation=_pair(dilation), groups=groups)
+    return _Conv2d.apply(input, weight, bias, cfg)
+
+
+def _use_custom_op(padding) -> bool:
+    return enabled and not isinstance(padding, str)  # 'same'/'valid' padding: leave it to PyTorch
+
+
+def _pair(value: IntPair) -> Tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    first, second = value
+    return int(first), int(second)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ConvConfig:
+    transpose: bool  # False: conv2d, True: conv_transpose2d
+    stride: Tuple[int, int]  # (height, width) as in torch
+    padding: Tuple[int, int]
+    output_padding: Tuple[int, int]  # transposed convolutions only
+    dilation: Tuple[int, int]
+    groups: int
+
+    def apply(self, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.transpose:
+            return F.conv_transpose2d(input, weight, bias, stride=self.stride, padding=self.padding,
+                                      output_padding=self.output_padding, groups=self.groups, dilation=self.dilation)
+        return F.conv2d(input, weight, bias, stride=self.stride, padding=self.padding, dilation=self.dilation,
+                        groups=self.groups)
+
+    def input_adjoint(self, input_shape: torch.Size, weight_shape: torch.Size) -> '_ConvConfig':
+        """The convolution that maps output gradients to input gradients: conv2d <-> conv_transpose2d.
+
+        For conv2d, the transposed convolution may round the size down (a
+        strided conv2d ignores trailing input rows); output_padding restores
+        input_shape exactly:
+            H_in = (H_out - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1.
+        """
+        if self.transpose:
+            return dataclasses.replace(self, transpose=False, output_padding=(0, 0))
+        output_padding = []
+        for axis in range(2):
+            in_size, k = input_shape[axis + 2], weight_shape[axis + 2]
+            s, p, d = self.stride[axis], self.padding[axis], self.dilation[axis]
+            out_size = (in_size + 2 * p - d * (k - 1) - 1) // s + 1
+            output_padding.append(in_size - ((out_size - 1) * s - 2 * p + d * (k - 1) + 1))
+        return dataclasses.replace(self, transpose=True, output_padding=tuple(output_padding))
+
+
+class _Conv2d(torch.autograd.Function):
+    """y = A(x, w) + b for A = conv2d or conv_transpose2d, per cfg."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, cfg):  # pylint: disable=arguments-differ
+        ctx.cfg = cfg
+        ctx.save_for_backward(input, weight)
+        return cfg.apply(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output):  # pylint: disable=arguments-differ
+        input, weight = ctx.saved_tensors
+        cfg = ctx.cfg
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_input = _Conv2d.apply(grad_output, weight, None, cfg.input_adjoint(input.shape, weight.shape))
+        if _weight_gradient_wanted(ctx):
+            grad_weight = _Conv2dWeightGrad.apply(grad_output, input, weight.shape, cfg)
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum([0, 2, 3])
+        return grad_input, grad_weight, grad_bias, None
+
+
+def _weight_gradient_wanted(ctx) -> bool:
+    """Whether a backward pass of _Conv2d must produce the weight gradient.
+
+    needs_input_grad only says that the weight requires grad. A gradient
+    penalty asks for torch.autograd.grad(D(x), x) alone; built-in ops then skip
+    their weight gradients, and the engine can tell us too, through the
+    private hook torch.utils.checkpoint relies on. Where that hook is missing,
+    the weight gradient is computed (correct, only slower).
+    """
+    if not ctx.needs_input_grad[1] or weight_gradients_disabled:
+        return False
+    try:
+        return bool(torch._C._will_engine_execute_node(ctx.next_functions[1][0]))  # pylint: disable=protected-access
+    except (AttributeError, RuntimeError, TypeError):
+        return True
+
+
+class _Conv2dWeightGrad(torch.autograd.Function):
+    """dw = A_w^T(dy; x): the weight gradient of y = A(x, w), as a differentiable function of (dy, x)."""
+
+    @staticmethod
+    def forward(ctx, grad_output, input, weight_shape, cfg):  # pylint: disable=arguments-differ
+        ctx.cfg = cfg
+        ctx.save_for_backward(grad_output, input)
+        weight_like = input.new_empty(weight_shape)  # only its shape is read
+        _, grad_weight, _ = torch.ops.aten.convolution_backward(
+            grad_output, input, weight_like, None, list(cfg.stride), list(cfg.padding), list(cfg.dilation),
+            cfg.transpose, list(cfg.output_padding), cfg.groups, [False, True, False])
+        return grad_weight
+
+    @staticmethod
+    def backward(ctx, grad2_weight):  # pylint: disable=arguments-differ
+        grad_output, input = ctx.saved_tensors
+        cfg = ctx.cfg
+        grad2_grad_output = grad2_input = None
+        if ctx.needs_input_grad[0]:
+            grad2_grad_output = _Conv2d.apply(input, grad2_weight, None, cfg)
+        if ctx.needs_input_grad[1]:
+            adjoint = cfg.input_adjoint(input.shape, grad2_weight.shape)
+            grad2_input = _Conv2d.apply(grad_output, grad2_weight, None, adjoint)
+        return grad2_grad_output, grad2_input, None, None

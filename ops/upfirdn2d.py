@@ -1,0 +1,253 @@
+"""Upsample, FIR-filter and downsample 2-D images in one op (upfirdn2d).
+
+Along each spatial axis, for input x of length L, the op computes
+    1. zero insertion: u[i * up] = x[i], the other L * up - L samples are 0 (length L * up),
+    2. padding with p0 zeros in front and p1 behind (a negative amount crops),
+    3. FIR filtering, convolution with f by default (correlation with flip_filter=True),
+       keeping only outputs where the filter lies fully inside the padded signal,
+    4. downsampling: keep every down-th sample, starting with the first,
+so the output length is (L * up + p0 + p1 - len(f)) // down + 1. This is what
+scipy.signal.upfirdn does along one axis, up to the padding convention.
+
+A 2-D filter is applied as is; a 1-D filter is separable and applied along
+both axes. The op is linear in x and its adjoint is again an upfirdn2d (up and
+down swapped, the filter flipped, the padding transposed), so the CUDA path
+gets gradients of every order by calling itself.
+"""
+
+import dataclasses
+import os
+from typing import Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from torch_utils import custom_ops
+
+_plugin = custom_ops.LazyPlugin('upfirdn2d', module_name='gngan_upfirdn2d_plugin',
+                                sources=['upfirdn2d.cpp', 'upfirdn2d.cu'], headers=['upfirdn2d.h'],
+                                source_dir=os.path.dirname(__file__))
+
+IntPair = Union[int, Sequence[int]]
+Padding = Union[int, Sequence[int]]
+
+
+def _parse_scaling(scaling: IntPair) -> Tuple[int, int]:
+    """int or [x, y] -> (x, y), each >= 1."""
+    if isinstance(scaling, int):
+        scaling = [scaling, scaling]
+    sx, sy = [int(s) for s in scaling]
+    if sx < 1 or sy < 1:
+        raise ValueError(f'upfirdn2d: up/down factors must be >= 1, got {list(scaling)}')
+    return sx, sy
+
+
+def _parse_padding(padding: Padding) -> Tuple[int, int, int, int]:
+    """int, [x, y] or [x0, x1, y0, y1] -> (x0, x1, y0, y1)."""
+    if isinstance(padding, int):
+        padding = [padding, padding]
+    padding = [int(p) for p in padding]
+    if len(padding) == 2:
+        px, py = padding
+        padding = [px, px, py, py]
+    if len(padding) != 4:
+        raise ValueError(f'upfirdn2d: padding must be an int, [x, y] or [x0, x1, y0, y1], got {padding}')
+    return tuple(padding)
+
+
+def _get_filter_size(f: Optional[torch.Tensor]) -> Tuple[int, int]:
+    """(width, height) of a filter from setup_filter(); None is the 1x1 identity filter."""
+    if f is None:
+        return 1, 1
+    if f.ndim == 1:
+        return f.shape[0], f.shape[0]
+    return f.shape[1], f.shape[0]
+
+
+def setup_filter(f, device: torch.device = torch.device('cpu'), normalize: bool = True, flip_filter: bool = False,
+                 gain: float = 1, separable: Optional[bool] = None) -> torch.Tensor:
+    """Turn a list/array of taps into a float32 filter tensor for upfirdn2d.
+
+    A 1-D filter becomes separable (kept 1-D) when it has 8 or more taps, and
+    otherwise the 2-D outer product f f^T (a single 2-D pass is faster for
+    short filters). normalize makes the taps sum to 1 (unit DC gain); gain
+    multiplies the whole 2-D response, i.e. each 1-D pass by sqrt(gain).
+    """
+    f = torch.as_tensor(1 if f is None else f, dtype=torch.float32)
+    if f.ndim == 0:
+        f = f[np.newaxis]
+    if f.ndim not in (1, 2) or f.numel() == 0:
+        raise ValueError(f'setup_filter: expected a non-empty 1-D or 2-D filter, got shape {list(f.shape)}')
+    if separable is None:
+        separable = f.ndim == 1 and f.numel() >= 8
+    if f.ndim == 1 and not separable:
+        f = torch.outer(f, f)
+    if normalize:
+        f = f / f.sum()
+    if flip_filter:
+        f = f.flip(list(range(f.ndim)))
+    if f.ndim == 1 and gain < 0:
+        raise ValueError('setup_filter: a separable filter cannot carry a negative gain')
+    f = f * (gain ** (f.ndim / 2))
+    return f.to(device=device)
+
+
+def upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 1, down: IntPair = 1, padding: Padding = 0,
+              flip_filter: bool = False, gain: float = 1, impl: str = 'cuda') -> torch.Tensor:
+    """Upsample, pad, FIR-filter and downsample a batch of images (see the module docstring).
+
+    x: [batch, channels, height, width]. f: float32 filter from setup_filter(), 1-D (separable)
+    or 2-D [height, width], or None (identity). up, down: int or [x, y]. padding: int, [x, y]
+    or [x0, x1, y0, y1], in samples of the upsampled signal. flip_filter: False = convolution,
+    True = correlation. gain: overall scale of the output. impl: 'cuda' or 'ref' (see bias_act).
+    """
+    if impl not in ('cuda', 'ref'):
+        raise ValueError(f'upfirdn2d: impl must be "cuda" or "ref", got {impl!r}')
+    if x.ndim != 4:
+        raise ValueError(f'upfirdn2d: expected x of shape [N, C, H, W], got {list(x.shape)}')
+    if f is None:
+        f = torch.ones([1, 1], dtype=torch.float32, device=x.device)
+    if f.ndim not in (1, 2) or f.numel() == 0 or not f.is_floating_point():
+        raise ValueError(f'upfirdn2d: expected a non-empty 1-D or 2-D float filter, got shape {list(f.shape)}')
+    if f.requires_grad:
+        raise ValueError('upfirdn2d: the filter must not require gradients')
+    cfg = _Config(up=_parse_scaling(up), down=_parse_scaling(down), padding=_parse_padding(padding),
+                  flip_filter=bool(flip_filter), gain=float(gain))
+    out_w, out_h = cfg.output_size(x.shape[3], x.shape[2], *_get_filter_size(f))
+    if out_w < 1 or out_h < 1:
+        raise ValueError(f'upfirdn2d: input {list(x.shape)} with filter {list(f.shape)}, up {cfg.up}, '
+                         f'down {cfg.down}, padding {cfg.padding} leaves an empty output')
+    if impl == 'cuda' and x.device.type == 'cuda' and _plugin.get() is not None:
+        return _UpFirDn2dCuda.apply(x, f, cfg)
+    return _upfirdn2d_ref(x, f, cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    up: Tuple[int, int]  # (x, y) zero-insertion factors
+    down: Tuple[int, int]  # (x, y) decimation factors
+    padding: Tuple[int, int, int, int]  # (x0, x1, y0, y1), negative crops
+    flip_filter: bool  # False = convolution, True = correlation
+    gain: float  # output scale
+
+    def output_size(self, in_w: int, in_h: int, f_w: int, f_h: int) -> Tuple[int, int]:
+        px0, px1, py0, py1 = self.padding
+        out_w = (in_w * self.up[0] + px0 + px1 - f_w) // self.down[0] + 1
+        out_h = (in_h * self.up[1] + py0 + py1 - f_h) // self.down[1] + 1
+        return out_w, out_h
+
+    def adjoint(self, in_w: int, in_h: int, out_w: int, out_h: int, f_w: int, f_h: int) -> '_Config':
+        """The upfirdn2d that maps output-shaped gradients back onto the input: the adjoint.
+
+        Per axis, with input length L, output length M, filter length k: the
+        transpose of "subsample by d" is "zero-insert by d", the transpose of a
+        valid correlation with f is a full convolution (pad k - 1 on both
+        sides, correlate with f flipped), and the transpose of "zero-insert by
+        u, pad (p0, p1)" is "crop (p0, p1), keep every u-th sample". Merged into
+        one padding: front k - 1 - p0, back L*u + p0 - M*d - (u - 1); the last
+        u - 1 samples would be discarded by the final subsampling anyway.
+        """
+        px0, _, py0, _ = self.padding
+        (ux, uy), (dx, dy) = self.up, self.down
+        padding = (f_w - 1 - px0, in_w * ux + px0 - out_w * dx - (ux - 1),
+                   f_h - 1 - py0, in_h * uy + py0 - out_h * dy - (uy - 1))
+        return _Config(up=self.down, down=self.up, padding=padding, flip_filter=not self.flip_filter, gain=self.gain)
+
+
+def _upfirdn2d_ref(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tensor:
+    """Standard ops (zero insertion by strided assignment, F.pad, depthwise F.conv2d with stride)."""
+    batch, channels, in_h, in_w = x.shape
+    (upx, upy), (downx, downy) = cfg.up, cfg.down
+    if upx > 1 or upy > 1:
+        upsampled = x.new_zeros([batch, channels, in_h * upy, in_w * upx])
+        upsampled[:, :, ::upy, ::upx] = x
+        x = upsampled
+    x = F.pad(x, list(cfg.padding))  # F.pad crops for negative amounts
+
+    # F.conv2d computes a correlation, so a convolution flips the filter. A
+    # stride equal to the downsampling factor evaluates only the kept outputs.
+    f = f.to(x.dtype)
+    if not cfg.flip_filter:
+        f = f.flip(list(range(f.ndim)))
+    if f.ndim == 2:
+        weight = (f * cfg.gain)[np.newaxis, np.newaxis].repeat([channels, 1, 1, 1])
+        return F.conv2d(x, weight, stride=(downy, downx), groups=channels)
+    weight_x = (f * cfg.gain).reshape(1, 1, 1, -1).repeat([channels, 1, 1, 1])
+    weight_y = f.reshape(1, 1, -1, 1).repeat([channels, 1, 1, 1])
+    x = F.conv2d(x, weight_x, stride=(1, downx), groups=channels)
+    return F.conv2d(x, weight_y, stride=(downy, 1), groups=channels)
+
+
+# ----------------------------------------------------------------------------
+# CUDA path.
+
+def _run_kernel(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tensor:
+    """One kernel launch per 2-D filter, two (x pass, then y pass) for a separable one.
+
+    The kernel always correlates, with the gain folded into the taps.
+    """
+    taps = f.to(device=x.device, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
+    if not cfg.flip_filter:
+        taps = taps.flip(list(range(taps.ndim)))
+    (upx, upy), (downx, downy), (px0, px1, py0, py1) = cfg.up, cfg.down, cfg.padding
+    x = x.contiguous()
+    if taps.ndim == 2:
+        return _plugin.get().upfirdn2d(x, (taps * cfg.gain).contiguous(), upx, upy, downx, downy, px0, px1, py0, py1)
+    x = _plugin.get().upfirdn2d(x, (taps * cfg.gain).reshape(1, -1).contiguous(), upx, 1, downx, 1, px0, px1, 0, 0)
+    return _plugin.get().upfirdn2d(x, taps.reshape(-1, 1).contiguous(), 1, upy, 1, downy, 0, 0, py0, py1)
+
+
+class _UpFirDn2dCuda(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, f, cfg):  # pylint: disable=arguments-differ
+        y = _run_kernel(x, f, cfg)
+        ctx.save_for_backward(f)
+        ctx.cfg = cfg
+        ctx.sizes = (x.shape[3], x.shape[2], y.shape[3], y.shape[2], *_get_filter_size(f))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # pylint: disable=arguments-differ
+        f, = ctx.saved_tensors
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = _UpFirDn2dCuda.apply(dy, f, ctx.cfg.adjoint(*ctx.sizes))
+        return dx, None, None
+
+
+# ----------------------------------------------------------------------------
+# Convenience wrappers with the padding that keeps the image centered.
+
+def filter2d(x: torch.Tensor, f: Optional[torch.Tensor], padding: Padding = 0, flip_filter: bool = False,
+             gain: float = 1, impl: str = 'cuda') -> torch.Tensor:
+    """FIR-filter x, keeping its size (plus the extra padding given)."""
+    px0, px1, py0, py1 = _parse_padding(padding)
+    fw, fh = _get_filter_size(f)
+    padding = [px0 + fw // 2, px1 + (fw - 1) // 2, py0 + fh // 2, py1 + (fh - 1) // 2]
+    return upfirdn2d(x, f, padding=padding, flip_filter=flip_filter, gain=gain, impl=impl)
+
+
+def upsample2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 2, padding: Padding = 0,
+               flip_filter: bool = False, gain: float = 1, impl: str = 'cuda') -> torch.Tensor:
+    """Upsample x by `up` with interpolation filter f: output size = input size * up.
+
+    The zero insertion keeps 1 sample in up**2, so the gain is raised by up**2
+    to preserve the mean value of the image.
+    """
+    upx, upy = _parse_scaling(up)
+    px0, px1, py0, py1 = _parse_padding(padding)
+    fw, fh = _get_filter_size(f)
+    padding = [px0 + (fw + upx - 1) // 2, px1 + (fw - upx) // 2, py0 + (fh + upy - 1) // 2, py1 + (fh - upy) // 2]
+    return upfirdn2d(x, f, up=up, padding=padding, flip_filter=flip_filter, gain=gain * upx * upy, impl=impl)
+
+
+def downsample2d(x: torch.Tensor, f: Optional[torch.Tensor], down: IntPair = 2, padding: Padding = 0,
+                 flip_filter: bool = False, gain: float = 1, impl: str = 'cuda') -> torch.Tensor:
+    """Anti-alias x with filter f and downsample by `down`: output size = input size / down."""
+    downx, downy = _parse_scaling(down)
+    px0, px1, py0, py1 = _parse_padding(padding)
+    fw, fh = _get_filter_size(f)
+    padding = [px0 + (fw - downx + 1) // 2, px1 + (fw - downx) // 2, py0 + (fh - downy + 1) // 2,
+               py1 + (fh - downy) // 2]
+    return upfirdn2d(x, f, down=down, padding=padding, flip_filter=flip_filter, gain=gain, impl=impl)

@@ -1,0 +1,156 @@
+"""upfirdn2d against scipy.signal.upfirdn and a direct numpy evaluation, plus its gradients."""
+
+import itertools
+
+import numpy as np
+import pytest
+import scipy.signal
+import torch
+
+from ops import upfirdn2d
+
+
+def _upfirdn_1d(x, h, up, down, pad0, pad1):
+    """Our 1-D semantics along the last axis of x, from scipy's upfirdn.
+
+    scipy convolves the zero-inserted x, (len(x) - 1) * up + 1 samples, with h
+    in 'full' mode, so its output n sees the input padded by len(h) - 1 in
+    front. Ours pads by pad0 instead, so our sample k (before decimation) is
+    scipy's sample k + len(h) - 1 - pad0; delaying h by zeros realizes a
+    negative shift within scipy itself, decimation included.
+    """
+    length = x.shape[-1]
+    out_len = (length * up + pad0 + pad1 - len(h)) // down + 1
+    shift = len(h) - 1 - pad0
+    if shift <= 0:
+        y = scipy.signal.upfirdn(np.concatenate([np.zeros(-shift), h]), x, up=up, down=down, axis=-1)
+    else:
+        y = scipy.signal.upfirdn(h, x, up=up, axis=-1)[..., shift::down]
+    y = y[..., :out_len]
+    return np.concatenate([y, np.zeros(y.shape[:-1] + (out_len - y.shape[-1],))], axis=-1)
+
+
+def _scipy_separable(x, h, up, down, padding, flip_filter, gain):
+    (upx, upy), (downx, downy), (px0, px1, py0, py1) = up, down, padding
+    if flip_filter:  # correlation with h = convolution with h reversed
+        h = h[::-1]
+    y = _upfirdn_1d(x, h, upx, downx, px0, px1)
+    y = np.swapaxes(_upfirdn_1d(np.swapaxes(y, -1, -2), h, upy, downy, py0, py1), -1, -2)
+    return y * gain
+
+
+def _direct_2d(x, f, up, down, padding, flip_filter, gain):
+    """Definition by loops: zero-insert, pad or crop, correlate with the (flipped) filter, decimate."""
+    n, c, h, w = x.shape
+    (upx, upy), (downx, downy), (px0, px1, py0, py1) = up, down, padding
+    u = np.zeros([n, c, h * upy, w * upx])
+    u[:, :, ::upy, ::upx] = x
+    u = np.pad(u, [(0, 0), (0, 0), (max(py0, 0), max(py1, 0)), (max(px0, 0), max(px1, 0))])
+    u = u[:, :, max(-py0, 0):u.shape[2] - max(-py1, 0), max(-px0, 0):u.shape[3] - max(-px1, 0)]
+    k = f if flip_filter else f[::-1, ::-1]
+    fh, fw = k.shape
+    out = np.zeros([n, c, u.shape[2] - fh + 1, u.shape[3] - fw + 1])
+    for i, j in itertools.product(range(fh), range(fw)):
+        out += k[i, j] * u[:, :, i:i + out.shape[2], j:j + out.shape[3]]
+    return out[:, :, ::downy, ::downx] * gain
+
+
+SEPARABLE_CASES = [  # up, down, padding
+    (1, 1, [0, 0, 0, 0]), (2, 1, [2, 1, 2, 1]), (4, 1, [3, 2, 1, 4]), (1, 2, [1, 1, 0, 3]),
+    (1, 4, [2, 5, 2, 2]), (2, 2, [1, 2, 3, 0]), (4, 2, [0, 0, 5, 5]), (2, 4, [4, 1, 1, 4]),
+    (2, 1, [-1, 3, 2, -2]), (1, 2, [-2, -1, 4, 3]), ([1, 2], [4, 1], [2, 3, -1, 1]),
+]
+
+
+@pytest.mark.parametrize('taps', [3, 4, 5, 8])
+@pytest.mark.parametrize('up, down, padding', SEPARABLE_CASES)
+def test_separable_matches_scipy(taps, up, down, padding):
+    rng = np.random.default_rng(taps)
+    x = rng.standard_normal([2, 3, 11, 12])
+    h = rng.standard_normal(taps)
+    up2, down2 = upfirdn2d._parse_scaling(up), upfirdn2d._parse_scaling(down)
+    for flip_filter, gain in [(False, 1.0), (True, 2.5)]:
+        expected = _scipy_separable(x, h, up2, down2, padding, flip_filter, gain)
+        for f in (torch.tensor(h), torch.outer(torch.tensor(h), torch.tensor(h))):  # 1-D separable, and 2-D
+            y = upfirdn2d.upfirdn2d(torch.tensor(x), f, up=up, down=down, padding=padding,
+                                    flip_filter=flip_filter, gain=gain)
+            np.testing.assert_allclose(y.numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('up, down, padding, flip_filter', [
+    (1, 1, [1, 2, 0, 1], False), (2, 1, [2, 0, 1, 3], True), (1, 2, [0, 3, -1, 2], False),
+    ([3, 2], [2, 3], [4, -1, 2, 2], True),
+])
+def test_non_separable_matches_direct_evaluation(up, down, padding, flip_filter):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal([2, 2, 7, 6])
+    f = rng.standard_normal([3, 4])  # asymmetric, so any transposition or missing flip shows
+    y = upfirdn2d.upfirdn2d(torch.tensor(x), torch.tensor(f), up=up, down=down, padding=padding,
+                            flip_filter=flip_filter, gain=0.7)
+    expected = _direct_2d(x, f, upfirdn2d._parse_scaling(up), upfirdn2d._parse_scaling(down),
+                          upfirdn2d._parse_padding(padding), flip_filter, 0.7)
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_setup_filter():
+    f = upfirdn2d.setup_filter([1, 3, 3, 1])
+    np.testing.assert_allclose(f.numpy(), np.outer([1, 3, 3, 1], [1, 3, 3, 1]) / 64, rtol=1e-6)
+    assert f.dtype == torch.float32
+    f8 = upfirdn2d.setup_filter(np.arange(1, 9))  # 8 taps: kept separable
+    assert f8.shape == (8,) and float(f8.sum()) == pytest.approx(1)
+    g = upfirdn2d.setup_filter([1, 2, 3], gain=4, flip_filter=True, normalize=False)
+    np.testing.assert_allclose(g.numpy(), 4 * np.outer([3, 2, 1], [3, 2, 1]))
+    np.testing.assert_allclose(upfirdn2d.setup_filter([1, 2], separable=True, gain=4).numpy(), [2 / 3, 4 / 3])
+    assert upfirdn2d.setup_filter(None).shape == (1, 1)
+
+
+def test_resampling_wrappers_preserve_size_and_constants():
+    f = upfirdn2d.setup_filter([1, 3, 3, 1])
+    x = torch.full([1, 2, 8, 8], 3.0, dtype=torch.float64)
+    up = upfirdn2d.upsample2d(x, f)
+    down = upfirdn2d.downsample2d(x, f)
+    same = upfirdn2d.filter2d(x, f)
+    assert up.shape == (1, 2, 16, 16) and down.shape == (1, 2, 4, 4) and same.shape == (1, 2, 8, 8)
+    # Away from the zero-padded border, a normalized filter keeps a constant image constant.
+    torch.testing.assert_close(up[:, :, 2:-2, 2:-2], torch.full_like(up[:, :, 2:-2, 2:-2], 3.0))
+    torch.testing.assert_close(down[:, :, 1:-1, 1:-1], torch.full_like(down[:, :, 1:-1, 1:-1], 3.0))
+    torch.testing.assert_close(same[:, :, 2:-2, 2:-2], torch.full_like(same[:, :, 2:-2, 2:-2], 3.0))
+
+
+@pytest.mark.parametrize('up, down, padding', [(2, 1, [2, 1, 2, 1]), (1, 2, [1, -1, 2, 1]), (2, 3, [0, 3, 2, 0])])
+@pytest.mark.parametrize('separable', [False, True])
+def test_gradcheck_and_gradgradcheck(up, down, padding, separable):
+    torch.manual_seed(0)
+    f = upfirdn2d.setup_filter([1, 2, 4, 1], separable=separable).double()
+    x = torch.randn([1, 1, 4, 5], dtype=torch.float64, requires_grad=True)
+    fn = lambda x: upfirdn2d.upfirdn2d(x, f, up=up, down=down, padding=padding, gain=1.5)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, [x])
+    assert torch.autograd.gradgradcheck(fn, [x], fast_mode=True)
+
+
+@pytest.mark.parametrize('up, down, padding', [(2, 1, [2, 1, 2, 1]), (1, 2, [0, 3, -1, 2]),
+                                               ([3, 1], [2, 4], [4, 0, 1, 5])])
+def test_adjoint_padding(up, down, padding):
+    """The CUDA path's backward is upfirdn2d with the _Config.adjoint() arguments; checked here on
+    the reference: <A x, y> = <x, A^T y> for random x, y."""
+    torch.manual_seed(0)
+    f = torch.randn([3, 4], dtype=torch.float64)
+    x = torch.randn([2, 3, 7, 9], dtype=torch.float64)
+    cfg = upfirdn2d._Config(up=upfirdn2d._parse_scaling(up), down=upfirdn2d._parse_scaling(down),
+                            padding=upfirdn2d._parse_padding(padding), flip_filter=False, gain=1.3)
+    ax = upfirdn2d._upfirdn2d_ref(x, f, cfg)
+    y = torch.randn_like(ax)
+    adjoint = cfg.adjoint(x.shape[3], x.shape[2], ax.shape[3], ax.shape[2], f.shape[1], f.shape[0])
+    aty = upfirdn2d._upfirdn2d_ref(y, f, adjoint)
+    assert aty.shape == x.shape
+    torch.testing.assert_close((ax * y).sum(), (x * aty).sum())
+
+
+def test_invalid_arguments_raise_clear_errors():
+    x = torch.zeros([1, 1, 4, 4])
+    with pytest.raises(ValueError, match='empty output'):
+        upfirdn2d.upfirdn2d(x, torch.ones([9, 9]))
+    with pytest.raises(ValueError, match='N, C, H, W'):
+        upfirdn2d.upfirdn2d(torch.zeros([4, 4]), None)
+    with pytest.raises(ValueError, match='padding'):
+        upfirdn2d.upfirdn2d(x, None, padding=[1, 2, 3])
