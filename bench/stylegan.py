@@ -1,0 +1,181 @@
+"""Speed and memory of GN-StyleGAN training steps, with the custom CUDA ops and with their references.
+
+    python bench/stylegan.py                                   # 128x128 and 1024x1024, both op implementations
+    python bench/stylegan.py --resolutions=1024 --impl=cuda --steps=50 --out=bench-stylegan.json
+
+One measured step is what the training loop does per minibatch of the gn-stylegan schedule: a
+discriminator step with gradient normalization and the hinge loss (GN differentiates D's input
+gradient, so every D layer runs a double backward) followed by a generator step (exact GN path:
+StyleGAN's D is not piecewise linear), each with its Adam update. The networks are the full
+StyleGAN v1 pair built at --max-resolution and set to the lod at which the schedule trains the
+benchmarked resolution, with the schedule's per-GPU minibatch there. Reported: seconds per
+thousand real images shown to D (the unit of the schedule and of training logs) and peak GPU
+memory. Prints a table and writes the numbers to a JSON file. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Iterator
+from unittest import mock
+
+import click
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ops import bias_act, conv2d_gradfix, upfirdn2d  # noqa: E402
+from training import loss as loss_lib, progressive  # noqa: E402
+from training.networks import stylegan  # noqa: E402
+
+#----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def op_implementation(impl: str) -> Iterator[None]:
+    """'cuda': the custom kernels (built on first use). 'ref': every op on its plain-PyTorch reference.
+
+    The ops choose their kernel at call time, also inside conv2d_resample, which has no impl
+    argument; so the reference run hides the kernels process-wide: the plugin loaders report
+    "unavailable" (the ops' own fallback) and conv2d_gradfix defers to torch.nn.functional.
+    """
+    if impl == 'cuda':
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(bias_act._plugin, 'get', lambda: None))  # pylint: disable=protected-access
+        stack.enter_context(mock.patch.object(upfirdn2d._plugin, 'get', lambda: None))  # pylint: disable=protected-access
+        stack.enter_context(mock.patch.object(conv2d_gradfix, 'enabled', False))
+        yield
+
+
+def kernels_loaded() -> bool:
+    return bias_act._plugin.get() is not None and upfirdn2d._plugin.get() is not None  # pylint: disable=protected-access
+
+
+def bench_one(resolution: int, max_resolution: int, impl: str, steps: int, warmup: int, device: torch.device) -> dict:
+    """Time `steps` D+G training steps at `resolution` after `warmup` untimed ones."""
+    lod = math.log2(max_resolution) - math.log2(resolution)
+    batch = progressive.BATCH_PER_GPU[resolution]
+    lr = progressive.LR[resolution]
+    torch.manual_seed(0)
+    G = stylegan.Generator(c_dim=0, img_resolution=max_resolution, img_channels=3).train().to(device)
+    D = stylegan.Discriminator(c_dim=0, img_resolution=max_resolution, img_channels=3).train().to(device)
+    for net in (G, D):
+        net.set_lod(lod)
+        net.requires_grad_(False)
+    G_opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.0, 0.99), eps=1e-8)
+    D_opt = torch.optim.Adam(D.parameters(), lr=lr, betas=(0.0, 0.99), eps=1e-8)
+    loss = loss_lib.GANLoss(G=G, D=D, loss='hinge', norm='gn')
+    reals = torch.rand([batch, 3, resolution, resolution], device=device) * 2 - 1
+    c = torch.zeros([batch, 0], device=device)
+
+    def step() -> None:
+        for phase, net, opt in [('D', D, D_opt), ('G', G, G_opt)]:
+            net.requires_grad_(True)
+            opt.zero_grad(set_to_none=True)
+            loss.accumulate_gradients(phase, reals, c, torch.randn([batch, G.z_dim], device=device), c)
+            opt.step()
+            net.requires_grad_(False)
+
+    with op_implementation(impl):
+        for _ in range(warmup):
+            step()
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        kernels = impl == 'cuda' and kernels_loaded()
+    return dict(resolution=resolution, lod=lod, batch=batch, impl=impl, kernels_loaded=kernels, steps=steps,
+                sec_per_step=elapsed / steps, sec_per_kimg=elapsed / (steps * batch) * 1000,
+                peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2 ** 30)
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    dirname = os.path.dirname(os.path.abspath(path))
+    os.makedirs(dirname, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dirname, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'w') as f:
+            json.dump(data, f, indent=2)
+            f.write('\n')
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+#----------------------------------------------------------------------------
+
+
+def parse_resolutions(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        resolutions = [int(r) for r in value.split(',')]
+    except ValueError:
+        raise click.BadParameter(f'expected a comma-separated list of resolutions, got "{value}"') from None
+    unknown = [r for r in resolutions if r not in progressive.BATCH_PER_GPU]
+    if unknown:
+        raise click.BadParameter(f'the schedule has no minibatch size for {unknown}; '
+                                 f'choose from {sorted(progressive.BATCH_PER_GPU)}')
+    return resolutions
+
+
+@click.command()
+@click.option('--resolutions', help='Resolutions to benchmark (comma-separated)', default='128,1024', show_default=True,
+              callback=parse_resolutions)
+@click.option('--max-resolution', help='Final resolution of the networks', type=click.Choice(['256', '512', '1024']),
+              default='1024', show_default=True)
+@click.option('--impl', help='Op implementations to compare', type=click.Choice(['both', 'cuda', 'ref']), default='both',
+              show_default=True)
+@click.option('--steps', help='Timed D+G steps per configuration', type=click.IntRange(min=1), default=20, show_default=True)
+@click.option('--warmup', help='Untimed steps first (kernel builds, cuDNN autotuning)', type=click.IntRange(min=0),
+              default=5, show_default=True)
+@click.option('--out', help='JSON file for the results', metavar='PATH', default='bench-stylegan.json', show_default=True)
+def main(resolutions: list[int], max_resolution: str, impl: str, steps: int, warmup: int, out: str) -> None:
+    """Seconds per thousand images and peak GPU memory of GN-StyleGAN training steps."""
+    if not torch.cuda.is_available():
+        raise click.ClickException('this benchmark needs a CUDA GPU, and PyTorch sees none')
+    max_res = int(max_resolution)
+    if any(r > max_res for r in resolutions):
+        raise click.ClickException(f'--resolutions must not exceed --max-resolution={max_res}')
+    device = torch.device('cuda')
+    torch.backends.cudnn.benchmark = True
+    impls = ['cuda', 'ref'] if impl == 'both' else [impl]
+
+    rows = []
+    print(f'{"resolution":>10} {"batch":>5} {"ops":>5} {"sec/kimg":>9} {"sec/step":>9} {"peak GiB":>9}', flush=True)
+    for resolution in resolutions:
+        for name in impls:
+            row = bench_one(resolution, max_res, name, steps, warmup, device)
+            rows.append(row)
+            label = name if name == 'ref' or row['kernels_loaded'] else 'ref*'
+            print(f'{resolution:>10} {row["batch"]:>5} {label:>5} {row["sec_per_kimg"]:>9.2f} '
+                  f'{row["sec_per_step"]:>9.4f} {row["peak_mem_gib"]:>9.2f}', flush=True)
+            torch.cuda.empty_cache()
+    if any(row['impl'] == 'cuda' and not row['kernels_loaded'] for row in rows):
+        print('ref*: the CUDA kernels could not be built, so "cuda" ran the reference ops too', flush=True)
+
+    write_json_atomic(out, dict(
+        benchmark='gn-stylegan training step (GN + hinge D step, exact GN G step, Adam)',
+        device=torch.cuda.get_device_name(device),
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+        max_resolution=max_res,
+        results=rows,
+    ))
+    print(f'Results written to {out}')
+
+
+if __name__ == '__main__':
+    main()  # pylint: disable=no-value-for-parameter

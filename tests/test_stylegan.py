@@ -1,0 +1,292 @@
+"""Tests for training/networks/stylegan.py (StyleGAN v1 with progressive growing).
+
+Reference values come from the official release's parameter counts, from plain torch.nn.functional
+re-derivations of each layer in float64, from numpy, and from the fade-in formulas worked by hand.
+Networks other than the full-size ones are built tiny so that everything runs on a CPU in seconds.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_utils import persistence, training_stats
+from training import loss as loss_lib
+from training.networks import stylegan
+
+#----------------------------------------------------------------------------
+# Helpers.
+
+TINY = dict(fmap_base=64, fmap_max=16)  # Channels 16, 16, 8, 4 at 4, 8, 16, 32.
+
+
+def tiny_G(img_resolution=32, c_dim=0, **kwargs):
+    torch.manual_seed(0)
+    return stylegan.Generator(c_dim=c_dim, img_resolution=img_resolution, img_channels=3, z_dim=16, w_dim=16,
+                              mapping_kwargs=dict(layer_features=16), **TINY, **kwargs)
+
+
+def tiny_D(img_resolution=32, c_dim=0, **kwargs):
+    torch.manual_seed(1)
+    return stylegan.Discriminator(c_dim=c_dim, img_resolution=img_resolution, img_channels=3, **TINY, **kwargs)
+
+
+def num_params(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+def nearest_up(x, factor=2):
+    return x.repeat_interleave(factor, dim=2).repeat_interleave(factor, dim=3)
+
+
+def blur_ref(x):
+    """[1,2,1] x [1,2,1] / 16 depthwise blur with zero padding, in plain torch."""
+    k = torch.tensor([1.0, 2.0, 1.0], dtype=x.dtype)
+    k = torch.outer(k, k) / 16
+    n, c, h, w = x.shape
+    return F.conv2d(F.pad(x.reshape(n * c, 1, h, w), [1, 1, 1, 1]), k[None, None]).reshape(n, c, h, w)
+
+#----------------------------------------------------------------------------
+# Architecture.
+
+
+@pytest.mark.parametrize('resolution, G_total, D_total', [(1024, 26_219_627, 23_087_249), (256, 26_086_229, 23_052_353)])
+def test_parameter_counts_match_official_release(resolution, G_total, D_total):
+    G = stylegan.Generator(c_dim=0, img_resolution=resolution, img_channels=3)
+    assert num_params(G.mapping) == 2_101_248
+    assert num_params(G) == G_total
+    if resolution == 1024:
+        assert num_params(G.synthesis) == 24_118_379
+    assert G.num_ws == 2 * int(math.log2(resolution)) - 2
+    del G
+    assert num_params(stylegan.Discriminator(c_dim=0, img_resolution=resolution, img_channels=3)) == D_total
+
+
+def test_conditional_parameter_counts():
+    # Label embedding [c_dim, z_dim] concatenated with z doubles the first dense layer's inputs;
+    # D's last dense layer has one output per class.
+    G0, G3 = tiny_G(c_dim=0), tiny_G(c_dim=3)
+    assert num_params(G3) - num_params(G0) == 3 * 16 + 16 * 16
+    D0, D3 = tiny_D(c_dim=0), tiny_D(c_dim=3)
+    assert num_params(D3) - num_params(D0) == 2 * (16 + 1)
+
+
+def test_dense_layer_equalized_lr():
+    torch.manual_seed(0)
+    layer = stylegan.FullyConnectedLayer(in_features=6, out_features=5, activation='lrelu', gain=math.sqrt(2),
+                                         lr_multiplier=0.01).double()
+    assert 50 < layer.weight.std().item() < 200  # Stored as N(0, 1 / 0.01^2).
+    with torch.no_grad():
+        layer.bias.normal_()
+    x = torch.randn(4, 6, dtype=torch.float64)
+    expected = F.leaky_relu(x @ layer.weight.T * (math.sqrt(2) / math.sqrt(6) * 0.01) + layer.bias * 0.01, 0.2)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_layers_match_release_composition():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    up = stylegan.Conv2dLayer(in_channels=3, out_channels=5, kernel_size=3, bias=False, up=2).double()
+    w = up.weight * math.sqrt(2) / math.sqrt(3 * 9)
+    expected = blur_ref(F.conv2d(nearest_up(x), w, padding=1))  # Nearest upsample, conv, blur.
+    torch.testing.assert_close(up(x), expected, rtol=1e-12, atol=1e-12)
+
+    down = stylegan.Conv2dLayer(in_channels=3, out_channels=5, kernel_size=3, down=2, activation='lrelu').double()
+    with torch.no_grad():
+        down.bias.normal_()
+    w = down.weight * math.sqrt(2) / math.sqrt(3 * 9)
+    expected = F.leaky_relu(F.avg_pool2d(F.conv2d(blur_ref(x), w, padding=1), 2) + down.bias[:, None, None], 0.2)
+    torch.testing.assert_close(down(x), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_layer_epilogue_formula():
+    torch.manual_seed(0)
+    epi = stylegan.LayerEpilogue(channels=4, w_dim=6, resolution=8).double()
+    with torch.no_grad():
+        for p in epi.parameters():
+            p.normal_()
+    x, w = torch.randn(2, 4, 8, 8, dtype=torch.float64), torch.randn(2, 6, dtype=torch.float64)
+    y = x + epi.noise_const * epi.noise_strength[:, None, None]
+    y = F.leaky_relu(y + epi.bias[:, None, None], 0.2)
+    y = (y - y.mean(dim=[2, 3], keepdim=True)) / torch.sqrt(y.var(dim=[2, 3], unbiased=False, keepdim=True) + 1e-8)
+    style = w @ epi.affine.weight.T / math.sqrt(6) + epi.affine.bias
+    expected = y * (1 + style[:, :4, None, None]) + style[:, 4:, None, None]
+    torch.testing.assert_close(epi(x, w, noise_mode='const'), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_minibatch_stddev_against_numpy():
+    x = np.random.default_rng(0).standard_normal([8, 6, 3, 3])
+    out = stylegan.MinibatchStdLayer(group_size=4, num_channels=2)(torch.tensor(x)).numpy()
+    expected = np.empty([8, 2])
+    for i in range(8):
+        members = x[i % 2::2]  # Group of sample i: i, i +- 2, ... (4 groups members, stride N / 4).
+        std = np.sqrt(members.var(axis=0) + 1e-8)  # [6, 3, 3]
+        expected[i] = [std[:3].mean(), std[3:].mean()]
+    np.testing.assert_allclose(out[:, :6], x)
+    np.testing.assert_allclose(out[:, 6:], np.broadcast_to(expected[:, :, None, None], [8, 2, 3, 3]), rtol=1e-10)
+    with pytest.raises(ValueError):
+        stylegan.MinibatchStdLayer(group_size=4)(torch.zeros(6, 4, 2, 2))
+
+#----------------------------------------------------------------------------
+# Progressive growing.
+
+
+def test_output_shapes_at_every_lod():
+    G, D = tiny_G().eval(), tiny_D()
+    z, c = torch.randn(4, 16), torch.zeros(4, 0)
+    for lod in [0, 0.25, 0.5, 1, 1.5, 2, 2.75, 3]:
+        G.set_lod(lod)
+        D.set_lod(lod)
+        size = 32 >> math.floor(lod)
+        img = G(z, c)
+        assert img.shape == (4, 3, size, size)
+        assert D(img, c).shape == (4, 1)
+    with pytest.raises(AssertionError):
+        D(torch.zeros(4, 3, 32, 32), c)  # D is at lod 3 (4x4).
+    with pytest.raises(ValueError):
+        G.set_lod(3.5)
+
+
+def test_generator_fade_in():
+    G = tiny_G().eval()
+    ws = G.mapping(torch.randn(3, 16), torch.zeros(3, 0))
+
+    def synth(lod):
+        G.set_lod(lod)
+        return G.synthesis(ws, noise_mode='const')
+
+    for level in [0, 1, 2]:  # Fading in 32, 16 and 8.
+        new, prev_up = synth(level), nearest_up(synth(level + 1))
+        for frac in [0.25, 0.5]:
+            torch.testing.assert_close(synth(level + frac), (1 - frac) * new + frac * prev_up, rtol=1e-5, atol=1e-5)
+        # alpha = 0 (start of the fade-in): the upsampled output of the previous level.
+        torch.testing.assert_close(synth(level + 1 - 2 ** -30), prev_up, rtol=1e-5, atol=1e-5)
+
+
+def test_discriminator_fade_in_start_sees_previous_level():
+    D = tiny_D()
+    img, c = torch.randn(4, 3, 16, 16), torch.zeros(4, 0)
+    D.set_lod(2)
+    previous = D(F.avg_pool2d(img, 2), c)  # 8x8 level with the 2x2-averaged image.
+    D.set_lod(2 - 2 ** -30)  # 16x16 level fading in, alpha ~ 0.
+    torch.testing.assert_close(D(img, c), previous, rtol=1e-5, atol=1e-5)
+    D.set_lod(1.5)
+    assert not torch.allclose(D(img, c), previous)
+
+#----------------------------------------------------------------------------
+# Mapping: truncation, w_avg, style mixing.
+
+
+def test_truncation():
+    G = tiny_G().eval()
+    with torch.no_grad():
+        G.mapping.w_avg.normal_()
+    z, c = torch.randn(5, 16), torch.zeros(5, 0)
+    ws = G.mapping(z, c)
+    torch.testing.assert_close(G.mapping(z, c, truncation_psi=0), G.mapping.w_avg.expand(5, G.num_ws, 16))
+    half = G.mapping(z, c, truncation_psi=0.5, truncation_cutoff=3)
+    torch.testing.assert_close(half[:, :3], G.mapping.w_avg + 0.5 * (ws[:, :3] - G.mapping.w_avg))
+    torch.testing.assert_close(half[:, 3:], ws[:, 3:])
+
+
+def test_w_avg_tracked_in_training_only():
+    G = tiny_G()
+    z, c = torch.randn(6, 16), torch.zeros(6, 0)
+    w = G.mapping(z, c, update_w_avg=False)[:, 0].detach()
+    before = torch.randn(16)
+    G.mapping.w_avg.copy_(before)
+    G.eval()(z, c)
+    torch.testing.assert_close(G.mapping.w_avg, before)
+    G.train()(z, c)
+    torch.testing.assert_close(G.mapping.w_avg, 0.995 * before + 0.005 * w.mean(dim=0))
+
+
+def test_style_mixing_changes_only_layers_after_crossover():
+    G = tiny_G(img_resolution=16, style_mixing_prob=1.0).train()
+    captured = []
+    G.synthesis.register_forward_pre_hook(lambda module, args: captured.append(args[0].detach().clone()))
+    z, c = torch.randn(3, 16), torch.zeros(3, 0)
+    own = G.mapping(z, c, update_w_avg=False)
+    for lod, active in [(0, 6), (1.5, 4)]:  # 6 styles at 16x16; 4 in use while 8x8 fades in.
+        G.set_lod(lod)
+        cutoffs = set()
+        for seed in range(12):
+            torch.manual_seed(seed)
+            G(z, c)
+            ws = captured.pop()
+            same = [torch.equal(ws[:, i], own[:, i]) for i in range(G.num_ws)]
+            cutoff = same.index(False)
+            assert all(same[:cutoff]) and not any(same[cutoff:])
+            assert 1 <= cutoff < active
+            assert all(torch.equal(ws[:, i], ws[:, cutoff]) for i in range(cutoff, G.num_ws))  # One second latent.
+            cutoffs.add(cutoff)
+        assert len(cutoffs) > 1
+    G.eval()(z, c)
+    assert torch.equal(captured.pop(), own)
+
+
+def test_conditional_networks():
+    G, D = tiny_G(c_dim=3).eval(), tiny_D(c_dim=3)
+    z = torch.randn(4, 16)
+    c0, c1 = F.one_hot(torch.tensor([0, 0, 0, 0]), 3).float(), F.one_hot(torch.tensor([1, 1, 1, 1]), 3).float()
+    img = G(z, c0, noise_mode='const')
+    assert img.shape == (4, 3, 32, 32)
+    assert not torch.allclose(img, G(z, c1, noise_mode='const'))
+    # D's logit is the output unit of the given class.
+    assert not torch.allclose(D(img, c0), D(img, c1))
+    torch.testing.assert_close(D(img, 0.25 * c0 + 0.75 * c1), 0.25 * D(img, c0) + 0.75 * D(img, c1))
+
+#----------------------------------------------------------------------------
+# Training steps and snapshots.
+
+
+@pytest.mark.parametrize('lod', [1, 0.5, 0])  # 8x8, 16x16 fading in, 16x16.
+def test_gn_hinge_steps(lod):
+    G, D = tiny_G(img_resolution=16).train(), tiny_D(img_resolution=16).train()
+    for net in (G, D):
+        net.set_lod(lod)
+    loss = loss_lib.GANLoss(G=G, D=D, loss='hinge', norm='gn')
+    assert not loss.fast_g  # Minibatch stddev: D is not piecewise linear, so G takes the exact double backward.
+    size = 16 >> math.floor(lod)
+    real, c = torch.rand(4, 3, size, size) * 2 - 1, torch.zeros(4, 0)
+    collector = training_stats.Collector(regex='Loss/.*')
+    collector.update()
+    for phase, net in [('D', D), ('G', G)]:
+        net.requires_grad_(True)
+        before = [p.detach().clone() for p in net.parameters()]
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3, betas=(0.0, 0.99), eps=1e-8)
+        loss.accumulate_gradients(phase, real, c, torch.randn(4, 16), c)
+        grads = [p.grad for p in net.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads)
+        opt.step()
+        net.requires_grad_(False)
+        changed = [not torch.equal(p, b) for p, b in zip(net.parameters(), before)]
+        assert sum(changed) > len(changed) // 2
+    collector.update()
+    for name in ['Loss/D/loss', 'Loss/G/loss']:
+        assert collector.num(name) == 1 and math.isfinite(collector.mean(name))  # NaN/Inf are not counted.
+    assert abs(collector.mean('Loss/G/loss')) <= 1  # -f_hat with |f_hat| <= 1.
+
+
+def test_spectral_norm_discriminator():
+    D = tiny_D(img_resolution=8, spectral_norm=True)
+    assert D(torch.randn(4, 3, 8, 8), torch.zeros(4, 0)).shape == (4, 1)
+    conv = D.b8.conv0
+    sigma = torch.linalg.matrix_norm(conv.weight.flatten(1), ord=2)
+    assert sigma.item() == pytest.approx(1, rel=0.1)  # Power-iteration estimate after one forward.
+
+
+def test_snapshot_round_trip_keeps_lod(tmp_path):
+    G, D = tiny_G(img_resolution=16).eval(), tiny_D(img_resolution=16)
+    G.set_lod(0.75)
+    D.set_lod(0.75)
+    path = str(tmp_path / 'snapshot.pkl')
+    persistence.save_snapshot(path, dict(G=G, D=D))
+    data = persistence.load_snapshot(path)
+    assert float(data.G.synthesis.lod) == 0.75 and float(data.D.lod) == 0.75
+    z, c = torch.randn(4, 16), torch.zeros(4, 0)
+    torch.testing.assert_close(data.G(z, c, noise_mode='const'), G(z, c, noise_mode='const'))
+    img = G(z, c, noise_mode='const')
+    torch.testing.assert_close(data.D(img, c), D(img, c))
