@@ -85,13 +85,14 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
 @click.option('--cfg', help='Preset (network, loss, optimizer, schedule); see docs/configs.md', default='quickstart', show_default=True)
 @click.option('--data', help='Training data: zip or folder made by dataset_tool.py  [default: the embedded digits]', metavar='PATH')
 @click.option('--gpus', help='Number of processes (one per GPU; gloo on a CPU)', type=click.IntRange(min=1), default=1, show_default=True)
-@click.option('--batch', help='Override the discriminator batch size M (G uses the preset\'s ratio, 2M for SN-GAN presets)', type=click.IntRange(min=1))
+@click.option('--batch', help='Override the discriminator batch size M (G keeps the preset\'s ratio, 2M for SN-GAN presets); gn-stylegan: cap on the schedule\'s minibatch', type=click.IntRange(min=1))
 @click.option('--kimg', help='Override the run length in thousands of real images shown to D', type=click.FloatRange(min=0, min_open=True))
 @click.option('--steps', help='Override the run length in generator steps (fixed-batch presets)', type=click.IntRange(min=1))
 @click.option('--norm', help='Discriminator constraint', type=click.Choice(['gn', 'gn1', 'gn0', 'sn', 'gp1', 'gp0', 'r1', 'none']))
 @click.option('--loss', help='Adversarial loss', type=click.Choice(['hinge', 'ns', 'ns-nosigmoid', 'wasserstein']))
 @click.option('--cr', help='Consistency regularization weight (paper: 5)', type=click.FloatRange(min=0))
 @click.option('--resolution', help='gn-stylegan: final resolution of progressive growing (default: the data\'s)', type=int)
+@click.option('--cmax', help='gn-stylegan: maximum feature maps per layer (512 in the paper)', type=click.IntRange(min=1))
 @click.option('--lod-kimg', help='gn-stylegan: thousands of images per resolution phase and per fade-in', type=click.FloatRange(min=0, min_open=True), default=600, show_default=True)
 @click.option('--seed', help='Random seed', type=click.IntRange(min=0), default=0, show_default=True)
 @click.option('--tick', help='Progress line every this many kimg', type=click.FloatRange(min=0, min_open=True), default=4, show_default=True)
@@ -99,11 +100,11 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
 @click.option('--metrics', help='Metrics at every snapshot, comma-separated, or "none" (e.g. fid50k_full,is50k)', default='none', show_default=True)
 @click.option('--detector', help='Inception detector file or URL for the metrics (offline machines)', metavar='PATH_OR_URL')
 @click.option('--resume', help='Continue from a network snapshot (optimizer state and progress included)', metavar='PKL')
-@click.option('--workers', help='DataLoader worker processes per GPU', type=click.IntRange(min=0), default=2, show_default=True)
+@click.option('--workers', help='DataLoader worker processes per process  [default: 3 with CUDA, 0 on a CPU, where workers would compete with training for the cores]', type=click.IntRange(min=0))
 @click.option('--dry-run', help='Print the options and exit', is_flag=True)
 def main(**opts):
     opts = dnnlib.EasyDict(opts)
-    from training import configs
+    from training import configs, progressive
 
     # Preset and overrides.
     try:
@@ -122,14 +123,18 @@ def main(**opts):
                                     lod_kimg=opts.lod_kimg)
         except ValueError as e:
             raise click.ClickException(str(e))
-    elif opts.resolution is not None:
-        raise click.ClickException('--resolution applies to --cfg=gn-stylegan only')
+        if opts.cmax is not None:
+            cfg.G_kwargs.fmap_max = cfg.D_kwargs.fmap_max = opts.cmax
+    elif opts.resolution is not None or opts.cmax is not None:
+        raise click.ClickException('--resolution and --cmax apply to --cfg=gn-stylegan only')
     elif cfg.get('resolution') is not None and cfg.resolution != dataset.resolution:
         raise click.ClickException(f'--cfg={opts.cfg} is built for {cfg.resolution}x{cfg.resolution} images, '
                                    f'but {data} holds {dataset.resolution}x{dataset.resolution}')
-    if opts.batch is not None:
-        if cfg.get('progressive') is not None:
-            raise click.ClickException('--batch does not apply to --cfg=gn-stylegan (its batch follows the resolution)')
+    if opts.batch is not None and cfg.get('progressive') is not None:
+        if opts.batch % opts.gpus != 0:
+            raise click.ClickException(f'--batch={opts.batch} must be divisible by --gpus={opts.gpus}')
+        cfg.progressive.batch_per_gpu = {res: min(n, opts.batch // opts.gpus) for res, n in progressive.BATCH_PER_GPU.items()}
+    elif opts.batch is not None:
         cfg.batch_G = cfg.batch_G * opts.batch // cfg.batch_D
         cfg.batch_D = opts.batch
     if opts.steps is not None and opts.kimg is not None:
@@ -159,6 +164,8 @@ def main(**opts):
         except (OSError, persistence.UnsafeSnapshotError) as e:
             raise click.ClickException(f'--resume: {e}')
 
+    if opts.workers is None:
+        opts.workers = 3 if torch.cuda.is_available() else 0
     args = dnnlib.EasyDict(
         cfg=cfg, training_set_kwargs=training_set_kwargs, num_workers=opts.workers, random_seed=opts.seed,
         num_gpus=opts.gpus, kimg_per_tick=opts.tick, image_snapshot_ticks=opts.snap, network_snapshot_ticks=opts.snap,

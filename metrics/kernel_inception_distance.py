@@ -11,15 +11,7 @@ def compute_kid(opts: metric_utils.MetricOptions, max_real: int | None, num_gen:
     """KID between `num_gen` generated images and up to `max_real` training images (None = all).
     NaN on ranks other than 0."""
     detector_url = opts.detector_url or metric_utils.INCEPTION_URL
-    detector_kwargs = dict(return_features=True)
-
-    real_features = metric_utils.compute_feature_stats_for_dataset(
-        opts, dataset_kwargs=metric_utils.real_dataset_kwargs(opts, use_ref_data=False),
-        detector_url=detector_url, detector_kwargs=detector_kwargs,
-        max_items=max_real, capture_all=True).get_all()
-    gen_features = metric_utils.compute_feature_stats_for_generator(
-        opts, detector_url=detector_url, detector_kwargs=detector_kwargs,
-        max_items=num_gen, capture_all=True).get_all()
+    real_features, gen_features = metric_utils.compute_all_features(opts, detector_url, max_real=max_real, num_gen=num_gen)
 
     if opts.rank != 0:
         return float('nan')

@@ -548,3 +548,16 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
         block += opts.num_gpus
         update(stats.num_items)
     return stats
+
+
+def compute_all_features(opts: MetricOptions, detector_url: str, max_real: int | None,
+                         num_gen: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every feature vector ([N, D]) of up to `max_real` training images (None = all) and of `num_gen`
+    generated images: what KID and precision/recall compare, sample by sample, rather than as moments."""
+    detector_kwargs = dict(return_features=True)
+    real_features = compute_feature_stats_for_dataset(
+        opts, dataset_kwargs=real_dataset_kwargs(opts, use_ref_data=False), detector_url=detector_url,
+        detector_kwargs=detector_kwargs, max_items=max_real, capture_all=True).get_all()
+    gen_features = compute_feature_stats_for_generator(
+        opts, detector_url=detector_url, detector_kwargs=detector_kwargs, max_items=num_gen, capture_all=True).get_all()
+    return real_features, gen_features

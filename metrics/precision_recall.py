@@ -14,15 +14,7 @@ def compute_pr(opts: metric_utils.MetricOptions, max_real: int | None, num_gen: 
     The features come from opts.detector_url when given (the same detector for every metric),
     else from StyleGAN2-ADA's VGG16 export."""
     detector_url = opts.detector_url or metric_utils.VGG16_URL
-    detector_kwargs = dict(return_features=True)
-
-    real_features = metric_utils.compute_feature_stats_for_dataset(
-        opts, dataset_kwargs=metric_utils.real_dataset_kwargs(opts, use_ref_data=False),
-        detector_url=detector_url, detector_kwargs=detector_kwargs,
-        max_items=max_real, capture_all=True).get_all()
-    gen_features = metric_utils.compute_feature_stats_for_generator(
-        opts, detector_url=detector_url, detector_kwargs=detector_kwargs,
-        max_items=num_gen, capture_all=True).get_all()
+    real_features, gen_features = metric_utils.compute_all_features(opts, detector_url, max_real=max_real, num_gen=num_gen)
 
     if opts.rank != 0:
         return float('nan'), float('nan')

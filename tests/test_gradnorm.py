@@ -17,14 +17,6 @@ SHAPE = (3, 6, 6)  # Input images [C, H, W].
 NUM_CLASSES = 3
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """These networks are tiny: on a loaded CPU, intra-op threading costs far more than it saves."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
-
 #----------------------------------------------------------------------------
 # Small random discriminators, piecewise linear in x, optionally conditional (projection).
 

@@ -17,14 +17,6 @@ from training.networks.sngan import CNNDiscriminator, CNNGenerator, ResNetDiscri
 SHAPE = (2, 4, 4)
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """These networks are tiny: on a loaded CPU, intra-op threading costs far more than it saves."""
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
-
 #----------------------------------------------------------------------------
 # Adversarial loss terms against hand-written formulas.
 

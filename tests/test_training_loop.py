@@ -1,6 +1,7 @@
 """training/training_loop.py helpers: data sharding, EMA, image grids, batch assembly."""
 
 import itertools
+import os
 
 import numpy as np
 import PIL.Image
@@ -71,3 +72,51 @@ def test_real_image_stream_assembles_any_batch_size():
         assert img.min() >= -1 and img.max() <= 1
         seen += [int(round((v + 1) * 127.5)) for v in img[:, 0, 0, 0].tolist()]
     assert sorted(seen[:7]) == list(range(7)) and sorted(seen[7:]) == list(range(7))  # Two full passes.
+
+
+#----------------------------------------------------------------------------
+# Metrics during training, with the tiny TorchScript detector of the metric tests.
+
+
+def _run_with_metrics(tmp_path, monkeypatch, detector_url):
+    import functools
+    from metrics import metric_main
+    from tests.test_metric_main import write_dataset_zip
+    from training import configs
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
+    # The protocol's 50k images would take hours on a CPU; the wiring is the same with 8.
+    monkeypatch.setattr(metric_main, 'calc_metric', functools.partial(metric_main.calc_metric, num_gen=8, max_real=8))
+    write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
+    cfg = configs.get_config('quickstart')
+    cfg.G_kwargs.ch = cfg.D_kwargs.ch = 2
+    cfg.batch_D, cfg.batch_G, cfg.total_steps = 2, 4, 4
+    run_dir = tmp_path / 'run'
+    run_dir.mkdir()
+    training_loop.training_loop(
+        run_dir=str(run_dir), cfg=cfg, num_workers=0, kimg_per_tick=0.002, image_snapshot_ticks=None,
+        network_snapshot_ticks=1, metrics=['fid50k_full'], detector_url=detector_url,
+        training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=str(tmp_path / 'data.zip')))
+    return run_dir
+
+
+def test_metrics_at_every_snapshot_and_best_snapshot_kept(tmp_path, monkeypatch):
+    import json
+    from tests.test_metric_main import make_detector
+    from torch_utils import persistence
+    make_detector(str(tmp_path / 'detector.pt'))
+    run_dir = _run_with_metrics(tmp_path, monkeypatch, str(tmp_path / 'detector.pt'))
+    lines = [json.loads(line) for line in open(run_dir / 'metric-fid50k_full.jsonl')]
+    assert len(lines) == 4  # One evaluation per snapshot (a tick is one G step of 2 reals).
+    fids = [line['results']['fid50k_full'] for line in lines]
+    assert all(np.isfinite(fids))
+    best = persistence.load_snapshot(str(run_dir / 'network-best.pkl'))
+    assert best.progress.best_fid == pytest.approx(min(fids))
+    assert best.progress.step == 1 + int(np.argmin(fids))
+
+
+def test_unavailable_detector_warns_and_training_continues(tmp_path, monkeypatch, capsys):
+    run_dir = _run_with_metrics(tmp_path, monkeypatch, 'http://127.0.0.1:9/inception.pt')
+    out = capsys.readouterr().out
+    assert out.count('training continues without metrics') == 1
+    assert len([f for f in os.listdir(run_dir) if f.startswith('network-snapshot-')]) >= 1
+    assert 'Exiting...' in out

@@ -67,6 +67,25 @@ def all_reduce_mean_grads(params: Iterable[torch.nn.Parameter]) -> None:
         offset += numel
 
 
+def all_reduce_mean_buffers(module: torch.nn.Module) -> None:
+    """Average floating-point buffers across processes (BatchNorm running statistics, StyleGAN's w_avg).
+
+    Each process updates them from its own shard of the batch; averaging keeps the copies equal,
+    as DDP's buffer broadcast would, while using the statistics of every shard.
+    """
+    n = world_size()
+    buffers = [b for b in module.buffers() if b.is_floating_point()]
+    if n == 1 or not buffers:
+        return
+    flat = torch.cat([b.flatten() for b in buffers])
+    torch.distributed.all_reduce(flat)
+    flat /= n
+    offset = 0
+    for b in buffers:
+        b.copy_(flat[offset:offset + b.numel()].view_as(b))
+        offset += b.numel()
+
+
 def check_ddp_consistency(module: torch.nn.Module, ignore_regex: str | None = None) -> None:
     """Assert that every parameter and buffer is identical across processes (debug aid)."""
     import re

@@ -14,6 +14,8 @@
     ema_beta, ema_start     G EMA decay per G step (None = no EMA) and the G step from which it averages
                             (before it the EMA copy just follows G)
     z_dim, conditional, resolution   latent size, whether labels are needed, expected dataset resolution
+    progressive, total_kimg only gn-stylegan: schedule kwargs of training/progressive.py (completed for the data
+                            by fit_progressive) and the run length in thousands of real images
 
 Settings follow the GN-GAN paper and the authors' release (Adam; D batch M, G batch 2M). Every
 preset takes the --norm, --loss and --cr overrides; --norm=sn turns on D's spectral normalization.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import copy
 
 import dnnlib
+from training import progressive
 from training.loss import LOSSES, NORMS, check_choice
 
 #----------------------------------------------------------------------------
@@ -32,6 +35,7 @@ ARCHS = {
     'cnn':    ('training.networks.sngan.CNNGenerator',      'training.networks.sngan.CNNDiscriminator'),
     'resnet': ('training.networks.sngan.ResNetGenerator',   'training.networks.sngan.ResNetDiscriminator'),
     'biggan': ('training.networks.biggan.BigGANGenerator',  'training.networks.biggan.BigGANDiscriminator'),
+    'stylegan': ('training.networks.stylegan.Generator',    'training.networks.stylegan.Discriminator'),
 }
 
 _SNGAN_SMALL = dict(z_dim=128, betas=[0.0, 0.9], batch_D=64, batch_G=128, total_steps=200_000, ema_beta=None,
@@ -57,6 +61,17 @@ PRESETS = {
                                description='CelebA-HQ 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
     'church256-resnet':   dict(_SNGAN_LARGE, resolution=256, ema_start=20_000,
                                description='LSUN Church 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
+    # StyleGAN v1 with progressive growing; batch, lr and resolution follow training/progressive.py.
+    'gn-stylegan':        dict(arch='stylegan', resolution=None, z_dim=512, loss='hinge', lr_G=progressive.LR[8],
+                               lr_D=progressive.LR[8], betas=[0.0, 0.99], n_dis=1, batch_D=None, batch_G=None,
+                               total_steps=None, lr_decay='none', ema_beta=None, ema_start=0, conditional=False,
+                               description='StyleGAN v1, progressive growing 8x8 -> full resolution, hinge loss, '
+                                           'GN instead of R1, 25M images'),
+    # Not from the paper: a narrow standard CNN that learns the embedded 32x32 digits in minutes on a CPU.
+    'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=2e-4, lr_D=2e-4, n_dis=1,
+                               batch_D=32, batch_G=64, total_steps=2000, lr_decay='linear', ema_beta=0.999,
+                               ema_start=500, G_args=dict(ch=16), D_args=dict(ch=16),
+                               description='Quick start: narrow SN-GAN CNN (ch 16), hinge loss, 2k G steps'),
 }
 
 
@@ -75,12 +90,30 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
 
     G_class, D_class = ARCHS[preset['arch']]
     cfg = dnnlib.EasyDict(name=name, description=preset['description'])
-    cfg.G_kwargs = dnnlib.EasyDict(class_name=G_class, z_dim=preset['z_dim'])
-    cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, spectral_norm=(norm == 'sn'))
+    cfg.G_kwargs = dnnlib.EasyDict(class_name=G_class, z_dim=preset['z_dim'], **preset.get('G_args', {}))
+    cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, spectral_norm=(norm == 'sn'), **preset.get('D_args', {}))
     cfg.loss_kwargs = dnnlib.EasyDict(class_name='training.loss.GANLoss', loss=loss, norm=norm, cr=cr)
     cfg.G_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_G'], betas=preset['betas'], eps=1e-8)
     cfg.D_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_D'], betas=preset['betas'], eps=1e-8)
     for key in ['n_dis', 'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim',
                 'conditional', 'resolution']:
         cfg[key] = preset[key]
+    if preset['arch'] == 'stylegan':
+        cfg.progressive = dnnlib.EasyDict(max_resolution=None)  # Set from the data by fit_progressive().
+        cfg.total_kimg = progressive.TOTAL_KIMG
     return cfg
+
+
+def fit_progressive(cfg: dnnlib.EasyDict, dataset_resolution: int, max_resolution: int | None = None,
+                    lod_kimg: float = progressive.PHASE_KIMG) -> None:
+    """Complete a progressive preset for a dataset: final resolution (the data's, or a lower cap) and
+    the length of each resolution phase and fade-in (`lod_kimg`, 600 in StyleGAN v1 and the paper)."""
+    final = dataset_resolution if max_resolution is None else max_resolution
+    if final < progressive.START_RESOLUTION or final & (final - 1):
+        raise ValueError(f'progressive growing needs a power-of-two final resolution of at least '
+                         f'{progressive.START_RESOLUTION}, got {final}')
+    if final > dataset_resolution:
+        raise ValueError(f'--resolution={final} exceeds the dataset resolution {dataset_resolution}')
+    if dataset_resolution & (dataset_resolution - 1):
+        raise ValueError(f'progressive growing needs power-of-two images, the dataset has {dataset_resolution}x{dataset_resolution}')
+    cfg.progressive = dnnlib.EasyDict(max_resolution=final, phase_kimg=lod_kimg, fade_kimg=lod_kimg)

@@ -193,8 +193,8 @@ def training_loop(
         raise ValueError(f'--cfg={cfg.name} is class-conditional, but the dataset has no labels')
 
     # Networks.
-    common = dict(c_dim=training_set.label_dim, img_resolution=training_set.resolution,
-                  img_channels=training_set.num_channels)
+    img_resolution = training_set.resolution if progressive is None else progressive.max_resolution
+    common = dict(c_dim=training_set.label_dim, img_resolution=img_resolution, img_channels=training_set.num_channels)
     G = dnnlib.util.construct_class_by_name(**cfg.G_kwargs, **common).train().requires_grad_(False).to(device)
     D = dnnlib.util.construct_class_by_name(**cfg.D_kwargs, **common).train().requires_grad_(False).to(device)
     G_ema = copy.deepcopy(G).eval()
@@ -263,6 +263,8 @@ def training_loop(
 
     def save_snapshot() -> str | None:
         """Write network-snapshot-<kimg>.pkl (rank 0 only) and return its path."""
+        for module in (G, D, G_ema):
+            misc.check_ddp_consistency(module)  # Every process must hold the same networks.
         if rank != 0:
             return None
         path = os.path.join(run_dir, f'network-snapshot-{cur_nimg // 1000:06d}.pkl')
@@ -337,6 +339,7 @@ def training_loop(
             loss.accumulate_gradients('D', real_img, real_c, gen_z, gen_c)
             misc.all_reduce_mean_grads(D.parameters())
             D_opt.step()
+            misc.all_reduce_mean_buffers(D)
             cur_nimg += batch_D * num_gpus
         D.requires_grad_(False)
 
@@ -348,6 +351,7 @@ def training_loop(
         loss.accumulate_gradients('G', real_img, real_c, gen_z, gen_c)
         misc.all_reduce_mean_grads(G.parameters())
         G_opt.step()
+        misc.all_reduce_mean_buffers(G)
         G.requires_grad_(False)
         update_ema(G_ema, G, ema_beta)
         step += 1

@@ -1,0 +1,170 @@
+"""End to end on a CPU: PNG folder -> dataset_tool.py -> zip -> train.py -> snapshot -> generate.py,
+resume, a 2-process gloo run, progressive GN-StyleGAN through two phases and a fade-in, and the
+one-line errors of train.py. Every command runs as a real process, as a user would start it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import PIL.Image
+import pytest
+
+from torch_utils import persistence
+from training import progressive
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(*args, check=True):
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    result = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f'{args[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
+    return result
+
+
+def only_run_dir(outdir):
+    dirs = sorted(os.listdir(outdir))
+    assert len(dirs) == 1, dirs
+    return os.path.join(outdir, dirs[0])
+
+
+def snapshots(run_dir):
+    return sorted(f for f in os.listdir(run_dir) if f.startswith('network-snapshot-'))
+
+
+@pytest.fixture(scope='module')
+def dataset_zip(tmp_path_factory):
+    """24 random 32x32 RGB images in 3 classes, as a folder with dataset.json, converted by dataset_tool.py."""
+    root = tmp_path_factory.mktemp('data')
+    rng = np.random.default_rng(0)
+    labels = []
+    for i in range(24):
+        name = f'class{i % 3}/img{i:03d}.png'
+        os.makedirs(root / 'src' / f'class{i % 3}', exist_ok=True)
+        PIL.Image.fromarray(rng.integers(0, 256, size=[32, 32, 3], dtype=np.uint8)).save(root / 'src' / name)
+        labels.append([name, i % 3])
+    (root / 'src' / 'dataset.json').write_text(json.dumps({'labels': labels}))
+    run_cli('dataset_tool.py', f'--source={root / "src"}', f'--dest={root / "data.zip"}')
+    return str(root / 'data.zip')
+
+
+def test_train_generate_resume(dataset_zip, tmp_path):
+    outdir = str(tmp_path / 'runs')
+    run_cli('train.py', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=3', '--batch=4',
+            '--tick=0.004', '--snap=1', '--workers=0')
+    run_dir = only_run_dir(outdir)
+    assert os.path.basename(run_dir) == '00000-data-quickstart-gn'
+    for name in ['log.txt', 'stats.jsonl', 'training_options.json', 'reals.png', 'fakes_init.png']:
+        assert os.path.isfile(os.path.join(run_dir, name)), name
+    assert any(f.startswith('fakes0') for f in os.listdir(run_dir))
+    assert 'Exiting...' in open(os.path.join(run_dir, 'log.txt')).read()
+    options = json.load(open(os.path.join(run_dir, 'training_options.json')))
+    assert options['cfg']['total_steps'] == 3 and options['cfg']['batch_D'] == 4 and options['cfg']['batch_G'] == 8
+    snap = os.path.join(run_dir, snapshots(run_dir)[-1])
+    data = persistence.load_snapshot(snap)
+    assert data.progress.step == 3 and data.progress.cur_nimg == 3 * 4
+    assert set(data) >= {'G', 'D', 'G_ema', 'training_set_kwargs', 'G_opt_state', 'D_opt_state'}
+    assert not [f for f in os.listdir(run_dir) if f.endswith('.tmp')]  # Snapshots are renamed into place.
+
+    # generate.py: one PNG per seed, at the training resolution, and a grid.
+    run_cli('generate.py', f'--network={snap}', '--seeds=0-2', '--grid', f'--outdir={tmp_path / "gen"}')
+    for seed in range(3):
+        with PIL.Image.open(tmp_path / 'gen' / f'seed{seed:04d}.png') as im:
+            assert im.size == (32, 32) and im.mode == 'RGB'
+    with PIL.Image.open(tmp_path / 'gen' / 'grid.png') as im:
+        assert im.size == (64, 64)
+
+    # Resume: continues from step 3 with the optimizer state, and stops at the new total.
+    run_cli('train.py', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=5', '--batch=4',
+            '--tick=0.004', '--snap=1', '--workers=0', f'--resume={snap}')
+    resumed_dir = sorted(os.listdir(outdir))[-1]
+    assert resumed_dir.startswith('00001-')
+    resumed = persistence.load_snapshot(os.path.join(outdir, resumed_dir, snapshots(os.path.join(outdir, resumed_dir))[-1]))
+    assert resumed.progress.step == 5 and resumed.progress.cur_nimg == 5 * 4
+    stats = [json.loads(line) for line in open(os.path.join(outdir, resumed_dir, 'stats.jsonl'))]
+    assert stats[0]['Progress/step']['mean'] == 4  # The first step after resuming is step 4 (of 1..5).
+    assert resumed.G_opt_state['state'][0]['step'] == 5  # Adam counted the steps of both runs.
+
+
+def test_conditional_biggan(dataset_zip, tmp_path):
+    outdir = str(tmp_path / 'runs')
+    run_cli('train.py', f'--outdir={outdir}', '--cfg=cifar10-biggan', f'--data={dataset_zip}', '--steps=1', '--batch=4',
+            '--workers=0')
+    run_dir = only_run_dir(outdir)
+    snap = os.path.join(run_dir, snapshots(run_dir)[-1])
+    data = persistence.load_snapshot(snap)
+    assert data.G.c_dim == 3 and data.training_set_kwargs['use_labels']
+    run_cli('generate.py', f'--network={snap}', '--seeds=0-1', '--class=2', f'--outdir={tmp_path / "gen"}')
+    with PIL.Image.open(tmp_path / 'gen' / 'seed0001.png') as im:
+        assert im.size == (32, 32)
+    result = run_cli('generate.py', f'--network={snap}', '--seeds=0', f'--outdir={tmp_path / "gen"}', check=False)
+    assert result.returncode != 0 and '--class is required' in result.stderr and 'Traceback' not in result.stderr
+
+
+def test_two_process_gloo_run(dataset_zip, tmp_path):
+    outdir = str(tmp_path / 'runs')
+    result = run_cli('train.py', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=2',
+                     '--batch=4', '--gpus=2', '--workers=0')
+    run_dir = only_run_dir(outdir)
+    assert len(snapshots(run_dir)) == 1
+    assert persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[0])).progress.cur_nimg == 2 * 4
+    assert result.stdout.count('Exiting...') == 1  # Only rank 0 prints.
+
+
+def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
+    """Phases at lod-kimg 0.02 (20 images each): 8x8 [0, 20), fade [20, 40), 16x16 [40, 60), fade [60, 80), 32x32.
+    The first run stops at 72 images, inside the second fade-in; the resumed run goes on from there."""
+    data = os.path.join(REPO_ROOT, 'data', 'digits32.zip')
+    outdir = str(tmp_path / 'runs')
+    common = ['train.py', f'--outdir={outdir}', '--cfg=gn-stylegan', f'--data={data}', '--cmax=8', '--batch=4',
+              '--lod-kimg=0.02', '--tick=0.008', '--snap=100', '--workers=0']
+    run_cli(*common, '--kimg=0.072')
+    run_dir = only_run_dir(outdir)
+    stats = [json.loads(line) for line in open(os.path.join(run_dir, 'stats.jsonl'))]
+    lods = [s['Progress/lod']['mean'] for s in stats]
+    assert max(lods) == 2 and min(lods) < 1  # Trained at 8x8, and got past 16x16.
+    assert any(0 < lod % 1 for lod in lods)  # Passed through a fade-in.
+    snap = persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1]))
+    assert snap.progress.cur_nimg == 72
+    schedule = lambda nimg: progressive.schedule(nimg, max_resolution=32, phase_kimg=0.02, fade_kimg=0.02)
+    last_trained_lod = schedule(72 - 4).lod  # The networks hold the lod of the last step (images 68..71).
+    assert last_trained_lod == pytest.approx(0.6)
+    assert float(snap.G.synthesis.lod) == pytest.approx(last_trained_lod) and float(snap.D.lod) == pytest.approx(last_trained_lod)
+    expected_lod = schedule(72).lod
+
+    run_cli(*common, '--kimg=0.1', f'--resume={os.path.join(run_dir, snapshots(run_dir)[-1])}')
+    resumed_dir = os.path.join(outdir, sorted(os.listdir(outdir))[-1])
+    stats = [json.loads(line) for line in open(os.path.join(resumed_dir, 'stats.jsonl'))]
+    assert 0 < stats[0]['Progress/lod']['mean'] <= expected_lod  # Went on fading in from lod 0.4.
+    final = persistence.load_snapshot(os.path.join(resumed_dir, snapshots(resumed_dir)[-1]))
+    assert final.progress.cur_nimg == 100 and float(final.G.synthesis.lod) == 0
+    run_cli('generate.py', f'--network={os.path.join(resumed_dir, snapshots(resumed_dir)[-1])}', '--seeds=0-1',
+            '--trunc=0.5', f'--outdir={tmp_path / "gen"}')
+    with PIL.Image.open(tmp_path / 'gen' / 'seed0000.png') as im:
+        assert im.size == (32, 32) and im.mode == 'L'
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--cfg=nope'], 'unknown config'),
+    (['--data=/nonexistent.zip'], 'no such file'),
+    (['--cfg=cifar10-resnet', '--data={digits}', '--norm=gn', '--steps=1', '--loss=hinge', '--batch=3', '--gpus=2'], 'divisible'),
+    (['--cfg=stl10-resnet', '--data={digits}'], 'built for 48x48'),
+    (['--cfg=cifar10-biggan', '--data={unlabeled}'], 'class-conditional'),
+    (['--resume=/nonexistent.pkl'], '--resume'),
+    (['--metrics=fid1k_wrong'], 'unknown'),
+    (['--cfg=gn-stylegan', '--resolution=64'], 'exceeds'),
+])
+def test_user_errors_are_one_line(tmp_path, args, message):
+    digits = os.path.join(REPO_ROOT, 'data', 'digits32.zip')
+    unlabeled = tmp_path / 'unlabeled'
+    unlabeled.mkdir()
+    PIL.Image.fromarray(np.zeros([32, 32, 3], dtype=np.uint8)).save(unlabeled / 'a.png')
+    args = [a.format(digits=digits, unlabeled=unlabeled) for a in args]
+    result = run_cli('train.py', f'--outdir={tmp_path / "runs"}', *args, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr and 'Traceback' not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / 'runs')  # Nothing half-made.
