@@ -88,9 +88,9 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
 @click.option('--batch', help='Override the discriminator batch size M (G keeps the preset\'s ratio, 2M for SN-GAN presets); gn-stylegan: cap on the schedule\'s minibatch', type=click.IntRange(min=1))
 @click.option('--kimg', help='Override the run length in thousands of real images shown to D', type=click.FloatRange(min=0, min_open=True))
 @click.option('--steps', help='Override the run length in generator steps (fixed-batch presets)', type=click.IntRange(min=1))
-@click.option('--norm', help='Discriminator constraint', type=click.Choice(['gn', 'gn1', 'gn0', 'sn', 'gp1', 'gp0', 'r1', 'none']))
-@click.option('--loss', help='Adversarial loss', type=click.Choice(['hinge', 'ns', 'ns-nosigmoid', 'wasserstein']))
-@click.option('--cr', help='Consistency regularization weight (paper: 5)', type=click.FloatRange(min=0))
+@click.option('--norm', help='Discriminator constraint  [default: gn]', type=click.Choice(['gn', 'gn1', 'gn0', 'sn', 'gp1', 'gp0', 'r1', 'none']))
+@click.option('--loss', help='Adversarial loss  [default: the preset\'s]', type=click.Choice(['hinge', 'ns', 'ns-nosigmoid', 'wasserstein']))
+@click.option('--cr', help='Consistency regularization weight (paper: 5)  [default: 0]', type=click.FloatRange(min=0))
 @click.option('--resolution', help='gn-stylegan: final resolution of progressive growing (default: the data\'s)', type=int)
 @click.option('--cmax', help='gn-stylegan: maximum feature maps per layer (512 in the paper)', type=click.IntRange(min=1))
 @click.option('--lod-kimg', help='gn-stylegan: thousands of images per resolution phase and per fade-in', type=click.FloatRange(min=0, min_open=True), default=600, show_default=True)
@@ -98,6 +98,7 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
 @click.option('--tick', help='Progress line every this many kimg', type=click.FloatRange(min=0, min_open=True), default=4, show_default=True)
 @click.option('--snap', help='Snapshot (networks, image grid, metrics) every this many ticks', type=click.IntRange(min=1), default=50, show_default=True)
 @click.option('--metrics', help='Metrics at every snapshot, comma-separated, or "none" (e.g. fid50k_full,is50k)', default='none', show_default=True)
+@click.option('--ref-data', help='Reference split for the fid50k / fid10k metrics (e.g. the CIFAR-10 test set)', metavar='PATH')
 @click.option('--detector', help='Inception detector file or URL for the metrics (offline machines)', metavar='PATH_OR_URL')
 @click.option('--resume', help='Continue from a network snapshot (optimizer state and progress included)', metavar='PKL')
 @click.option('--workers', help='DataLoader worker processes per process  [default: 3 with CUDA, 0 on a CPU, where workers would compete with training for the cores]', type=click.IntRange(min=0))
@@ -105,6 +106,12 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
 def main(**opts):
     opts = dnnlib.EasyDict(opts)
     from training import configs, progressive
+
+    # Under torchrun this process is one worker of WORLD_SIZE; --gpus is then ignored.
+    distributed_env = 'RANK' in os.environ and 'WORLD_SIZE' in os.environ
+    rank = int(os.environ['RANK']) if distributed_env else 0
+    if distributed_env:
+        opts.gpus = int(os.environ['WORLD_SIZE'])
 
     # Preset and overrides.
     try:
@@ -158,6 +165,13 @@ def main(**opts):
         unknown = [m for m in metrics if not metric_main.is_valid_metric(m)]
         if unknown:
             raise click.ClickException(f'--metrics: unknown {", ".join(unknown)}; valid: {", ".join(metric_main.list_valid_metrics())}')
+    ref_set_kwargs = None
+    if opts.ref_data is not None:
+        if not os.path.exists(opts.ref_data):
+            raise click.ClickException(f'--ref-data: no such file or folder: {opts.ref_data}')
+        ref_set_kwargs = dict(class_name='training.dataset.ImageFolderDataset', path=opts.ref_data)
+    if any(m in ('fid50k', 'fid10k') for m in metrics) and ref_set_kwargs is None:
+        raise click.ClickException('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data')
     if opts.resume is not None:
         try:
             persistence.load_snapshot(opts.resume)
@@ -169,21 +183,20 @@ def main(**opts):
     args = dnnlib.EasyDict(
         cfg=cfg, training_set_kwargs=training_set_kwargs, num_workers=opts.workers, random_seed=opts.seed,
         num_gpus=opts.gpus, kimg_per_tick=opts.tick, image_snapshot_ticks=opts.snap, network_snapshot_ticks=opts.snap,
-        metrics=metrics, detector_url=opts.detector, resume_pkl=opts.resume)
+        metrics=metrics, ref_set_kwargs=ref_set_kwargs, detector_url=opts.detector, resume_pkl=opts.resume)
     dataset_name = os.path.splitext(os.path.basename(os.path.normpath(data)))[0]
     desc = f'{dataset_name}-{cfg.name}-{cfg.loss_kwargs.norm}'
-    distributed_env = 'RANK' in os.environ and 'WORLD_SIZE' in os.environ
-
-    print()
-    print('Training options:')
-    print(json.dumps(dnnlib.util.to_plain(dict(args, run_desc=desc)), indent=2))
-    print()
+    if rank == 0:
+        print()
+        print('Training options:')
+        print(json.dumps(dnnlib.util.to_plain(dict(args, run_desc=desc)), indent=2))
+        print()
     if opts.dry_run:
-        print('Dry run; exiting.')
+        if rank == 0:
+            print('Dry run; exiting.')
         return
 
-    if distributed_env:  # Launched by torchrun: this process is one worker; rank 0 names the run directory.
-        rank, args.num_gpus = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
+    if distributed_env:  # Rank 0 names the run directory and tells the other workers.
         run_dir = [_next_run_dir(opts.outdir, desc) if rank == 0 else None]
         if args.num_gpus > 1:
             if torch.cuda.is_available():
@@ -192,7 +205,7 @@ def main(**opts):
             torch.distributed.broadcast_object_list(run_dir, src=0)
         args.run_dir = run_dir[0]
     else:
-        rank, args.run_dir = 0, _next_run_dir(opts.outdir, desc)
+        args.run_dir = _next_run_dir(opts.outdir, desc)
     if rank == 0:
         print(f'Output directory: {args.run_dir}')
         os.makedirs(args.run_dir, exist_ok=False)
@@ -207,6 +220,7 @@ def main(**opts):
         _run_process(0, args, init_method=None)
     else:
         torch.multiprocessing.spawn(_run_process, args=(args, f'tcp://127.0.0.1:{_free_port()}'), nprocs=args.num_gpus)
+
 
 if __name__ == '__main__':
     main()

@@ -104,14 +104,17 @@ def test_conditional_biggan(dataset_zip, tmp_path):
     assert result.returncode != 0 and '--class is required' in result.stderr and 'Traceback' not in result.stderr
 
 
-def test_two_process_gloo_run(dataset_zip, tmp_path):
+@pytest.mark.parametrize('launcher', [['train.py', '--gpus=2'],
+                                      ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']])
+def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
     outdir = str(tmp_path / 'runs')
-    result = run_cli('train.py', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=2',
-                     '--batch=4', '--gpus=2', '--workers=0')
+    result = run_cli(*launcher, f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=2',
+                     '--batch=4', '--workers=0')
     run_dir = only_run_dir(outdir)
     assert len(snapshots(run_dir)) == 1
     assert persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[0])).progress.cur_nimg == 2 * 4
-    assert result.stdout.count('Exiting...') == 1  # Only rank 0 prints.
+    assert result.stdout.count('Exiting...') == 1 and result.stdout.count('Training options') == 1  # Only rank 0 prints.
+    assert json.load(open(os.path.join(run_dir, 'training_options.json')))['num_gpus'] == 2
 
 
 def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):

@@ -109,6 +109,8 @@ def test_metrics_at_every_snapshot_and_best_snapshot_kept(tmp_path, monkeypatch)
     assert len(lines) == 4  # One evaluation per snapshot (a tick is one G step of 2 reals).
     fids = [line['results']['fid50k_full'] for line in lines]
     assert all(np.isfinite(fids))
+    stats = [json.loads(line) for line in open(run_dir / 'stats.jsonl')]
+    assert [entry['Metrics/fid50k_full']['mean'] for entry in stats] == pytest.approx(fids)
     best = persistence.load_snapshot(str(run_dir / 'network-best.pkl'))
     assert best.progress.best_fid == pytest.approx(min(fids))
     assert best.progress.step == 1 + int(np.argmin(fids))
@@ -120,3 +122,10 @@ def test_unavailable_detector_warns_and_training_continues(tmp_path, monkeypatch
     assert out.count('training continues without metrics') == 1
     assert len([f for f in os.listdir(run_dir) if f.startswith('network-snapshot-')]) >= 1
     assert 'Exiting...' in out
+
+
+def test_real_image_streams_of_two_processes_see_different_images():
+    streams = [training_loop.RealImageStream(_ToyDataset(), chunk=2, rank=r, num_replicas=2, seed=5,
+                                             device=torch.device('cpu'), num_workers=0) for r in range(2)]
+    seen = [{int(round((v + 1) * 127.5)) for v in s.next(3)[0][:, 0, 0, 0].tolist()} for s in streams]
+    assert seen[0].isdisjoint(seen[1]) and len(seen[0] | seen[1]) == 6

@@ -68,8 +68,8 @@ PRESETS = {
                                description='StyleGAN v1, progressive growing 8x8 -> full resolution, hinge loss, '
                                            'GN instead of R1, 25M images'),
     # Not from the paper: a narrow standard CNN that learns the embedded 32x32 digits in minutes on a CPU.
-    'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=2e-4, lr_D=2e-4, n_dis=1,
-                               batch_D=32, batch_G=64, total_steps=2000, lr_decay='linear', ema_beta=0.999,
+    'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=1e-3, lr_D=1e-3, n_dis=1,
+                               batch_D=32, batch_G=64, total_steps=2000, lr_decay='linear', ema_beta=0.995,
                                ema_start=500, G_args=dict(ch=16), D_args=dict(ch=16),
                                description='Quick start: narrow SN-GAN CNN (ch 16), hinge loss, 2k G steps'),
 }

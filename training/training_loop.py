@@ -170,9 +170,9 @@ def training_loop(
     image_snapshot_ticks: int | None = 50,   # Image grids every this many ticks (None = never).
     network_snapshot_ticks: int | None = 50, # Snapshots (and metrics) every this many ticks; always one at the end.
     metrics: list[str] = [],                 # Metrics evaluated at every snapshot.
+    ref_set_kwargs: dict | None = None,      # Reference split of the fid50k / fid10k metrics.
     detector_url: str | None = None,         # Feature detector for the metrics (None = the default Inception).
     resume_pkl: str | None = None,           # Snapshot to continue from.
-    abort_fn: Any = None,                    # Callback: returns True to stop the run early (tests).
 ) -> None:
     """Train the networks of `cfg` on `training_set_kwargs` and write everything into `run_dir`."""
     start_time = time.time()
@@ -277,26 +277,32 @@ def training_loop(
                     progress=dict(step=step, cur_nimg=cur_nimg, cur_tick=cur_tick, best_fid=best_fid),
                     cfg=dnnlib.util.to_plain(cfg))
 
-    def evaluate_metrics(snapshot_pkl: str | None) -> None:
+    def evaluate_metrics(snapshot_pkl: str | None) -> dict:
+        """Evaluate every metric on G_ema (all processes together); keep the best-FID snapshot.
+
+        Returns the results as {'Metrics/<name>': {num, mean, std}} entries for stats.jsonl."""
         nonlocal metrics, best_fid
         from metrics import metric_main, metric_utils
+        entries = {}
         for metric in metrics:
             try:
                 result = metric_main.calc_metric(metric=metric, G=G_ema, dataset_kwargs=training_set_kwargs,
-                                                 num_gpus=num_gpus, rank=rank, device=device, detector_url=detector_url)
+                                                 ref_dataset_kwargs=ref_set_kwargs, num_gpus=num_gpus, rank=rank,
+                                                 device=device, detector_url=detector_url)
             except metric_utils.DetectorUnavailableError as e:
                 log(f'Warning: {e}; training continues without metrics')
                 metrics = []
-                return
+                return entries
             if rank == 0:
                 metric_main.report_metric(result, run_dir=run_dir, snapshot_pkl=snapshot_pkl)
                 for name, value in result.results.items():
-                    training_stats.report(f'Metrics/{name}', value)
+                    entries[f'Metrics/{name}'] = dnnlib.EasyDict(num=1, mean=value, std=0.0)
                 fid = next((v for k, v in result.results.items() if k.startswith('fid')), None)
                 if fid is not None and fid < best_fid:
                     best_fid = fid
                     persistence.save_snapshot(os.path.join(run_dir, 'network-best.pkl'), snapshot_data())
                     log(f'New best {metric}: {fid:.3f} -> network-best.pkl')
+        return entries
 
     if rank == 0 and image_snapshot_ticks is not None and resume_pkl is None:
         generate_grid('_init')
@@ -362,18 +368,18 @@ def training_loop(
 
         # Tick: report progress.
         tick_end_time = time.time()
-        tick_kimg = (cur_nimg - tick_start_nimg) / 1000
+        sec_per_kimg = (tick_end_time - tick_start_time) / max((cur_nimg - tick_start_nimg) / 1000, 1e-8)
         training_stats.report('Progress/tick', cur_tick)
         training_stats.report('Progress/step', step)
         training_stats.report('Progress/kimg', cur_nimg / 1000)
-        training_stats.report('Timing/sec_per_kimg', (tick_end_time - tick_start_time) / max(tick_kimg, 1e-8))
+        training_stats.report('Timing/sec_per_kimg', sec_per_kimg)
         if lod is not None:
             training_stats.report('Progress/lod', lod)
         fields = [f'tick {cur_tick:<4d}', f'step {step:<7d}', f'kimg {cur_nimg / 1000:<8.1f}']
         if lod is not None:
             fields += [f'lod {lod:<5.2f}']
         fields += [f'time {dnnlib.util.format_time(tick_end_time - start_time):<12s}',
-                   f'sec/kimg {(tick_end_time - tick_start_time) / max(tick_kimg, 1e-8):<7.2f}',
+                   f'sec/kimg {sec_per_kimg:<7.2f}',
                    f'maintenance {maintenance_time:<5.1f}',
                    f'cpumem {psutil.Process(os.getpid()).memory_info().rss / 2**30:<5.2f}']
         if device.type == 'cuda':
@@ -388,14 +394,13 @@ def training_loop(
         cur_tick += 1
 
         maintenance_start = time.time()
-        aborted = abort_fn is not None and abort_fn()
-        final = done() or aborted
+        final = done()
         if rank == 0 and image_snapshot_ticks is not None and (final or cur_tick % image_snapshot_ticks == 0):
             generate_grid(f'{cur_nimg // 1000:06d}')
         if final or (network_snapshot_ticks is not None and cur_tick % network_snapshot_ticks == 0):
             snapshot_pkl = save_snapshot()
             if metrics:
-                evaluate_metrics(snapshot_pkl)
+                stats.update(evaluate_metrics(snapshot_pkl))
         if rank == 0:
             timestamp = time.time()
             stats_jsonl.write(json.dumps(dict(stats, timestamp=timestamp)) + '\n')
@@ -406,8 +411,6 @@ def training_loop(
                 tb_writer.flush()
         tick_start_nimg, tick_start_time = cur_nimg, time.time()
         maintenance_time = tick_start_time - maintenance_start
-        if aborted:
-            break
 
     if rank == 0:
         stats_jsonl.close()
