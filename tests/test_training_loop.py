@@ -129,3 +129,14 @@ def test_real_image_streams_of_two_processes_see_different_images():
                                              device=torch.device('cpu'), num_workers=0) for r in range(2)]
     seen = [{int(round((v + 1) * 127.5)) for v in s.next(3)[0][:, 0, 0, 0].tolist()} for s in streams]
     assert seen[0].isdisjoint(seen[1]) and len(seen[0] | seen[1]) == 6
+
+
+def test_grid_layout_one_row_per_class():
+    class Labeled:
+        resolution, label_dim = 32, 10
+    (gw, gh), labels = training_loop.grid_layout(Labeled(), max_images=64)
+    assert (gw, gh) == (16, 10) and labels.shape == (160, 10)
+    assert np.array_equal(labels.argmax(1).reshape(gh, gw), np.repeat(np.arange(10)[:, None], gw, axis=1))
+    Labeled.label_dim = 0
+    (gw, gh), labels = training_loop.grid_layout(Labeled(), max_images=64)
+    assert (gw, gh) == (16, 4) and labels.shape == (64, 0)

@@ -34,6 +34,7 @@ import torch
 
 import dnnlib
 from torch_utils import misc, persistence, training_stats
+from training import progressive as schedule_lib
 
 #----------------------------------------------------------------------------
 # Data.
@@ -112,17 +113,16 @@ def sample_labels(dataset: Any, n: int, rng: np.random.Generator, device: torch.
 # Image grids.
 
 
-def grid_layout(dataset: Any, max_images: int, rng: np.random.Generator) -> tuple[tuple[int, int], np.ndarray]:
-    """Grid size and labels: one row per class for conditional data, else a near-square grid."""
-    res = dataset.resolution
-    gw = int(np.clip(1024 // res, 4, 16))
-    gh = int(np.clip(max_images // gw, 1, 16))
+def grid_layout(dataset: Any, max_images: int) -> tuple[tuple[int, int], np.ndarray]:
+    """Grid size and labels of the image grids: one row per class (up to 16) for conditional data,
+    else about `max_images` tiles, at most 1024 pixels wide."""
+    gw = int(np.clip(1024 // dataset.resolution, 4, 16))
     if dataset.label_dim == 0:
+        gh = max(max_images // gw, 1)
         return (gw, gh), np.zeros([gw * gh, 0], dtype=np.float32)
-    gh = min(max(gh, 1), dataset.label_dim) if dataset.label_dim <= 16 else gh
+    gh = min(dataset.label_dim, 16)
     labels = np.zeros([gw * gh, dataset.label_dim], dtype=np.float32)
-    for row in range(gh):
-        labels[row * gw:(row + 1) * gw, row % dataset.label_dim] = 1
+    labels[np.arange(gw * gh), np.arange(gw * gh) // gw] = 1
     return (gw, gh), labels
 
 
@@ -228,7 +228,6 @@ def training_loop(
                 raise ValueError(f'{name}={value} is not divisible by --gpus={num_gpus}')
         done = lambda: step >= total_steps
     else:
-        from training import progressive as schedule_lib
         total_nimg = int(cfg.total_kimg * 1000)
         done = lambda: cur_nimg >= total_nimg
 
@@ -250,7 +249,7 @@ def training_loop(
             pass
         if image_snapshot_ticks is not None:
             grid_rng = np.random.default_rng(random_seed)
-            grid_size, grid_labels = grid_layout(training_set, max_images=64, rng=grid_rng)
+            grid_size, grid_labels = grid_layout(training_set, max_images=64)
             grid_z = torch.from_numpy(grid_rng.standard_normal([grid_labels.shape[0], G.z_dim])).float().to(device)
             grid_c = torch.from_numpy(grid_labels).to(device)
             real_grid = np.stack([training_set[int(i)][0] for i in grid_rng.integers(len(training_set), size=len(grid_labels))])
@@ -276,6 +275,15 @@ def training_loop(
                     G_opt_state=G_opt.state_dict(), D_opt_state=D_opt.state_dict(),
                     progress=dict(step=step, cur_nimg=cur_nimg, cur_tick=cur_tick, best_fid=best_fid),
                     cfg=dnnlib.util.to_plain(cfg))
+
+    def update(phase: str, module: torch.nn.Module, optimizer: torch.optim.Optimizer, *batch: torch.Tensor) -> None:
+        """One update of D or G: loss and backward, gradients averaged over processes, optimizer step,
+        and buffers (BatchNorm statistics, w_avg) averaged so every process keeps the same network."""
+        optimizer.zero_grad(set_to_none=True)
+        loss.accumulate_gradients(phase, *batch)
+        misc.all_reduce_mean_grads(module.parameters())
+        optimizer.step()
+        misc.all_reduce_mean_buffers(module)
 
     def evaluate_metrics(snapshot_pkl: str | None) -> dict:
         """Evaluate every metric on G_ema (all processes together); keep the best-FID snapshot.
@@ -341,11 +349,7 @@ def training_loop(
             real_img = random_xflip(real_img)
             gen_z = torch.randn(batch_D, G.z_dim, device=device)
             gen_c = sample_labels(training_set, batch_D, label_rng, device)
-            D_opt.zero_grad(set_to_none=True)
-            loss.accumulate_gradients('D', real_img, real_c, gen_z, gen_c)
-            misc.all_reduce_mean_grads(D.parameters())
-            D_opt.step()
-            misc.all_reduce_mean_buffers(D)
+            update('D', D, D_opt, real_img, real_c, gen_z, gen_c)
             cur_nimg += batch_D * num_gpus
         D.requires_grad_(False)
 
@@ -353,11 +357,7 @@ def training_loop(
         G.requires_grad_(True)
         gen_z = torch.randn(batch_G, G.z_dim, device=device)
         gen_c = sample_labels(training_set, batch_G, label_rng, device)
-        G_opt.zero_grad(set_to_none=True)
-        loss.accumulate_gradients('G', real_img, real_c, gen_z, gen_c)
-        misc.all_reduce_mean_grads(G.parameters())
-        G_opt.step()
-        misc.all_reduce_mean_buffers(G)
+        update('G', G, G_opt, real_img, real_c, gen_z, gen_c)
         G.requires_grad_(False)
         update_ema(G_ema, G, ema_beta)
         step += 1
