@@ -77,6 +77,22 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
         raise click.ClickException(f'--data: {e}')
     return dnnlib.EasyDict(dataset.init_kwargs), dataset
 
+def _check_resume(resume: str, cfg: dnnlib.EasyDict, dataset: object) -> None:
+    """Refuse, in one line, a snapshot that cannot continue this run (unreadable, or other networks)."""
+    try:
+        snapshot = persistence.load_snapshot(resume)
+    except (OSError, persistence.UnsafeSnapshotError) as e:
+        raise click.ClickException(f'--resume: {e}')
+    img_resolution = dataset.resolution if cfg.get('progressive') is None else cfg.progressive.max_resolution
+    common = dict(c_dim=dataset.label_dim, img_resolution=img_resolution, img_channels=dataset.num_channels)
+    for name, kwargs in [('G', cfg.G_kwargs), ('D', cfg.D_kwargs)]:
+        expected = dnnlib.EasyDict(kwargs, **common)
+        class_name = expected.pop('class_name')
+        net = snapshot.get(name)
+        if net is None or persistence.class_name_of(type(net)) != class_name or dnnlib.util.to_plain(net.init_kwargs) != dnnlib.util.to_plain(expected):
+            raise click.ClickException(f'--resume: the {name} of {resume} is not the network that --cfg={cfg.name} '
+                                       f'builds for this data; resume with the same --cfg, --norm and --data')
+
 #----------------------------------------------------------------------------
 
 
@@ -173,10 +189,7 @@ def main(**opts):
     if any(m in ('fid50k', 'fid10k') for m in metrics) and ref_set_kwargs is None:
         raise click.ClickException('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data')
     if opts.resume is not None:
-        try:
-            persistence.load_snapshot(opts.resume)
-        except (OSError, persistence.UnsafeSnapshotError) as e:
-            raise click.ClickException(f'--resume: {e}')
+        _check_resume(opts.resume, cfg, dataset)
 
     if opts.workers is None:
         opts.workers = 3 if torch.cuda.is_available() else 0

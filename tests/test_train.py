@@ -88,6 +88,11 @@ def test_train_generate_resume(dataset_zip, tmp_path):
     assert stats[0]['Progress/step']['mean'] == 4  # The first step after resuming is step 4 (of 1..5).
     assert resumed.G_opt_state['state'][0]['step'] == 5  # Adam counted the steps of both runs.
 
+    # A snapshot of other networks is refused in one line.
+    result = run_cli('train.py', f'--outdir={outdir}', '--cfg=cifar10-cnn', f'--data={dataset_zip}', '--steps=5',
+                     f'--resume={snap}', check=False)
+    assert result.returncode != 0 and 'is not the network' in result.stderr and 'Traceback' not in result.stderr
+
 
 def test_conditional_biggan(dataset_zip, tmp_path):
     outdir = str(tmp_path / 'runs')

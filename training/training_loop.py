@@ -179,6 +179,9 @@ def training_loop(
     device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else torch.device('cpu')
     if device.type == 'cuda':
         torch.backends.cudnn.benchmark = True
+        # Full fp32 matmuls/convolutions: TF32 would perturb the input gradients that GN divides by.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     misc.set_seed(random_seed * num_gpus + rank)
     label_rng = np.random.default_rng(random_seed * num_gpus + rank)
     cfg = dnnlib.EasyDict(copy.deepcopy(cfg))
