@@ -27,7 +27,7 @@ import torch
 
 import dnnlib
 from torch_utils import persistence
-from training.training_loop import save_image_grid
+from torch_utils.misc import save_image_grid
 
 #----------------------------------------------------------------------------
 

@@ -1,5 +1,7 @@
 """torch_utils.misc: shape assertions, seeding, parameter copies."""
 
+import numpy as np
+import PIL.Image
 import pytest
 import torch
 
@@ -30,3 +32,18 @@ def test_copy_params_and_buffers():
     assert torch.equal(src.weight, dst.weight) and torch.equal(src.running_mean, dst.running_mean)
     with pytest.raises(KeyError):
         misc.copy_params_and_buffers(torch.nn.Identity(), dst, require_all=True)
+
+
+def test_save_image_grid_layout(tmp_path):
+    img = torch.zeros(6, 3, 2, 4)
+    for i in range(6):
+        img[i] = i / 5 * 2 - 1  # Tile i has a constant value.
+    path = str(tmp_path / 'grid.png')
+    misc.save_image_grid(img, path, grid_size=(3, 2))
+    out = np.asarray(PIL.Image.open(path))
+    assert out.shape == (4, 12, 3)
+    expected = np.clip(np.round(np.arange(6) / 5 * 255), 0, 255)  # (x * 127.5 + 128) truncated, x = i/5*2-1.
+    for i in range(6):
+        row, col = divmod(i, 3)
+        tile = out[row * 2:(row + 1) * 2, col * 4:(col + 1) * 4]
+        assert np.all(np.abs(tile.astype(int) - expected[i]) <= 1)

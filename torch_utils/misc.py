@@ -1,11 +1,13 @@
-"""Small helpers: shape assertions, seeding, and the bits of torch.distributed the training loop needs."""
+"""Small helpers: shape assertions, seeding, image grids, and the bits of torch.distributed the training loop needs."""
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Iterable, Sequence
 
 import numpy as np
+import PIL.Image
 import torch
 
 #----------------------------------------------------------------------------
@@ -113,3 +115,18 @@ def copy_params_and_buffers(src: torch.nn.Module, dst: torch.nn.Module, require_
             tensor.copy_(src_tensors[name])
         elif require_all:
             raise KeyError(f'{name} missing from the source module')
+
+#----------------------------------------------------------------------------
+
+
+def save_image_grid(img: np.ndarray | torch.Tensor, path: str, grid_size: tuple[int, int]) -> None:
+    """Write a [N, C, H, W] batch in [-1, 1] as one PNG of gw x gh tiles (atomically)."""
+    img = torch.as_tensor(img).detach().to(torch.float32).cpu()
+    img = (img * 127.5 + 128).clamp(0, 255).to(torch.uint8).numpy()
+    gw, gh = grid_size
+    n, c, h, w = img.shape
+    img = img[:gw * gh].reshape(gh, gw, c, h, w).transpose(0, 3, 1, 4, 2).reshape(gh * h, gw * w, c)
+    image = PIL.Image.fromarray(img[:, :, 0] if c == 1 else img, 'L' if c == 1 else 'RGB')
+    tmp = path + '.tmp.png'
+    image.save(tmp)
+    os.replace(tmp, path)

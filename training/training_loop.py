@@ -28,7 +28,6 @@ import time
 from typing import Any, Iterator
 
 import numpy as np
-import PIL.Image
 import psutil
 import torch
 
@@ -125,18 +124,6 @@ def grid_layout(dataset: Any, max_images: int) -> tuple[tuple[int, int], np.ndar
     labels[np.arange(gw * gh), np.arange(gw * gh) // gw] = 1
     return (gw, gh), labels
 
-
-def save_image_grid(img: np.ndarray | torch.Tensor, path: str, grid_size: tuple[int, int]) -> None:
-    """Write a [N, C, H, W] batch in [-1, 1] as one PNG of gw x gh tiles (atomically)."""
-    img = torch.as_tensor(img).detach().to(torch.float32).cpu()
-    img = (img * 127.5 + 128).clamp(0, 255).to(torch.uint8).numpy()
-    gw, gh = grid_size
-    n, c, h, w = img.shape
-    img = img[:gw * gh].reshape(gh, gw, c, h, w).transpose(0, 3, 1, 4, 2).reshape(gh * h, gw * w, c)
-    image = PIL.Image.fromarray(img[:, :, 0] if c == 1 else img, 'L' if c == 1 else 'RGB')
-    tmp = path + '.tmp.png'
-    image.save(tmp)
-    os.replace(tmp, path)
 
 #----------------------------------------------------------------------------
 # Learning-rate schedules and EMA.
@@ -256,12 +243,12 @@ def training_loop(
             grid_z = torch.from_numpy(grid_rng.standard_normal([grid_labels.shape[0], G.z_dim])).float().to(device)
             grid_c = torch.from_numpy(grid_labels).to(device)
             real_grid = np.stack([training_set[int(i)][0] for i in grid_rng.integers(len(training_set), size=len(grid_labels))])
-            save_image_grid(real_grid / 127.5 - 1, os.path.join(run_dir, 'reals.png'), grid_size)
+            misc.save_image_grid(real_grid / 127.5 - 1, os.path.join(run_dir, 'reals.png'), grid_size)
 
     def generate_grid(kimg_label: str) -> None:
         with torch.no_grad():
             fakes = torch.cat([G_ema(z, c) for z, c in zip(grid_z.split(16), grid_c.split(16))])
-        save_image_grid(fakes, os.path.join(run_dir, f'fakes{kimg_label}.png'), grid_size)
+        misc.save_image_grid(fakes, os.path.join(run_dir, f'fakes{kimg_label}.png'), grid_size)
 
     def save_snapshot() -> str | None:
         """Write network-snapshot-<kimg>.pkl (rank 0 only) and return its path."""
