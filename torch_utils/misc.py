@@ -124,7 +124,7 @@ def save_image_grid(img: np.ndarray | torch.Tensor, path: str, grid_size: tuple[
     img = torch.as_tensor(img).detach().to(torch.float32).cpu()
     img = (img * 127.5 + 128).clamp(0, 255).to(torch.uint8).numpy()
     gw, gh = grid_size
-    n, c, h, w = img.shape
+    _, c, h, w = img.shape
     img = img[:gw * gh].reshape(gh, gw, c, h, w).transpose(0, 3, 1, 4, 2).reshape(gh * h, gw * w, c)
     image = PIL.Image.fromarray(img[:, :, 0] if c == 1 else img, 'L' if c == 1 else 'RGB')
     tmp = path + '.tmp.png'
