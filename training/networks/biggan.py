@@ -14,19 +14,17 @@ projection). The discriminator stays piecewise linear in its input.
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
-from torch_utils import misc, persistence
-from training.networks.sngan import (DiscriminatorBlock, GeneratorBlock, Projection, apply_spectral_norm, check_label,
-                                     init_weights)
+from torch_utils import persistence
+from training.networks.sngan import (DiscriminatorBlock, GeneratorBlock, Projection, ResidualDiscriminator,
+                                     ResidualGenerator, apply_spectral_norm, init_weights)
 
 #----------------------------------------------------------------------------
 
 
 @persistence.persistent_class
-class BigGANGenerator(nn.Module):
+class BigGANGenerator(ResidualGenerator):
     """BigGAN generator at 32x32: linear to 4x4 x ch, three up-sampling blocks with class-conditional BN, tanh."""
 
     def __init__(self,
@@ -56,20 +54,13 @@ class BigGANGenerator(nn.Module):
             for layer in [block.conv1, block.conv2, block.shortcut]:
                 apply_spectral_norm(layer)
 
-    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        misc.assert_shape(z, [None, self.z_dim])
-        check_label(c, z.shape[0], self.c_dim)
-        x = self.fc(z).view(z.shape[0], -1, self.bottom, self.bottom)
-        for block in self.blocks:
-            x = block(x, c)
-        return torch.tanh(self.to_rgb(F.relu(self.norm(x))))
 
 
 @persistence.persistent_class
-class BigGANDiscriminator(nn.Module):
+class BigGANDiscriminator(ResidualDiscriminator):
     """BigGAN discriminator at 32x32: four residual blocks (two down-sampling), ReLU, global sum pooling, projection."""
 
-    is_piecewise_linear = True
+    sum_pool = True
 
     def __init__(self,
         c_dim: int,                     # Label dimension (number of classes), 0 = unconditional.
@@ -94,11 +85,3 @@ class BigGANDiscriminator(nn.Module):
         if spectral_norm:
             apply_spectral_norm(self)
 
-    def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        misc.assert_shape(img, [None, self.img_channels, self.img_resolution, self.img_resolution])
-        check_label(c, img.shape[0], self.c_dim)
-        x = img
-        for block in self.blocks:
-            x = block(x)
-        h = F.relu(x).sum(dim=[2, 3])
-        return self.fc(h) + self.projection(h, c)

@@ -236,6 +236,43 @@ class CNNDiscriminator(nn.Module):
         return self.fc(h) + self.projection(h, c)
 
 #----------------------------------------------------------------------------
+# Residual networks: the forward passes shared by the SN-GAN ResNets and BigGAN.
+
+
+class ResidualGenerator(nn.Module):
+    """z -> linear -> [N, C, bottom, bottom] -> residual blocks (conditioned on c) -> BN-ReLU-conv -> tanh.
+
+    Subclasses build fc, blocks, norm, to_rgb and set bottom, z_dim, c_dim."""
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        misc.assert_shape(z, [None, self.z_dim])
+        check_label(c, z.shape[0], self.c_dim)
+        x = self.fc(z).view(z.shape[0], -1, self.bottom, self.bottom)
+        for block in self.blocks:
+            x = block(x, c)
+        return torch.tanh(self.to_rgb(F.relu(self.norm(x))))
+
+
+class ResidualDiscriminator(nn.Module):
+    """img -> residual blocks -> ReLU -> global pooling -> linear + projection of the label.
+
+    Subclasses build blocks, fc, projection and set img_channels, img_resolution, c_dim;
+    `sum_pool` picks global sum pooling (BigGAN) instead of the mean (SN-GAN)."""
+
+    is_piecewise_linear = True
+    sum_pool = False
+
+    def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        misc.assert_shape(img, [None, self.img_channels, self.img_resolution, self.img_resolution])
+        check_label(c, img.shape[0], self.c_dim)
+        x = img
+        for block in self.blocks:
+            x = block(x)
+        x = F.relu(x)
+        h = x.sum(dim=[2, 3]) if self.sum_pool else x.mean(dim=[2, 3])
+        return self.fc(h) + self.projection(h, c)
+
+#----------------------------------------------------------------------------
 # ResNet.
 
 # Per resolution, the channel multipliers of the paper's nets (times `ch`) and the default `ch`.
@@ -257,7 +294,7 @@ def resnet_layout(img_resolution: int) -> dict:
 
 
 @persistence.persistent_class
-class ResNetGenerator(nn.Module):
+class ResNetGenerator(ResidualGenerator):
     """SN-GAN's ResNet generator: linear to a small feature map, up-sampling residual blocks, BN-ReLU-conv-tanh."""
 
     def __init__(self,
@@ -285,20 +322,11 @@ class ResNetGenerator(nn.Module):
             if isinstance(m, ClassBatchNorm2d):
                 m.reset_class_parameters()
 
-    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        misc.assert_shape(z, [None, self.z_dim])
-        check_label(c, z.shape[0], self.c_dim)
-        x = self.fc(z).view(z.shape[0], -1, self.bottom, self.bottom)
-        for block in self.blocks:
-            x = block(x, c)
-        return torch.tanh(self.to_rgb(F.relu(self.norm(x))))
 
 
 @persistence.persistent_class
-class ResNetDiscriminator(nn.Module):
+class ResNetDiscriminator(ResidualDiscriminator):
     """SN-GAN's ResNet discriminator: residual blocks, ReLU, global average pooling, linear (+ projection)."""
-
-    is_piecewise_linear = True
 
     def __init__(self,
         c_dim: int,                     # Label dimension, 0 = unconditional (>0: projection discriminator).
@@ -324,11 +352,3 @@ class ResNetDiscriminator(nn.Module):
         if spectral_norm:
             apply_spectral_norm(self)
 
-    def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        misc.assert_shape(img, [None, self.img_channels, self.img_resolution, self.img_resolution])
-        check_label(c, img.shape[0], self.c_dim)
-        x = img
-        for block in self.blocks:
-            x = block(x)
-        h = F.relu(x).mean(dim=[2, 3])
-        return self.fc(h) + self.projection(h, c)
