@@ -1,8 +1,8 @@
 """Scalar statistics reported from anywhere in the code and averaged across processes.
 
 Any code may call `report('Loss/D/loss', value)` with a scalar or a tensor of per-sample values.
-Each report adds to running moments (count, sum, sum of squares) kept per name in float64. A
-`Collector` owned by the training loop periodically calls `update()`, which sums the moments
+Each report adds to running moments (count, sum, sum of squares) kept per name in float64, on the
+device the value lives on, so reporting never waits for the GPU. A `Collector` owned by the training loop periodically calls `update()`, which sums the moments
 gathered since its last update over all processes (torch.distributed) and exposes mean and std.
 """
 
@@ -18,24 +18,36 @@ import dnnlib
 
 #----------------------------------------------------------------------------
 
-_moments: dict[str, torch.Tensor] = {}  # name -> float64 [count, sum, sum_sq] since process start.
+_moments: dict[tuple[str, torch.device], torch.Tensor] = {}  # (name, device) -> float64 [count, sum, sum_sq].
 
 
 def report(name: str, value: Any) -> Any:
     """Record `value` (number, array or tensor; every element counts as one sample) under `name`.
 
     Returns `value` unchanged, so it can wrap an expression. NaN/Inf elements are not counted
-    (a diverging run shows up as missing statistics rather than poisoning every average).
+    (a diverging run shows up as missing statistics rather than poisoning every average); they are
+    masked rather than removed, since removing would make the GPU report back their number.
     """
     elems = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else np.asarray(value))
-    elems = elems.flatten().to(device='cpu', dtype=torch.float64)
-    elems = elems[torch.isfinite(elems)]
-    moments = torch.stack([torch.tensor(float(elems.numel()), dtype=torch.float64), elems.sum(), elems.square().sum()])
-    if name in _moments:
-        _moments[name] += moments
+    elems = elems.flatten().to(torch.float64)
+    finite = torch.isfinite(elems)
+    elems = torch.where(finite, elems, torch.zeros_like(elems))
+    moments = torch.stack([finite.sum().to(torch.float64), elems.sum(), elems.square().sum()])
+    key = (name, elems.device)
+    if key in _moments:
+        _moments[key] += moments
     else:
-        _moments[name] = moments
+        _moments[key] = moments
     return value
+
+
+def _total(name: str) -> torch.Tensor:
+    """Moments of `name` since process start, summed over the devices it was reported from, on the CPU."""
+    total = torch.zeros(3, dtype=torch.float64)
+    for (key_name, _device), moments in _moments.items():
+        if key_name == name:
+            total += moments.cpu()
+    return total
 
 
 class Collector:
@@ -51,7 +63,7 @@ class Collector:
         self._current: dict[str, torch.Tensor] = {}
 
     def names(self) -> list[str]:
-        return sorted(n for n in _moments if self._regex.fullmatch(n))
+        return sorted({n for n, _device in _moments if self._regex.fullmatch(n)})
 
     def update(self) -> None:
         names = self.names()
@@ -61,7 +73,7 @@ class Collector:
             names = sorted(set().union(*gathered))
         deltas = torch.zeros(len(names), 3, dtype=torch.float64)
         for i, name in enumerate(names):
-            total = _moments.get(name, torch.zeros(3, dtype=torch.float64))
+            total = _total(name)
             deltas[i] = total - self._last.get(name, torch.zeros(3, dtype=torch.float64))
             self._last[name] = total.clone()
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1 and names:
