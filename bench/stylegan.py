@@ -8,7 +8,7 @@ discriminator step with gradient normalization and the hinge loss (GN differenti
 gradient, so every D layer runs a double backward) followed by a generator step (exact GN path:
 StyleGAN's D is not piecewise linear), each with its Adam update. The networks are the full
 StyleGAN v1 pair built at --max-resolution and set to the lod at which the schedule trains the
-benchmarked resolution, with the schedule's per-GPU minibatch there. Reported: seconds per
+benchmarked resolution, with one GPU's share of the paper's 8-GPU minibatch there. Reported: seconds per
 thousand real images shown to D (the unit of the schedule and of training logs) and peak GPU
 memory. Prints a table and writes the numbers to a JSON file. Needs a CUDA GPU.
 """
@@ -56,6 +56,9 @@ def op_implementation(impl: str) -> Iterator[None]:
         yield
 
 
+PAPER_GPUS = 8  # The paper trained GN-StyleGAN with StyleGAN v1's 8-GPU configuration.
+
+
 def kernels_loaded() -> bool:
     return bias_act._plugin.get() is not None and upfirdn2d._plugin.get() is not None  # pylint: disable=protected-access
 
@@ -63,7 +66,7 @@ def kernels_loaded() -> bool:
 def bench_one(resolution: int, max_resolution: int, impl: str, steps: int, warmup: int, device: torch.device) -> dict:
     """Time `steps` D+G training steps at `resolution` after `warmup` untimed ones."""
     lod = math.log2(max_resolution) - math.log2(resolution)
-    batch = progressive.BATCH_PER_GPU[resolution]
+    batch = progressive.BATCH[resolution] // PAPER_GPUS  # One GPU's share of the paper's 8-GPU run.
     lr = progressive.LR[resolution]
     torch.manual_seed(0)
     G = stylegan.Generator(c_dim=0, img_resolution=max_resolution, img_channels=3).train().to(device)
@@ -123,10 +126,10 @@ def parse_resolutions(ctx: click.Context, param: click.Parameter, value: str) ->
         resolutions = [int(r) for r in value.split(',')]
     except ValueError:
         raise click.BadParameter(f'expected a comma-separated list of resolutions, got "{value}"') from None
-    unknown = [r for r in resolutions if r not in progressive.BATCH_PER_GPU]
+    unknown = [r for r in resolutions if r not in progressive.BATCH]
     if unknown:
         raise click.BadParameter(f'the schedule has no minibatch size for {unknown}; '
-                                 f'choose from {sorted(progressive.BATCH_PER_GPU)}')
+                                 f'choose from {sorted(progressive.BATCH)}')
     return resolutions
 
 

@@ -8,7 +8,8 @@ from training.configs import get_config
 from training.loss import GANLoss
 
 KEYS = {'name', 'description', 'G_kwargs', 'D_kwargs', 'loss_kwargs', 'G_opt_kwargs', 'D_opt_kwargs', 'n_dis',
-        'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim', 'conditional', 'resolution'}
+        'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim', 'conditional', 'resolution',
+        'arch'}
 
 # name: (loss, lr_G, lr_D, betas, n_dis, batch_D, batch_G, total_steps, lr_decay, ema_beta, resolution, G params, D params)
 EXPECTED = {
@@ -77,3 +78,47 @@ def test_unknown_values_raise_with_valid_names():
         get_config('cifar10-cnn', loss='wgan')
     with pytest.raises(ValueError):
         get_config('cifar10-cnn', cr=-1)
+
+#----------------------------------------------------------------------------
+# training_options: a preset completed for a dataset and the command line's overrides.
+
+
+def test_training_options_fixed_preset_overrides():
+    from training.configs import training_options
+    cfg = get_config('cifar10-resnet')
+    opts = training_options(cfg, resolution=32, channels=3, label_dim=10, num_gpus=2, batch=32, batch_gpu=8, kimg=16)
+    s = opts.schedule_kwargs
+    # --batch=32 sets M = 32 and G keeps the ratio 2M; 16 kimg of reals at 5 D steps of 32 = 100 G steps.
+    assert (s.batch_D, s.batch_G, s.total_steps, s.num_gpus, s.batch_gpu) == (32, 64, 100, 2, 8)
+    assert opts.G_kwargs.c_dim == 0 and opts.G_kwargs.img_resolution == 32  # Unconditional preset: labels unused.
+    assert training_options(cfg, resolution=32, channels=3, label_dim=0, steps=7).schedule_kwargs.total_steps == 7
+    biggan = training_options(get_config('cifar10-biggan'), resolution=32, channels=3, label_dim=10)
+    assert biggan.G_kwargs.c_dim == 10 and biggan.D_kwargs.c_dim == 10
+
+
+def test_training_options_progressive():
+    from training.configs import training_options
+    opts = training_options(get_config('gn-stylegan'), resolution=256, channels=3, label_dim=0, max_resolution=128,
+                            cmax=64, lod_kimg=10, kimg=100, batch=16, num_gpus=4)
+    s = opts.schedule_kwargs
+    assert (s.max_resolution, s.phase_kimg, s.fade_kimg, s.total_kimg, s.max_batch, s.num_gpus, s.group_size) == \
+        (128, 10, 10, 100, 16, 4, 4)
+    assert opts.G_kwargs.fmap_max == opts.D_kwargs.fmap_max == 64 and opts.G_kwargs.img_resolution == 128
+
+
+@pytest.mark.parametrize('name, kwargs, message', [
+    ('cifar10-resnet', dict(steps=3, kimg=1), 'not both'),
+    ('cifar10-resnet', dict(resolution=48), 'built for 32x32'),
+    ('cifar10-resnet', dict(cmax=8), 'gn-stylegan only'),
+    ('cifar10-biggan', dict(label_dim=0), 'class-conditional'),
+    ('cifar10-resnet', dict(num_gpus=3), 'not divisible by --gpus=3'),
+    ('gn-stylegan', dict(steps=3), '--kimg, not --steps'),
+    ('gn-stylegan', dict(max_resolution=64), 'exceeds'),
+    ('gn-stylegan', dict(resolution=48), 'power-of-two'),
+    ('gn-stylegan', dict(batch_gpu=2), 'whole groups of 4'),
+])
+def test_training_options_refuses_bad_combinations(name, kwargs, message):
+    from training.configs import training_options
+    args = dict(resolution=32, channels=3, label_dim=0) | kwargs
+    with pytest.raises(ValueError, match=message):
+        training_options(get_config(name), **args)

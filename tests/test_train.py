@@ -62,7 +62,8 @@ def test_train_generate_resume(dataset_zip, tmp_path):
     assert any(f.startswith('fakes0') for f in os.listdir(run_dir))
     assert 'Exiting...' in open(os.path.join(run_dir, 'log.txt')).read()
     options = json.load(open(os.path.join(run_dir, 'training_options.json')))
-    assert options['cfg']['total_steps'] == 3 and options['cfg']['batch_D'] == 4 and options['cfg']['batch_G'] == 8
+    schedule = options['schedule_kwargs']
+    assert (schedule['total_steps'], schedule['batch_D'], schedule['batch_G']) == (3, 4, 8)
     snap = os.path.join(run_dir, snapshots(run_dir)[-1])
     data = persistence.load_snapshot(snap)
     assert data.progress.step == 3 and data.progress.cur_nimg == 3 * 4
@@ -137,11 +138,11 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     assert any(0 < lod % 1 for lod in lods)  # Passed through a fade-in.
     snap = persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1]))
     assert snap.progress.cur_nimg == 72
-    schedule = lambda nimg: progressive.schedule(nimg, max_resolution=32, phase_kimg=0.02, fade_kimg=0.02)
-    last_trained_lod = schedule(72 - 4).lod  # The networks hold the lod of the last step (images 68..71).
+    lod_at = lambda nimg: progressive.lod_at(nimg, max_resolution=32, phase_kimg=0.02, fade_kimg=0.02)
+    last_trained_lod = lod_at(72 - 4)  # The networks hold the lod of the last step (images 68..71).
     assert last_trained_lod == pytest.approx(0.6)
     assert float(snap.G.synthesis.lod) == pytest.approx(last_trained_lod) and float(snap.D.lod) == pytest.approx(last_trained_lod)
-    expected_lod = schedule(72).lod
+    expected_lod = lod_at(72)
 
     run_cli(*common, '--kimg=0.1', f'--resume={os.path.join(run_dir, snapshots(run_dir)[-1])}')
     resumed_dir = os.path.join(outdir, sorted(os.listdir(outdir))[-1])
@@ -159,6 +160,9 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--cfg=nope'], 'unknown config'),
     (['--data=/nonexistent.zip'], 'no such file'),
     (['--cfg=cifar10-resnet', '--data={digits}', '--norm=gn', '--steps=1', '--loss=hinge', '--batch=3', '--gpus=2'], 'divisible'),
+    (['--cfg=gn-stylegan', '--gpus=3'], 'not divisible by --gpus=3'),
+    (['--cfg=gn-stylegan', '--batch-gpu=2'], '--batch-gpu=2'),
+    (['--outdir={digits}'], 'is a file'),
     (['--cfg=stl10-resnet', '--data={digits}'], 'built for 48x48'),
     (['--cfg=cifar10-biggan', '--data={unlabeled}'], 'class-conditional'),
     (['--resume=/nonexistent.pkl'], '--resume'),
@@ -171,8 +175,26 @@ def test_user_errors_are_one_line(tmp_path, args, message):
     unlabeled.mkdir()
     PIL.Image.fromarray(np.zeros([32, 32, 3], dtype=np.uint8)).save(unlabeled / 'a.png')
     args = [a.format(digits=digits, unlabeled=unlabeled) for a in args]
-    result = run_cli('train.py', f'--outdir={tmp_path / "runs"}', *args, check=False)
+    if not any(a.startswith('--outdir') for a in args):
+        args = [f'--outdir={tmp_path / "runs"}', *args]
+    result = run_cli('train.py', *args, check=False)
     assert result.returncode != 0
     assert message in result.stderr and 'Traceback' not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not os.path.exists(tmp_path / 'runs')  # Nothing half-made.
+
+
+def test_dry_run_prints_the_v1_phase_table(tmp_path):
+    """The paper's 8-GPU run at 64x64: global batch 256 at 8x8 and 32 at 64x64, on 8 GPUs or 1."""
+    from tests.test_metric_main import write_dataset_zip
+    write_dataset_zip(str(tmp_path / 'data64.zip'), num_images=2, resolution=64)
+    for gpus, per_gpu_8, per_gpu_64 in [(8, '16', '4'), (1, '16', '16')]:  # 8x8 on 8 GPUs: 32 each, 2 rounds of 16.
+        result = run_cli('train.py', '--cfg=gn-stylegan', f'--data={tmp_path / "data64.zip"}', f'--gpus={gpus}',
+                         '--batch-gpu=16', '--dry-run')
+        rows = {' '.join(line.split()[:2]): line.split() for line in result.stdout.splitlines()
+                if line.strip().startswith(('stable', 'fade-in'))}
+        # phase, kimg range, global batch, per GPU at once, accumulation rounds, lr.
+        assert rows['stable 8x8'][-4:] == ['256', per_gpu_8, str(256 // gpus // int(per_gpu_8)), '0.001']
+        assert rows['stable 64x64'][-4:] == ['32', per_gpu_64, str(32 // gpus // int(per_gpu_64)), '0.001']
+        assert rows['fade-in 16x16'][2:5] == ['600', '-', '1,200']
+        assert not os.path.exists(tmp_path / 'runs')

@@ -62,24 +62,35 @@ def test_real_image_stream_assembles_any_batch_size():
 # Metrics during training, with the tiny TorchScript detector of the metric tests.
 
 
+def _quickstart_options(data: str, steps: int, batch: int, **overrides) -> dict:
+    """training_loop kwargs of a width-2 quickstart run on `data`."""
+    from training import configs
+    cfg = configs.get_config('quickstart')
+    cfg.G_kwargs.ch = cfg.D_kwargs.ch = 2
+    cfg.resolution = None  # The CNN takes any resolution; the tests use tiny images.
+    from training.dataset import ImageFolderDataset
+    dataset = ImageFolderDataset(path=data)
+    opts = configs.training_options(cfg, resolution=dataset.resolution, channels=dataset.num_channels, label_dim=0,
+                                    batch=batch, steps=steps)
+    opts.update(training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=data), num_workers=0)
+    opts.update(overrides)
+    return opts
+
+
 def _run_with_metrics(tmp_path, monkeypatch, detector_url):
     import functools
     from metrics import metric_main
     from tests.test_metric_main import write_dataset_zip
-    from training import configs
     monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
     # The protocol's 50k images would take hours on a CPU; the wiring is the same with 8.
     monkeypatch.setattr(metric_main, 'calc_metric', functools.partial(metric_main.calc_metric, num_gen=8, max_real=8))
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
-    cfg = configs.get_config('quickstart')
-    cfg.G_kwargs.ch = cfg.D_kwargs.ch = 2
-    cfg.batch_D, cfg.batch_G, cfg.total_steps = 2, 4, 4
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
-    training_loop.training_loop(
-        run_dir=str(run_dir), cfg=cfg, num_workers=0, kimg_per_tick=0.002, image_snapshot_ticks=None,
-        network_snapshot_ticks=1, metrics=['fid50k_full'], detector_url=detector_url,
-        training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=str(tmp_path / 'data.zip')))
+    training_loop.training_loop(**_quickstart_options(
+        str(tmp_path / 'data.zip'), steps=4, batch=2, run_dir=str(run_dir), kimg_per_tick=0.002,
+        image_snapshot_ticks=None, network_snapshot_ticks=1, metrics=['fid50k_full'], best_metric='fid50k_full',
+        metric_kwargs=dict(detector_url=detector_url)))
     return run_dir
 
 
@@ -96,8 +107,11 @@ def test_metrics_at_every_snapshot_and_best_snapshot_kept(tmp_path, monkeypatch)
     stats = [json.loads(line) for line in open(run_dir / 'stats.jsonl')]
     assert [entry['Metrics/fid50k_full']['mean'] for entry in stats] == pytest.approx(fids)
     best = persistence.load_snapshot(str(run_dir / 'network-best.pkl'))
-    assert best.progress.best_fid == pytest.approx(min(fids))
+    assert best.progress.best == pytest.approx(min(fids))
     assert best.progress.step == 1 + int(np.argmin(fids))
+    # Every snapshot records the best FID including its own (metrics run before the snapshot is written).
+    for i, name in enumerate(sorted(f for f in os.listdir(run_dir) if f.startswith('network-snapshot-'))):
+        assert persistence.load_snapshot(str(run_dir / name)).progress.best == pytest.approx(min(fids[:i + 1]))
 
 
 def test_unavailable_detector_warns_and_training_continues(tmp_path, monkeypatch, capsys):
@@ -124,3 +138,161 @@ def test_grid_layout_one_row_per_class():
     Labeled.label_dim = 0
     (gw, gh), labels = training_loop.grid_layout(Labeled(), max_images=64)
     assert (gw, gh) == (16, 4) and labels.shape == (64, 0)
+
+#----------------------------------------------------------------------------
+# Gradient accumulation over rounds equals one full batch.
+
+
+def _networks(arch: str):
+    from training import configs
+    torch.manual_seed(0)
+    if arch == 'stylegan':
+        cfg = configs.get_config('gn-stylegan')
+        opts = configs.training_options(cfg, resolution=16, channels=3, label_dim=0, cmax=8)
+    else:
+        cfg = configs.get_config('cifar10-resnet')
+        cfg.G_kwargs.ch = cfg.D_kwargs.ch = 4
+        opts = configs.training_options(cfg, resolution=32, channels=3, label_dim=0)
+    import dnnlib
+    dtype = torch.float32 if arch == 'stylegan' else torch.float64  # StyleGAN computes in float32 internally.
+    G = dnnlib.util.construct_class_by_name(**opts.G_kwargs).to(dtype)
+    D = dnnlib.util.construct_class_by_name(**opts.D_kwargs).to(dtype)
+    if arch == 'stylegan':
+        G.set_lod(0.5)  # Mid fade-in: both the new and the previous level take part.
+        D.set_lod(0.5)
+        G.style_mixing_prob = 0  # Random per call, like the noise below: not comparable between batchings.
+    else:
+        G.eval()  # BatchNorm statistics are per round by design (as per GPU); compare the rest exactly.
+    return G, D, opts.schedule_kwargs.get('group_size', 1), dtype
+
+
+@pytest.mark.parametrize('arch', ['resnet', 'stylegan'])
+@pytest.mark.parametrize('phase', ['D', 'G'])
+def test_accumulation_rounds_give_full_batch_gradients(arch, phase):
+    from training.loss import GANLoss
+    G, D, group, dtype = _networks(arch)
+    n, rounds = 16, 4
+    torch.manual_seed(1)
+    res = 16 if arch == 'stylegan' else 32  # StyleGAN at lod 0.5 works at 16x16 (fading in over 8x8).
+    real = torch.rand(n, 3, res, res, dtype=dtype) * 2 - 1
+    z = torch.randn(n, G.z_dim, dtype=dtype)
+    c = torch.zeros(n, 0, dtype=dtype)
+    trained = D if phase == 'D' else G
+    trained.requires_grad_(True)
+    loss = GANLoss(G=G, D=D, loss='hinge', norm='gn')
+
+    def grads(batches):
+        for p in trained.parameters():
+            p.grad = None
+        for batch, gain in batches:
+            loss.accumulate_gradients(phase, *batch, gain=gain)
+        # StyleGAN's per-pixel noise is drawn per call, so its strengths' gradients differ between a
+        # full batch and rounds by construction; every other parameter must agree.
+        # Layers of inactive levels get no gradient in either computation.
+        return {name: p.grad.clone() for name, p in trained.named_parameters()
+                if 'noise_strength' not in name and p.grad is not None}
+
+    full = grads([((real, c, z, c), 1.0)])
+    split = grads([(tuple(training_loop.split_round(x, r, rounds, group) for x in (real, c, z, c)), 1 / rounds)
+                   for r in range(rounds)])
+    assert full.keys() == split.keys() and len(full) > 4
+    # Per tensor, the error relative to the tensor's own gradient, with a floor relative to the whole
+    # gradient: StyleGAN's first layer instance-normalizes the learned constant (near zero variance at
+    # init), so its constant's gradient is huge and its bias's is pure cancellation, both ill-conditioned
+    # in float32. A wrong gain or a round that splits stddev groups errs by 10-300% everywhere.
+    rel = 1e-5 if dtype == torch.float32 else 1e-10
+    total = torch.cat([g.flatten() for g in full.values()]).norm()
+    for name in full:
+        error = (split[name] - full[name]).norm()
+        assert error <= rel * full[name].norm() + rel / 100 * total, (name, float(error), float(full[name].norm()))
+
+
+def test_split_round_keeps_minibatch_stddev_groups():
+    # Batch of 8 in groups of 4: groups are {i, i + 2}: (0, 2, 4, 6) and (1, 3, 5, 7).
+    x = torch.arange(8)
+    rounds = [training_loop.split_round(x, r, 2, group_size=4).tolist() for r in range(2)]
+    assert rounds == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert [training_loop.split_round(x, r, 4).tolist() for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+#----------------------------------------------------------------------------
+# Adam reset at phase changes, divergence, exact resume.
+
+
+def test_adam_state_is_reset_exactly_at_phase_changes(tmp_path):
+    from training import configs, progressive
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
+    cfg = configs.get_config('gn-stylegan')
+    opts = configs.training_options(cfg, resolution=32, channels=1, label_dim=0, cmax=4, batch=4, kimg=0.1, lod_kimg=0.02)
+    counts = {}  # The highest Adam step count among each optimizer's parameters, after every step.
+
+    def record(optimizer, args, kwargs):
+        counts.setdefault(id(optimizer), []).append(max(int(s['step']) for s in optimizer.state.values()))
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    handle = register_optimizer_step_post_hook(record)
+    try:
+        opts.update(training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=data),
+                    num_workers=0, run_dir=str(tmp_path), image_snapshot_ticks=None, network_snapshot_ticks=None,
+                    kimg_per_tick=1)
+        training_loop.training_loop(**opts)
+    finally:
+        handle.remove()
+    # 4 images per step; phases of 20 images: lod changes floor/ceil after images 20 (fade starts), 40, 60, 80.
+    lods = [progressive.lod_at(4 * i, 32, phase_kimg=0.02, fade_kimg=0.02) for i in range(25)]
+    expected, count = [], 0
+    for i, lod in enumerate(lods):
+        changed = i > 0 and (np.floor(lod), np.ceil(lod)) != (np.floor(lods[i - 1]), np.ceil(lods[i - 1]))
+        count = 1 if changed else count + 1
+        expected.append(count)
+    assert list(counts.values()) == [expected, expected]  # G and D alike.
+    assert expected.count(1) == 5  # The start and four resets.
+
+
+def test_nonfinite_gradient_stops_the_run_naming_step_and_network(tmp_path, monkeypatch):
+    from tests.test_metric_main import write_dataset_zip
+    write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
+    calls = []
+
+    def poisoned_flip(img):  # One NaN pixel in the reals of the 4th D step (G step 3).
+        calls.append(1)
+        if len(calls) == 4:
+            img = img.clone()
+            img[0, 0, 0, 0] = float('nan')
+        return img
+    monkeypatch.setattr(training_loop, 'random_xflip', poisoned_flip)
+    run_dir = tmp_path / 'run'
+    run_dir.mkdir()
+    with pytest.raises(training_loop.TrainingDiverged, match=r'G step 3: non-finite gradient of D \(loss terms: .*Loss/D/real'):
+        training_loop.training_loop(**_quickstart_options(str(tmp_path / 'data.zip'), steps=8, batch=2,
+                                                          run_dir=str(run_dir), kimg_per_tick=0.004,
+                                                          network_snapshot_ticks=1, image_snapshot_ticks=None))
+    names = sorted(f for f in os.listdir(run_dir) if f.startswith('network-snapshot-'))
+    assert names == ['network-snapshot-000000.004.pkl']  # Written at step 2; the tick after the NaN wrote nothing.
+    from torch_utils import persistence
+    snap = persistence.load_snapshot(str(run_dir / names[0]))
+    assert all(torch.isfinite(p).all() for p in snap.D.parameters())
+
+
+def test_resume_continues_bit_for_bit(tmp_path):
+    """8 G steps in one go, and the same run stopped after step 4 and resumed: same weights and losses."""
+    import json
+    from tests.test_metric_main import write_dataset_zip
+    from torch_utils import persistence
+    write_dataset_zip(str(tmp_path / 'data.zip'), num_images=12, resolution=8)
+
+    def run(name, **kw):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        training_loop.training_loop(**_quickstart_options(str(tmp_path / 'data.zip'), steps=8, batch=2,
+                                                          run_dir=str(run_dir), kimg_per_tick=0.004,
+                                                          network_snapshot_ticks=1, image_snapshot_ticks=None, **kw))
+        losses = [(s['Loss/D/loss']['mean'], s['Loss/G/loss']['mean']) for s in map(json.loads, open(run_dir / 'stats.jsonl'))]
+        return run_dir, losses
+
+    full_dir, full_losses = run('full')
+    _, resumed_losses = run('resumed', resume_pkl=str(full_dir / 'network-snapshot-000000.008.pkl'))
+    assert resumed_losses == full_losses[2:]  # Ticks of 2 steps: the resumed run starts at the third.
+    a = persistence.load_snapshot(str(full_dir / 'network-snapshot-000000.016.pkl'))
+    b = persistence.load_snapshot(str(tmp_path / 'resumed' / 'network-snapshot-000000.016.pkl'))
+    for name in ('G', 'D', 'G_ema'):
+        for (key, x), y in zip(a[name].state_dict().items(), b[name].state_dict().values()):
+            assert torch.equal(x, y), f'{name}.{key}'

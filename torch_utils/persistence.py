@@ -154,6 +154,18 @@ def save_snapshot(path: str, data: dict[str, Any]) -> None:
             os.remove(tmp)
         raise
 
+
+def remove_stale_temporaries(dirname: str) -> None:
+    """Delete the hidden `.<name>.pkl.<random>.tmp` files that a writer killed mid-write (kill -9) left in `dirname`."""
+    if not os.path.isdir(dirname):
+        return
+    for name in os.listdir(dirname):
+        if name.startswith('.') and name.endswith('.tmp') and '.pkl.' in name:
+            try:
+                os.remove(os.path.join(dirname, name))
+            except FileNotFoundError:
+                pass
+
 #----------------------------------------------------------------------------
 # Loading.
 

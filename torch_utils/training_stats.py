@@ -18,21 +18,22 @@ import dnnlib
 
 #----------------------------------------------------------------------------
 
-_moments: dict[tuple[str, torch.device], torch.Tensor] = {}  # (name, device) -> float64 [count, sum, sum_sq].
+_moments: dict[tuple[str, torch.device], torch.Tensor] = {}  # (name, device) -> float64 [count, sum, sum_sq, non-finite count].
 
 
 def report(name: str, value: Any) -> Any:
     """Record `value` (number, array or tensor; every element counts as one sample) under `name`.
 
     Returns `value` unchanged, so it can wrap an expression. NaN/Inf elements are not counted
-    (a diverging run shows up as missing statistics rather than poisoning every average); they are
-    masked rather than removed, since removing would make the GPU report back their number.
+    (they would poison every average) but counted apart, for `Collector.nonfinite_names()`; they
+    are masked rather than removed, since removing would make the GPU report back their number.
     """
     elems = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else np.asarray(value))
     elems = elems.flatten().to(torch.float64)
     finite = torch.isfinite(elems)
     elems = torch.where(finite, elems, torch.zeros_like(elems))
-    moments = torch.stack([finite.sum().to(torch.float64), elems.sum(), elems.square().sum()])
+    num_finite = finite.sum().to(torch.float64)
+    moments = torch.stack([num_finite, elems.sum(), elems.square().sum(), elems.numel() - num_finite])
     key = (name, elems.device)
     if key in _moments:
         _moments[key] += moments
@@ -43,7 +44,7 @@ def report(name: str, value: Any) -> Any:
 
 def _total(name: str) -> torch.Tensor:
     """Moments of `name` since process start, summed over the devices it was reported from, on the CPU."""
-    total = torch.zeros(3, dtype=torch.float64)
+    total = torch.zeros(4, dtype=torch.float64)
     for (key_name, _device), moments in _moments.items():
         if key_name == name:
             total += moments.cpu()
@@ -59,7 +60,7 @@ class Collector:
 
     def __init__(self, regex: str = '.*') -> None:
         self._regex = re.compile(regex)
-        self._last: dict[str, torch.Tensor] = {}
+        self._last: dict[str, torch.Tensor] = {name: _total(name) for name in self.names()}  # Only what comes after.
         self._current: dict[str, torch.Tensor] = {}
 
     def names(self) -> list[str]:
@@ -71,10 +72,10 @@ class Collector:
             gathered: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, names)
             names = sorted(set().union(*gathered))
-        deltas = torch.zeros(len(names), 3, dtype=torch.float64)
+        deltas = torch.zeros(len(names), 4, dtype=torch.float64)
         for i, name in enumerate(names):
             total = _total(name)
-            deltas[i] = total - self._last.get(name, torch.zeros(3, dtype=torch.float64))
+            deltas[i] = total - self._last.get(name, torch.zeros(4, dtype=torch.float64))
             self._last[name] = total.clone()
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1 and names:
             backend_device = 'cuda' if torch.distributed.get_backend() == 'nccl' else 'cpu'
@@ -99,6 +100,10 @@ class Collector:
             return float('nan')
         mean = m[1] / m[0]
         return float(torch.sqrt(torch.clamp(m[2] / m[0] - mean * mean, min=0)))
+
+    def nonfinite_names(self) -> list[str]:
+        """Names that received NaN or Inf values before the last update."""
+        return [name for name, m in self._current.items() if m[3] > 0]
 
     def as_dict(self) -> dnnlib.EasyDict:
         """{name: {num, mean, std}} for every name seen in the last update with at least one sample."""

@@ -4,7 +4,7 @@
 
     name, description       preset name and a one-line summary
     G_kwargs, D_kwargs      class_name + constructor kwargs, without c_dim / img_resolution / img_channels
-                            (the training loop fills those from the dataset)
+                            (training_options fills those in from the dataset)
     loss_kwargs             class_name='training.loss.GANLoss' + loss / norm / cr / ...
     G_opt_kwargs, D_opt_kwargs   class_name='torch.optim.Adam' + lr, betas, eps
     n_dis                   D steps per G step
@@ -14,8 +14,10 @@
     ema_beta, ema_start     G EMA decay per G step (None = no EMA) and the G step from which it averages
                             (before it the EMA copy just follows G)
     z_dim, conditional, resolution   latent size, whether labels are needed, expected dataset resolution
-    progressive, total_kimg only gn-stylegan: schedule kwargs of training/progressive.py (completed for the data
-                            by fit_progressive) and the run length in thousands of real images
+
+`training_options(cfg, ...)` completes a preset for a dataset and the command line's overrides
+and returns what the training loop takes: network, optimizer and loss kwargs, and the kwargs of
+the run's schedule (training/schedule.py).
 
 Settings follow the GN-GAN paper and the authors' release (Adam; D batch M, G batch 2M). Every
 preset takes the --norm, --loss and --cr overrides; --norm=sn turns on D's spectral normalization.
@@ -65,6 +67,7 @@ PRESETS = {
     'gn-stylegan':        dict(arch='stylegan', resolution=None, z_dim=512, loss='hinge', lr_G=progressive.LR[8],
                                lr_D=progressive.LR[8], betas=[0.0, 0.99], n_dis=1, batch_D=None, batch_G=None,
                                total_steps=None, lr_decay='none', ema_beta=None, ema_start=0, conditional=False,
+                               D_args=dict(mbstd_group_size=4),
                                description='StyleGAN v1, progressive growing 8x8 -> full resolution, hinge loss, '
                                            'GN instead of R1, 25M images'),
     # Not from the paper: a narrow standard CNN that learns the embedded 32x32 digits in minutes on a CPU.
@@ -89,7 +92,7 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
         raise ValueError(f'cr must be non-negative, got {cr}')
 
     G_class, D_class = ARCHS[preset['arch']]
-    cfg = dnnlib.EasyDict(name=name, description=preset['description'])
+    cfg = dnnlib.EasyDict(name=name, description=preset['description'], arch=preset['arch'])
     cfg.G_kwargs = dnnlib.EasyDict(class_name=G_class, z_dim=preset['z_dim'], **preset.get('G_args', {}))
     cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, spectral_norm=(norm == 'sn'), **preset.get('D_args', {}))
     cfg.loss_kwargs = dnnlib.EasyDict(class_name='training.loss.GANLoss', loss=loss, norm=norm, cr=cr)
@@ -98,22 +101,67 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
     for key in ['n_dis', 'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim',
                 'conditional', 'resolution']:
         cfg[key] = preset[key]
-    if preset['arch'] == 'stylegan':
-        cfg.progressive = dnnlib.EasyDict(max_resolution=None)  # Set from the data by fit_progressive().
-        cfg.total_kimg = progressive.TOTAL_KIMG
     return cfg
 
 
-def fit_progressive(cfg: dnnlib.EasyDict, dataset_resolution: int, max_resolution: int | None = None,
-                    lod_kimg: float = progressive.PHASE_KIMG) -> None:
-    """Complete a progressive preset for a dataset: final resolution (the data's, or a lower cap) and
-    the length of each resolution phase and fade-in (`lod_kimg`, 600 in StyleGAN v1 and the paper)."""
-    final = dataset_resolution if max_resolution is None else max_resolution
-    if final < progressive.START_RESOLUTION or final & (final - 1):
-        raise ValueError(f'progressive growing needs a power-of-two final resolution of at least '
-                         f'{progressive.START_RESOLUTION}, got {final}')
-    if final > dataset_resolution:
-        raise ValueError(f'--resolution={final} exceeds the dataset resolution {dataset_resolution}')
-    if dataset_resolution & (dataset_resolution - 1):
-        raise ValueError(f'progressive growing needs power-of-two images, the dataset has {dataset_resolution}x{dataset_resolution}')
-    cfg.progressive = dnnlib.EasyDict(max_resolution=final, phase_kimg=lod_kimg, fade_kimg=lod_kimg)
+def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, label_dim: int, num_gpus: int = 1,
+                     batch: int | None = None, batch_gpu: int | None = None, kimg: float | None = None,
+                     steps: int | None = None, max_resolution: int | None = None, cmax: int | None = None,
+                     lod_kimg: float | None = None) -> dnnlib.EasyDict:
+    """The training loop's network, optimizer, loss and schedule kwargs for preset `cfg` on a dataset of
+    `resolution`x`resolution` images with `channels` channels and `label_dim` classes (0: no labels),
+    with the command line's overrides applied. Every check of those overrides lives here; a bad
+    combination raises ValueError with a one-line message.
+
+        batch           fixed presets: D batch M (G keeps the preset's ratio); gn-stylegan: cap on the minibatch
+        batch_gpu       cap on the samples one process handles at once (the rest: accumulation rounds)
+        kimg, steps     run length in thousands of real images or in G steps (fixed presets only)
+        max_resolution, cmax, lod_kimg   gn-stylegan only: final resolution, feature-map cap, phase length
+    """
+    progressive_run = cfg.arch == 'stylegan'
+    if steps is not None and kimg is not None:
+        raise ValueError('give --kimg or --steps, not both')
+    if cfg.conditional and label_dim == 0:
+        raise ValueError(f'--cfg={cfg.name} is class-conditional, but the dataset has no labels')
+    if not progressive_run and (max_resolution is not None or cmax is not None or lod_kimg is not None):
+        raise ValueError('--resolution, --cmax and --lod-kimg apply to --cfg=gn-stylegan only')
+    if not progressive_run and cfg.resolution is not None and cfg.resolution != resolution:
+        raise ValueError(f'--cfg={cfg.name} is built for {cfg.resolution}x{cfg.resolution} images, '
+                         f'but the dataset holds {resolution}x{resolution}')
+    if progressive_run and steps is not None:
+        raise ValueError(f'--cfg={cfg.name} counts its length in --kimg, not --steps')
+    opts = dnnlib.EasyDict(G_opt_kwargs=copy.deepcopy(cfg.G_opt_kwargs), D_opt_kwargs=copy.deepcopy(cfg.D_opt_kwargs),
+                           loss_kwargs=copy.deepcopy(cfg.loss_kwargs))
+    common = dict(c_dim=label_dim if cfg.conditional else 0, img_channels=channels)
+
+    if progressive_run:
+        final = resolution if max_resolution is None else max_resolution
+        if resolution & (resolution - 1):
+            raise ValueError(f'progressive growing needs power-of-two images, the dataset has {resolution}x{resolution}')
+        if final < progressive.START_RESOLUTION or final & (final - 1):
+            raise ValueError(f'progressive growing needs a power-of-two final resolution of at least '
+                             f'{progressive.START_RESOLUTION}, got {final}')
+        if final > resolution:
+            raise ValueError(f'--resolution={final} exceeds the dataset resolution {resolution}')
+        fmap = {} if cmax is None else dict(fmap_max=cmax)
+        opts.G_kwargs = dnnlib.EasyDict(cfg.G_kwargs, img_resolution=final, **common, **fmap)
+        opts.D_kwargs = dnnlib.EasyDict(cfg.D_kwargs, img_resolution=final, **common, **fmap)
+        phase = progressive.PHASE_KIMG if lod_kimg is None else lod_kimg
+        opts.schedule_kwargs = dnnlib.EasyDict(
+            class_name='training.schedule.ProgressiveSchedule', max_resolution=final,
+            total_kimg=progressive.TOTAL_KIMG if kimg is None else kimg, phase_kimg=phase, fade_kimg=phase,
+            max_batch=batch, num_gpus=num_gpus, batch_gpu=batch_gpu, group_size=cfg.D_kwargs.mbstd_group_size)
+    else:
+        opts.G_kwargs = dnnlib.EasyDict(cfg.G_kwargs, img_resolution=resolution, **common)
+        opts.D_kwargs = dnnlib.EasyDict(cfg.D_kwargs, img_resolution=resolution, **common)
+        batch_D = cfg.batch_D if batch is None else batch
+        batch_G = cfg.batch_G if batch is None else max(1, cfg.batch_G * batch // cfg.batch_D)
+        total_steps = cfg.total_steps if steps is None else steps
+        if kimg is not None:
+            total_steps = max(1, round(kimg * 1000 / (cfg.n_dis * batch_D)))
+        opts.schedule_kwargs = dnnlib.EasyDict(
+            class_name='training.schedule.FixedSchedule', batch_D=batch_D, batch_G=batch_G, n_dis=cfg.n_dis,
+            lr_G=cfg.G_opt_kwargs.lr, lr_D=cfg.D_opt_kwargs.lr, total_steps=total_steps, lr_decay=cfg.lr_decay,
+            ema_beta=cfg.ema_beta, ema_start=cfg.ema_start, num_gpus=num_gpus, batch_gpu=batch_gpu)
+    dnnlib.util.construct_class_by_name(**opts.schedule_kwargs)  # Checks batch sizes against --gpus / --batch-gpu.
+    return opts

@@ -126,22 +126,23 @@ class GANLoss:
             return out.f_hat, out.grad_norm
         return self.D(img, c), None
 
-    def accumulate_gradients(self, phase: str, real_img: torch.Tensor, real_c: torch.Tensor,
-                             gen_z: torch.Tensor, gen_c: torch.Tensor) -> None:
-        """Compute this step's loss on the given batch and call backward() (gradients accumulate).
+    def accumulate_gradients(self, phase: str, real_img: torch.Tensor | None, real_c: torch.Tensor | None,
+                             gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float = 1.0) -> None:
+        """Compute this step's loss on the given batch and back-propagate gain * loss (gradients accumulate;
+        gain = 1 / rounds averages accumulation rounds).
 
         phase 'D': reals real_img/real_c (float in [-1, 1]; one-hot labels) and fakes G(gen_z, gen_c).
         phase 'G': fakes G(gen_z, gen_c) only; real_img and real_c are unused.
         """
         if phase == 'D':
-            self._discriminator_step(real_img, real_c, gen_z, gen_c)
+            self._discriminator_step(real_img, real_c, gen_z, gen_c, gain)
         elif phase == 'G':
-            self._generator_step(gen_z, gen_c)
+            self._generator_step(gen_z, gen_c, gain)
         else:
             raise ValueError(f'unknown phase "{phase}"; valid: D, G')
 
     def _discriminator_step(self, real_img: torch.Tensor, real_c: torch.Tensor, gen_z: torch.Tensor,
-                            gen_c: torch.Tensor) -> None:
+                            gen_c: torch.Tensor, gain: float) -> None:
         with torch.no_grad():
             gen_img = self.G(gen_z, gen_c)
         real_scores, real_grad_norm = self.scores(real_img, real_c)
@@ -182,14 +183,15 @@ class GANLoss:
             training_stats.report('Loss/penalty', penalty)
 
         training_stats.report('Loss/D/loss', loss)
-        loss.backward()
+        (loss * gain).backward()
 
-    def _generator_step(self, gen_z: torch.Tensor, gen_c: torch.Tensor) -> None:
+    def _generator_step(self, gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float) -> None:
         gen_img = self.G(gen_z, gen_c)
         if self.norm in GN_ZETAS and self.fast_g:
             loss, _ = generator_backward_fast(self.D, gen_img, gen_c, zeta=GN_ZETAS[self.norm],
-                                              loss_fn=lambda s: g_loss_terms(self.loss, s).mean())
+                                              loss_fn=lambda s: g_loss_terms(self.loss, s).mean() * gain)
+            loss = loss / gain
         else:
             loss = g_loss_terms(self.loss, self.scores(gen_img, gen_c)[0]).mean()
-            loss.backward()
+            (loss * gain).backward()
         training_stats.report('Loss/G/loss', loss)

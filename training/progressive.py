@@ -16,7 +16,8 @@ max_resolution / 2**floor(L) over the one below with weight alpha = 1 - (L - flo
 networks in `training/networks/stylegan.py` read the same lod (`set_lod`) and work at the active
 resolution, so reals must be brought to that resolution with `process_reals`.
 
-The constants below are StyleGAN v1's single-GPU schedule with the GN-GAN paper's learning rates.
+The constants below are StyleGAN v1's 8-GPU schedule (the paper's run) with the GN-GAN paper's
+learning rates; `training/schedule.py` turns them into the run's per-step plan.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-import dnnlib
 
 #----------------------------------------------------------------------------
 
@@ -36,8 +36,9 @@ FADE_KIMG = 600         # Thousands of real images per fade-in.
 TOTAL_KIMG = 25000      # Length of the whole run (25M real images).
 EMA_KIMG = 10           # Half-life of the generator's exponential moving average, in thousands of images.
 
-# Minibatch per GPU at each active resolution (StyleGAN v1's single-GPU values).
-BATCH_PER_GPU = {8: 128, 16: 128, 32: 64, 64: 32, 128: 16, 256: 8, 512: 4, 1024: 4}
+# Global minibatch (all GPUs together) at each active resolution: StyleGAN v1's 8-GPU run, the one
+# the paper trained (v1 train.py: minibatch_base 32, minibatch_dict {8: 256, 16: 128, 32: 64, 64: 32}).
+BATCH = {8: 256, 16: 128, 32: 64, 64: 32, 128: 32, 256: 32, 512: 32, 1024: 32}
 
 # Adam learning rate (G and D alike) at each active resolution: 1e-3 up to 64x64, 1.5e-3 above.
 LR = {8: 1e-3, 16: 1e-3, 32: 1e-3, 64: 1e-3, 128: 1.5e-3, 256: 1.5e-3, 512: 1.5e-3, 1024: 1.5e-3}
@@ -56,82 +57,22 @@ def lod_to_resolution(lod: float, max_resolution: int) -> int:
     return max_resolution >> math.floor(lod)
 
 
-def schedule(cur_nimg: int,
-             max_resolution: int,
-             num_gpus: int = 1,
-             start_resolution: int = START_RESOLUTION,
-             phase_kimg: float = PHASE_KIMG,
-             fade_kimg: float = FADE_KIMG,
-             batch_per_gpu: dict[int, int] | None = None,
-             lr: dict[int, float] | None = None,
-             ema_kimg: float = EMA_KIMG) -> dnnlib.EasyDict:
-    """Training state after `cur_nimg` real images, for networks built at `max_resolution`.
-
-    `max_resolution` is the final resolution (the networks' img_resolution; use it to cap growth
-    below the dataset's resolution). Shorter phase_kimg/fade_kimg give a fast schedule for tests.
-    The minibatch is `batch_per_gpu[resolution]` on each of the `num_gpus` processes, so the global
-    batch is their product (StyleGAN v1's single-GPU values kept per GPU). The G EMA decay per step
-    is beta = 0.5 ** (global batch / (ema_kimg * 1000)), i.e. a half-life of ema_kimg thousand images.
-
-    Returns an EasyDict with
-        kimg            thousands of images done,
-        lod             level of detail (float, >= 0),
-        resolution      active resolution, max_resolution / 2**floor(lod),
-        alpha           weight of the newest resolution (1 outside fade-ins, 1 - frac(lod) within),
-        fading          whether a fade-in is in progress,
-        batch_per_gpu   minibatch of each process,
-        batch           global minibatch,
-        lr              Adam learning rate for G and D,
-        ema_beta        decay of the G EMA for one step of `batch` images.
-    """
-    # Keys may arrive as strings from a config that went through JSON.
-    batch_per_gpu = {int(res): int(n) for res, n in (BATCH_PER_GPU if batch_per_gpu is None else batch_per_gpu).items()}
-    lr = {int(res): float(value) for res, value in (LR if lr is None else lr).items()}
+def lod_at(cur_nimg: int, max_resolution: int, start_resolution: int = START_RESOLUTION,
+           phase_kimg: float = PHASE_KIMG, fade_kimg: float = FADE_KIMG) -> float:
+    """Level of detail after `cur_nimg` real images (the formula in the module docstring)."""
     max_log2 = _log2_exact(max_resolution, 'max_resolution')
     start_log2 = _log2_exact(start_resolution, 'start_resolution')
     if not 2 <= start_log2 <= max_log2:
         raise ValueError(f'start_resolution must lie between 4 and max_resolution={max_resolution}, got {start_resolution}')
-    if cur_nimg < 0 or num_gpus < 1 or phase_kimg < 0 or fade_kimg < 0 or phase_kimg + fade_kimg <= 0:
-        raise ValueError('the schedule needs cur_nimg >= 0, num_gpus >= 1, phase_kimg >= 0, fade_kimg >= 0 '
-                         'and phase_kimg + fade_kimg > 0')
-
+    if cur_nimg < 0 or phase_kimg < 0 or fade_kimg < 0 or phase_kimg + fade_kimg <= 0:
+        raise ValueError('the schedule needs cur_nimg >= 0, phase_kimg >= 0, fade_kimg >= 0 and phase_kimg + fade_kimg > 0')
     kimg = cur_nimg / 1000
     phase_dur = phase_kimg + fade_kimg
     phase_idx = math.floor(kimg / phase_dur)
     kimg_in_phase = kimg - phase_idx * phase_dur
     fade_done = min(max(kimg_in_phase - phase_kimg, 0) / fade_kimg, 1) if fade_kimg > 0 else 0
-    lod = max(float(max_log2 - start_log2 - phase_idx) - fade_done, 0.0)
-    resolution = lod_to_resolution(lod, max_resolution)
-    if resolution not in batch_per_gpu or resolution not in lr:
-        raise ValueError(f'the schedule has no minibatch size or learning rate for resolution {resolution}')
+    return max(float(max_log2 - start_log2 - phase_idx) - fade_done, 0.0)
 
-    batch = batch_per_gpu[resolution] * num_gpus
-    frac = lod - math.floor(lod)
-    return dnnlib.EasyDict(
-        kimg=kimg,
-        lod=lod,
-        resolution=resolution,
-        alpha=1 - frac,
-        fading=frac > 0,
-        batch_per_gpu=batch_per_gpu[resolution],
-        batch=batch,
-        lr=lr[resolution],
-        ema_beta=0.5 ** (batch / (ema_kimg * 1000)),
-    )
-
-
-def min_batch(schedule_kwargs: dict, num_gpus: int) -> int:
-    """Smallest per-process minibatch of a whole run of `schedule(..., num_gpus=num_gpus, **schedule_kwargs)`.
-
-    Phase i (i = 0, 1, ...) starts stable at start_resolution * 2**i, the resolution it also had
-    during the fade-in just before, so evaluating the schedule at each phase start visits every
-    resolution of the run once (and checks that each has a minibatch size and learning rate).
-    """
-    phase_dur = schedule_kwargs.get('phase_kimg', PHASE_KIMG) + schedule_kwargs.get('fade_kimg', FADE_KIMG)
-    num_levels = (_log2_exact(schedule_kwargs['max_resolution'], 'max_resolution')
-                  - _log2_exact(schedule_kwargs.get('start_resolution', START_RESOLUTION), 'start_resolution') + 1)
-    return min(schedule(round(i * phase_dur * 1000), num_gpus=num_gpus, **schedule_kwargs).batch // num_gpus
-               for i in range(max(num_levels, 1)))
 
 #----------------------------------------------------------------------------
 

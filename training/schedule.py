@@ -1,0 +1,228 @@
+"""The run's schedule: what every training step uses, and when the run is done.
+
+One interface, two implementations:
+
+    FixedSchedule        the SN-GAN/BigGAN presets: constant batches, n_dis D steps per G step,
+                         optional linear learning-rate decay to 0, length in G steps;
+    ProgressiveSchedule  GN-StyleGAN: StyleGAN v1's progressive growing (training/progressive.py),
+                         batch and learning rate by active resolution, length in real images.
+
+The training loop asks `plan(step, cur_nimg)` before every G step and gets a `StepPlan`: global
+batches, how each process splits its share into accumulation rounds, learning rates, EMA decay,
+level of detail, and the optimizer phase (Adam state is reset whenever it changes, as StyleGAN v1
+does at every new lod). `done(step, cur_nimg)` ends the run; `progress()` feeds the ETA.
+
+Batches are global: fixed by the preset whatever the number of processes. A process takes
+batch / num_gpus samples, in `rounds` accumulation rounds of batch_gpu samples each, where
+batch_gpu is the largest divisor of the share not above `batch_gpu` (the --batch-gpu cap) that
+keeps D's sample groups whole (`group_size`: StyleGAN's minibatch-stddev groups of 4). Every loss
+the project trains with is a mean of per-sample terms, so averaging the rounds' gradients gives the
+gradient of the whole batch (up to float rounding; BatchNorm statistics are per round, exactly as
+they are per process with several GPUs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from training import progressive
+
+#----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    batch_D: int            # Global batch of a D step (reals; as many fakes).
+    batch_G: int            # Global batch of the G step.
+    batch_gpu_D: int        # Samples one process handles at once in a D step (one accumulation round).
+    batch_gpu_G: int        # Same for the G step.
+    n_dis: int              # D steps per G step.
+    lr_G: float             # Adam learning rates of this step.
+    lr_D: float
+    ema_beta: float         # G_ema <- beta * G_ema + (1 - beta) * G after the G step.
+    lod: float | None       # Level of detail of progressive growing (None: fixed-resolution networks).
+    phase: tuple            # Optimizer phase: the Adam state is reset whenever this changes.
+
+    def rounds(self, num_gpus: int) -> tuple[int, int]:
+        """Accumulation rounds per process of a D step and of the G step."""
+        return self.batch_D // (num_gpus * self.batch_gpu_D), self.batch_G // (num_gpus * self.batch_gpu_G)
+
+
+def split_batch(batch: int, num_gpus: int, batch_gpu: int | None, group_size: int = 1, what: str = 'batch') -> int:
+    """Samples per process and round for a global `batch`: the largest divisor of batch / num_gpus
+    that is at most `batch_gpu` (None: no cap) and a multiple of `group_size` (or the whole share)."""
+    if batch % num_gpus != 0:
+        raise ValueError(f'the global {what} {batch} is not divisible by --gpus={num_gpus}')
+    share = batch // num_gpus
+    cap = share if batch_gpu is None else min(batch_gpu, share)
+    for n in range(cap, 0, -1):
+        if share % n == 0 and (n % group_size == 0 or n == share):
+            return n
+    raise ValueError(f'--batch-gpu={batch_gpu}: no accumulation round of at most {batch_gpu} samples splits the '
+                     f'{what} share of {share} per GPU into whole groups of {group_size} (minibatch stddev)')
+
+#----------------------------------------------------------------------------
+
+
+class FixedSchedule:
+    """Constant batches for `total_steps` G steps, optional linear lr decay and an EMA from `ema_start`."""
+
+    def __init__(self,
+        batch_D: int,                       # Global D batch M.
+        batch_G: int,                       # Global G batch (2M in SN-GAN).
+        n_dis: int,                         # D steps per G step.
+        lr_G: float,                        # Initial Adam learning rates.
+        lr_D: float,
+        total_steps: int,                   # Run length in G steps.
+        lr_decay: str = 'none',             # 'linear' (to 0 at total_steps) or 'none'.
+        ema_beta: float | None = None,      # G EMA decay per G step (None: G_ema is a copy of G).
+        ema_start: int = 0,                 # G step from which the EMA averages (before: a copy of G).
+        num_gpus: int = 1,                  # Processes sharing each batch.
+        batch_gpu: int | None = None,       # Cap on the samples one process handles at once (None: its whole share).
+        group_size: int = 1,                # D's sample groups that must stay within one round.
+    ) -> None:
+        if lr_decay not in ('linear', 'none'):
+            raise ValueError(f'lr_decay must be "linear" or "none", got "{lr_decay}"')
+        if total_steps < 1 or n_dis < 1:
+            raise ValueError('the run needs total_steps >= 1 and n_dis >= 1')
+        self.batch_D, self.batch_G, self.n_dis = batch_D, batch_G, n_dis
+        self.lr_G, self.lr_D, self.lr_decay = lr_G, lr_D, lr_decay
+        self.total_steps, self.ema_beta, self.ema_start = total_steps, ema_beta, ema_start
+        self.num_gpus, self.group_size = num_gpus, group_size
+        self.batch_gpu_D = split_batch(batch_D, num_gpus, batch_gpu, group_size, 'D batch')
+        self.batch_gpu_G = split_batch(batch_G, num_gpus, batch_gpu, group_size, 'G batch')
+
+    def plan(self, step: int, cur_nimg: int) -> StepPlan:
+        scale = 1 - step / self.total_steps if self.lr_decay == 'linear' else 1.0
+        ema = self.ema_beta if self.ema_beta is not None and step >= self.ema_start else 0.0
+        return StepPlan(batch_D=self.batch_D, batch_G=self.batch_G, batch_gpu_D=self.batch_gpu_D,
+                        batch_gpu_G=self.batch_gpu_G, n_dis=self.n_dis, lr_G=self.lr_G * scale,
+                        lr_D=self.lr_D * scale, ema_beta=ema, lod=None, phase=())
+
+    def done(self, step: int, cur_nimg: int) -> bool:
+        return step >= self.total_steps
+
+    def progress(self, step: int, cur_nimg: int) -> float:
+        """Share of the run done, in [0, 1]."""
+        return min(step / self.total_steps, 1.0)
+
+    def phase_label(self, step: int, cur_nimg: int) -> str | None:
+        return None
+
+    def min_batch_gpu(self) -> int:
+        """Smallest number of reals one process takes at once during the run."""
+        return self.batch_gpu_D
+
+    def describe(self) -> list[str]:
+        """The schedule as lines of text, for `train.py --dry-run`."""
+        rounds_D, rounds_G = self.plan(0, 0).rounds(self.num_gpus)
+        decay = 'linear decay to 0' if self.lr_decay == 'linear' else 'constant'
+        ema = 'none' if self.ema_beta is None else f'{self.ema_beta} per G step from step {self.ema_start}'
+        return [
+            f'{self.total_steps:,} G steps, each after {self.n_dis} D step(s): '
+            f'{self.total_steps * self.n_dis * self.batch_D / 1000:,.1f} kimg of reals',
+            f'D step: global batch {self.batch_D} = {self.num_gpus} GPU(s) x {rounds_D} round(s) x {self.batch_gpu_D}',
+            f'G step: global batch {self.batch_G} = {self.num_gpus} GPU(s) x {rounds_G} round(s) x {self.batch_gpu_G}',
+            f'learning rate G {self.lr_G:g}, D {self.lr_D:g}, {decay}; G EMA {ema}',
+        ]
+
+#----------------------------------------------------------------------------
+
+
+class ProgressiveSchedule:
+    """StyleGAN v1's progressive growing from `start_resolution` to `max_resolution` over `total_kimg`.
+
+    At cur_nimg real images: lod = progressive.lod_at(...), active resolution R = max_resolution /
+    2**floor(lod); global minibatch batch[R] (capped at `max_batch`) for D and G alike; Adam learning
+    rate lr[R] for both; G EMA decay beta = 0.5 ** (minibatch / (ema_kimg * 1000)), a half-life of
+    ema_kimg thousand images. The optimizer phase is (floor(lod), ceil(lod)): it changes when a
+    fade-in starts and when it ends, where v1 resets Adam (`reset_opt_for_new_lod`).
+    """
+
+    def __init__(self,
+        max_resolution: int,                            # Final resolution (the networks' img_resolution).
+        total_kimg: float = progressive.TOTAL_KIMG,     # Run length in thousands of real images.
+        start_resolution: int = progressive.START_RESOLUTION,
+        phase_kimg: float = progressive.PHASE_KIMG,     # Thousands of images per stable phase...
+        fade_kimg: float = progressive.FADE_KIMG,       # ...and per fade-in.
+        batch: dict | None = None,                      # Global minibatch by resolution (default progressive.BATCH).
+        lr: dict | None = None,                         # Learning rate by resolution (default progressive.LR).
+        max_batch: int | None = None,                   # Cap on the global minibatch (--batch).
+        ema_kimg: float = progressive.EMA_KIMG,         # Half-life of the G EMA in thousands of images.
+        num_gpus: int = 1,
+        batch_gpu: int | None = None,
+        group_size: int = 1,
+    ) -> None:
+        # Keys may arrive as strings from a config that went through JSON.
+        self.batch = {int(r): int(n) for r, n in (progressive.BATCH if batch is None else batch).items()}
+        self.lr = {int(r): float(v) for r, v in (progressive.LR if lr is None else lr).items()}
+        if max_batch is not None:
+            self.batch = {r: min(n, max_batch) for r, n in self.batch.items()}
+        self.max_resolution, self.start_resolution = max_resolution, start_resolution
+        self.phase_kimg, self.fade_kimg, self.total_kimg = phase_kimg, fade_kimg, total_kimg
+        self.ema_kimg, self.num_gpus, self.group_size = ema_kimg, num_gpus, group_size
+        self.levels = []  # Active resolutions of the run, lowest first.
+        res = start_resolution
+        while res <= max_resolution:
+            self.levels.append(res)
+            res *= 2
+        progressive.lod_at(0, max_resolution, start_resolution, phase_kimg, fade_kimg)  # Validates the arguments.
+        missing = [r for r in self.levels if r not in self.batch or r not in self.lr]
+        if missing:
+            raise ValueError(f'the schedule has no minibatch size or learning rate for resolution {missing[0]}')
+        self.batch_gpu = {r: split_batch(self.batch[r], num_gpus, batch_gpu, group_size, f'minibatch at {r}x{r}')
+                          for r in self.levels}
+
+    def _lod(self, cur_nimg: int) -> float:
+        return progressive.lod_at(cur_nimg, self.max_resolution, self.start_resolution, self.phase_kimg, self.fade_kimg)
+
+    def plan(self, step: int, cur_nimg: int) -> StepPlan:
+        lod = self._lod(cur_nimg)
+        res = progressive.lod_to_resolution(lod, self.max_resolution)
+        batch = self.batch[res]
+        return StepPlan(batch_D=batch, batch_G=batch, batch_gpu_D=self.batch_gpu[res], batch_gpu_G=self.batch_gpu[res],
+                        n_dis=1, lr_G=self.lr[res], lr_D=self.lr[res], ema_beta=0.5 ** (batch / (self.ema_kimg * 1000)),
+                        lod=lod, phase=(math.floor(lod), math.ceil(lod)))
+
+    def done(self, step: int, cur_nimg: int) -> bool:
+        return cur_nimg >= self.total_kimg * 1000
+
+    def progress(self, step: int, cur_nimg: int) -> float:
+        return min(cur_nimg / (self.total_kimg * 1000), 1.0)
+
+    def _phases(self) -> list[tuple[str, int, float, float]]:
+        """(kind, resolution, start kimg, end kimg) of every phase of the run, in order."""
+        phases, kimg = [], 0.0
+        for i, res in enumerate(self.levels):
+            if i > 0 and self.fade_kimg > 0:
+                phases.append(('fade-in', res, kimg, kimg + self.fade_kimg))
+                kimg += self.fade_kimg
+            end = kimg + self.phase_kimg if i < len(self.levels) - 1 else max(self.total_kimg, kimg)
+            phases.append(('stable', res, kimg, end))
+            kimg = end
+        return [p for p in phases if p[2] < self.total_kimg or p is phases[0]]
+
+    def phase_label(self, step: int, cur_nimg: int) -> str | None:
+        """'fade-in 32x32 40%' or 'stable 64x64 12%': the current phase and how far it has got."""
+        kimg = cur_nimg / 1000
+        for kind, res, start, end in self._phases():
+            if kimg < end or end >= self.total_kimg:
+                done = (kimg - start) / max(min(end, self.total_kimg) - start, 1e-12)
+                return f'{kind} {res}x{res} {100 * min(max(done, 0), 1):.0f}%'
+        return None
+
+    def min_batch_gpu(self) -> int:
+        return min(self.batch_gpu.values())
+
+    def describe(self) -> list[str]:
+        lines = [f'Progressive growing {self.start_resolution}x{self.start_resolution} -> '
+                 f'{self.max_resolution}x{self.max_resolution}, {self.total_kimg:,g} kimg of reals, '
+                 f'{self.num_gpus} GPU(s); Adam state reset at the start and end of every fade-in',
+                 f'{"phase":<20s} {"kimg":>19s} {"global batch":>12s} {"per GPU":>8s} {"rounds":>6s} {"lr":>8s}']
+        for kind, res, start, end in self._phases():
+            per_gpu = self.batch[res] // self.num_gpus
+            lines.append(f'{f"{kind} {res}x{res}":<20s} {f"{start:,g} - {min(end, self.total_kimg):,g}":>19s} '
+                         f'{self.batch[res]:>12d} {self.batch_gpu[res]:>8d} {per_gpu // self.batch_gpu[res]:>6d} '
+                         f'{self.lr[res]:>8g}')
+        return lines
