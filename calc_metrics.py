@@ -37,6 +37,7 @@ Valid metrics: fid50k_full, fid30k_full, fid10k_full, fid50k, fid10k, is50k, kid
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -149,6 +150,7 @@ def _spawn(args: dnnlib.EasyDict) -> None:
     reason (of the lowest such rank) as one line and exit with code 1."""
     args.port = _free_port()
     args.error_dir = tempfile.mkdtemp(prefix='calc_metrics-errors-')
+    logging.getLogger('torch.multiprocessing.spawn').setLevel(logging.ERROR)  # Not "terminating process ...": we say why.
     try:
         torch.multiprocessing.spawn(fn=subprocess_fn, args=(args,), nprocs=args.num_gpus)
     except torch.multiprocessing.ProcessExitedException as e:

@@ -164,7 +164,7 @@ def convert_official_checkpoint(checkpoint: dict, cfg: str, source: str = 'check
     preset's resolution, in eval mode."""
     if cfg not in official_cfgs():
         raise OfficialCheckpointError(f'--cfg={cfg}: the official checkpoints hold one of {", ".join(official_cfgs())}')
-    if not isinstance(checkpoint, dict) or not any(isinstance(checkpoint.get(name), dict) for name in _OFFICIAL_NETWORKS):
+    if not _is_official_checkpoint(checkpoint):
         raise OfficialCheckpointError(f'{source}: not an official GN-GAN checkpoint (no {", ".join(_OFFICIAL_NETWORKS)})')
     preset = configs.get_config(cfg)
     family = configs.PRESETS[cfg]['arch']
@@ -182,17 +182,25 @@ def convert_official_checkpoint(checkpoint: dict, cfg: str, source: str = 'check
     return result
 
 
-def load_official_checkpoint(path_or_url: str, cfg: str) -> dnnlib.EasyDict:
-    """Read an official checkpoint (tensors and plain data only) and convert it for `cfg`."""
+def _read_checkpoint(path_or_url: str) -> object:
+    """torch.load of tensors, plain containers and NumPy scalars only; anything else is refused unrun."""
     with dnnlib.util.open_url(path_or_url, verbose=False) as f:
         try:
             with warnings.catch_warnings(), torch.serialization.safe_globals(_NUMPY_SCALAR_GLOBALS):
                 warnings.simplefilter('ignore')  # torch warns about storages of old files.
-                checkpoint = torch.load(f, map_location='cpu', weights_only=True)
+                return torch.load(f, map_location='cpu', weights_only=True)
         except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as e:
             raise OfficialCheckpointError(f'{path_or_url}: refused to load: not a checkpoint of tensors and plain data '
                                           f'({persistence._unpickler_reason(e)}); nothing in it was run') from None
-    return convert_official_checkpoint(checkpoint, cfg, source=path_or_url)
+
+
+def _is_official_checkpoint(checkpoint: object) -> bool:
+    return isinstance(checkpoint, dict) and any(isinstance(checkpoint.get(name), dict) for name in _OFFICIAL_NETWORKS)
+
+
+def load_official_checkpoint(path_or_url: str, cfg: str) -> dnnlib.EasyDict:
+    """Read an official checkpoint (tensors and plain data only) and convert it for `cfg`."""
+    return convert_official_checkpoint(_read_checkpoint(path_or_url), cfg, source=path_or_url)
 
 
 def load_network(path_or_url: str, cfg: str | None = None) -> dnnlib.EasyDict:
@@ -203,10 +211,14 @@ def load_network(path_or_url: str, cfg: str | None = None) -> dnnlib.EasyDict:
     try:
         return persistence.load_snapshot(path_or_url)
     except persistence.UnsafeSnapshotError as e:
-        if 'not a GN-GAN snapshot' in str(e):  # Loaded as plain data: perhaps an official checkpoint.
-            raise persistence.UnsafeSnapshotError(f'{e}; for a checkpoint of the official GN-GAN code give its '
-                                                  f'--cfg ({", ".join(official_cfgs())})') from None
-        raise
+        try:
+            official = _is_official_checkpoint(_read_checkpoint(path_or_url))
+        except OfficialCheckpointError:
+            official = False
+        if official:
+            raise OfficialCheckpointError(f'{path_or_url} is a checkpoint of the official GN-GAN code: give its '
+                                          f'--cfg ({", ".join(official_cfgs())})') from None
+        raise e
 
 #----------------------------------------------------------------------------
 
