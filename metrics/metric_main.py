@@ -110,10 +110,9 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
 
     result = dnnlib.EasyDict(results=dnnlib.EasyDict(results), metric=metric, total_time=total_time,
                              total_time_str=dnnlib.util.format_time(total_time), num_gpus=num_gpus)
-    result.update(opts.info)
     detectors = dict(pr_detector=pr_detector_url) if metric in _VGG16_METRICS else dict(detector=detector_url)
-    overrides = dict(max_real=max_real, mirror=mirror or None, **detectors)
-    result.update({name: value for name, value in overrides.items() if value is not None})
+    fields = dict(opts.info, max_real=max_real, mirror=mirror or None, **detectors)
+    result.update({name: value for name, value in fields.items() if value is not None})
     return result
 
 
@@ -185,4 +184,3 @@ def pr50k3_full(opts: metric_utils.MetricOptions) -> dict[str, float]:
     precision, recall = precision_recall.compute_pr(opts, max_real=200000, num_gen=50000, nhood_size=3,
                                                     batch_size=4096)
     return dict(pr50k3_full_precision=precision, pr50k3_full_recall=recall)
-

@@ -291,3 +291,14 @@ def test_stats_cache_key_uses_dataset_content(tmp_path, monkeypatch):
     assert os.path.basename(base).startswith('data-inception-')
     write_png(root / '00000' / 'img.png', np.zeros([8, 8, 3], np.uint8))
     assert key() != base
+
+
+def test_vgg16_detector_message_names_its_own_option(tmp_path, monkeypatch):
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path))
+    url = 'http://127.0.0.1:9/vgg16.pt'
+    opts = metric_utils.MetricOptions(detector_url='http://127.0.0.1:9/inception.pt', pr_detector_url=url)
+    assert opts.detector_option(url) == '--pr-detector' and opts.detector_option(opts.detector_url) == '--detector'
+    assert metric_utils.MetricOptions().detector_option(metric_utils.VGG16_URL) == '--pr-detector'
+    with pytest.raises(metric_utils.DetectorUnavailableError) as info:
+        metric_utils.get_feature_detector(url, option=opts.detector_option(url))
+    assert '--pr-detector=/path/to/vgg16.pt' in str(info.value) and '--detector=' not in str(info.value)
