@@ -1,4 +1,5 @@
-"""Evaluate quality metrics of a trained network snapshot.
+"""Evaluate quality metrics of a trained network snapshot, of an official GN-GAN checkpoint, or of
+a folder or zip of images; or write the FID statistics of a dataset.
 
 Examples:
 
@@ -11,25 +12,48 @@ Examples:
   python calc_metrics.py --network=snap.pkl --metrics=fid10k --ref-data=cifar10-test.zip --gpus=8
 
 \b
-  # No internet access: fetch the detector elsewhere, then point to it:
-  python calc_metrics.py --network=snap.pkl --detector=/data/inception-2015-12-05.pt
+  # FID against the authors' reference statistics, for an official checkpoint:
+  python calc_metrics.py --network=best_model.pt --cfg=cifar10-resnet --metrics=fid50k_full,is50k \
+      --ref-stats=cifar10.train.npz
 
-Results are printed as a table and appended as JSON lines to metric-<name>.jsonl next to the snapshot.
+\b
+  # Write the statistics of a dataset in the same format (mu, sigma):
+  python calc_metrics.py --data=cifar10-train.zip --write-stats=cifar10.train.npz
+
+\b
+  # Images from elsewhere (no network), and FID between two datasets:
+  python calc_metrics.py --images=samples/ --metrics=fid50k_full,is50k --data=cifar10-train.zip
+  python calc_metrics.py --images=cifar10-test.zip --metrics=fid10k_full --data=cifar10-train.zip
+
+\b
+  # No internet access: fetch the detectors elsewhere, then point to them:
+  python calc_metrics.py --network=snap.pkl --detector=/data/inception-2015-12-05.pt --pr-detector=/data/vgg16.pt
+
+Results are printed as a table and appended as JSON lines to metric-<name>.jsonl next to the snapshot
+(printed instead for --images or a URL).
 Valid metrics: fid50k_full, fid30k_full, fid10k_full, fid50k, fid10k, is50k, kid50k_full, pr50k3_full.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 
 import click
 import torch
 
 import dnnlib
-from metrics import metric_main, metric_utils
+import legacy
+from metrics import frechet_inception_distance, metric_main, metric_utils
 from torch_utils import persistence
+
+# Problems of the user's making (no detector, missing, mismatched or unreadable data): one line, exit code 1.
+_USER_ERRORS = (metric_utils.DetectorUnavailableError, ValueError, OSError)
 
 #----------------------------------------------------------------------------
 
@@ -55,9 +79,50 @@ def _print_table(results: list[dnnlib.EasyDict]) -> None:
         print('  '.join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
+def _fail(rank: int, args: dnnlib.EasyDict, message: str) -> None:
+    """End this process with exit code 1 after saying why: on stderr when it is the only process, else
+    in <error_dir>/<rank> for the parent to print (the others may be killed before they could)."""
+    if args.num_gpus == 1:
+        print(f'Error: {message}', file=sys.stderr, flush=True)
+    else:
+        with open(os.path.join(args.error_dir, str(rank)), 'w') as f:
+            f.write(message)
+    raise SystemExit(1)
+
+
+def _run(rank: int, args: dnnlib.EasyDict, device: torch.device) -> None:
+    progress = (lambda message: print(message, flush=True)) if args.verbose and rank == 0 else None
+    if args.write_stats is not None:
+        opts = metric_utils.MetricOptions(dataset_kwargs=args.dataset_kwargs, num_gpus=args.num_gpus, rank=rank,
+                                          device=device, detector_url=args.detector_url, progress=progress,
+                                          mirror=args.mirror, max_real=args.max_real, num_workers=args.num_workers)
+        num_images = frechet_inception_distance.write_ref_stats(opts, args.write_stats)
+        if rank == 0:
+            print(f'Wrote mu and sigma of the Inception features of {num_images} images of '
+                  f'{metric_utils.data_path(args.dataset_kwargs)} to {args.write_stats}', flush=True)
+        return
+
+    results = []
+    for metric in args.metrics:
+        result = metric_main.calc_metric(metric=metric, G=args.G, dataset_kwargs=args.dataset_kwargs,
+                                         ref_dataset_kwargs=args.ref_dataset_kwargs, images_kwargs=args.images_kwargs,
+                                         ref_stats=args.ref_stats, num_gpus=args.num_gpus, rank=rank, device=device,
+                                         detector_url=args.detector_url, pr_detector_url=args.pr_detector_url,
+                                         progress=progress, mirror=args.mirror, num_gen=args.num_gen,
+                                         max_real=args.max_real, num_workers=args.num_workers)
+        if rank == 0:
+            path = metric_main.report_metric(result, run_dir=args.run_dir, snapshot_pkl=args.network_pkl)
+            if args.verbose and path is not None:
+                print(f'Appended the result to {path}', flush=True)
+            elif args.verbose:
+                print(json.dumps(dnnlib.util.to_plain(result)), flush=True)
+        results.append(result)
+    if rank == 0:
+        _print_table(results)
+
+
 def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
-    """Evaluate every metric in one process of the group; rank 0 reports. A user-facing problem (no
-    detector, missing data) ends the process with exit code 1 after rank 0 prints one line."""
+    """Evaluate every metric, or write the statistics, in one process of the group; rank 0 reports."""
     if args.num_gpus > 1:
         backend = 'nccl' if args.use_cuda else 'gloo'
         torch.distributed.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{args.port}',
@@ -67,93 +132,125 @@ def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
     device = torch.device('cuda', rank) if args.use_cuda else torch.device('cpu')
     if args.use_cuda:
         torch.cuda.set_device(device)
-
-    progress = (lambda message: print(message, flush=True)) if args.verbose and rank == 0 else None
-    results = []
     try:
-        for metric in args.metrics:
-            result = metric_main.calc_metric(metric=metric, G=args.G, dataset_kwargs=args.dataset_kwargs,
-                                             ref_dataset_kwargs=args.ref_dataset_kwargs, num_gpus=args.num_gpus,
-                                             rank=rank, device=device, detector_url=args.detector_url,
-                                             progress=progress, mirror=args.mirror, num_gen=args.num_gen,
-                                             max_real=args.max_real, num_workers=args.num_workers)
-            if rank == 0:
-                path = metric_main.report_metric(result, run_dir=args.run_dir, snapshot_pkl=args.network_pkl)
-                if args.verbose and path is not None:
-                    print(f'Appended the result to {path}', flush=True)
-            results.append(result)
-    except (metric_utils.DetectorUnavailableError, ValueError, OSError) as e:
-        if rank == 0:
-            print(f'Error: {_one_line(e)}', file=sys.stderr, flush=True)
-        raise SystemExit(1)
+        _run(rank, args, device)
+    except _USER_ERRORS as e:
+        _fail(rank, args, _one_line(e))
+    except Exception:
+        if args.num_gpus > 1 and os.listdir(args.error_dir):
+            raise SystemExit(1)  # The collective broke because another process failed; the parent says why.
+        raise
     finally:
         if args.num_gpus > 1:
             torch.distributed.destroy_process_group()
-    if rank == 0:
-        _print_table(results)
+
+
+def _spawn(args: dnnlib.EasyDict) -> None:
+    """Run subprocess_fn in args.num_gpus processes; if one fails for a user-facing reason, print that
+    reason (of the lowest such rank) as one line and exit with code 1."""
+    args.port = _free_port()
+    args.error_dir = tempfile.mkdtemp(prefix='calc_metrics-errors-')
+    logging.getLogger('torch.multiprocessing.spawn').setLevel(logging.ERROR)  # Not "terminating process ...": we say why.
+    try:
+        torch.multiprocessing.spawn(fn=subprocess_fn, args=(args,), nprocs=args.num_gpus)
+    except torch.multiprocessing.ProcessExitedException as e:
+        ranks = sorted(int(name) for name in os.listdir(args.error_dir))
+        if ranks:
+            with open(os.path.join(args.error_dir, str(ranks[0]))) as f:
+                message = f.read()
+            print(f'Error: {message}' + (f' (process {ranks[0]})' if ranks[0] != 0 else ''), file=sys.stderr)
+        else:
+            print(f'Error: process {e.error_index} exited with code {e.exit_code}', file=sys.stderr)
+        raise SystemExit(1)
+    finally:
+        shutil.rmtree(args.error_dir, ignore_errors=True)
+
+
+def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
+    return dnnlib.EasyDict(class_name='training.dataset.ImageFolderDataset', path=path)
+
+#----------------------------------------------------------------------------
 
 
 @click.command(help=__doc__)
-@click.option('--network', 'network_pkl', help='Network snapshot: path or URL', metavar='PATH', required=True)
+@click.option('--network', 'network_pkl', help='Network snapshot, or official GN-GAN checkpoint with --cfg: path or URL', metavar='PATH')
+@click.option('--cfg', help='Preset of the official checkpoint given as --network', type=click.Choice(legacy.official_cfgs()))
+@click.option('--images', help='Evaluate the images of this folder or zip instead of a network', metavar='PATH')
+@click.option('--write-stats', help='Write mu and sigma of the Inception features of --data to this .npz, then exit', metavar='NPZ')
 @click.option('--metrics', help='Comma-separated list of metrics', metavar='LIST', default='fid50k_full', show_default=True)
 @click.option('--data', help='Training set, zip or folder [default: the snapshot\'s training set]', metavar='PATH')
 @click.option('--ref-data', help='Reference split of fid50k / fid10k, zip or folder', metavar='PATH')
+@click.option('--ref-stats', help='FID reference statistics (.npz of mu and sigma) replacing the real images of every FID metric', metavar='NPZ')
 @click.option('--mirror', help='Add x-flipped copies of the real images (not the paper protocol)', type=bool,
               is_flag=False, flag_value=True, default=False, metavar='BOOL', show_default=True)
 @click.option('--gpus', 'num_gpus', help='Number of processes (GPUs, or CPU processes without CUDA)', type=click.IntRange(min=1),
               default=1, show_default=True, metavar='INT')
-@click.option('--detector', 'detector_url', help='Feature detector (TorchScript) for every metric: path or URL '
-              '[default: each metric\'s own]', metavar='PATH')
+@click.option('--detector', 'detector_url', help='Inception-v3 detector (TorchScript) of FID, IS and KID: path or URL '
+              '[default: the official one]', metavar='PATH')
+@click.option('--pr-detector', 'pr_detector_url', help='VGG16 detector (TorchScript) of precision/recall: path or URL '
+              '[default: the official one]', metavar='PATH')
 @click.option('--workers', 'num_workers', help='Data loader worker processes per GPU [default: 3, or fewer on fewer CPUs]',
               type=click.IntRange(min=0), metavar='INT')
 @click.option('--verbose', help='Print progress', type=bool, default=True, show_default=True, metavar='BOOL')
 @click.option('--num-gen', help='Override the number of generated images (tests only)', type=click.IntRange(min=1), hidden=True)
 @click.option('--max-real', help='Override the number of real images (tests only)', type=click.IntRange(min=1), hidden=True)
-def main(network_pkl: str, metrics: str, data: str | None, ref_data: str | None, mirror: bool, num_gpus: int,
-         detector_url: str | None, num_workers: int | None, verbose: bool, num_gen: int | None,
-         max_real: int | None) -> None:
+def main(network_pkl: str | None, cfg: str | None, images: str | None, write_stats: str | None, metrics: str,
+         data: str | None, ref_data: str | None, ref_stats: str | None, mirror: bool, num_gpus: int,
+         detector_url: str | None, pr_detector_url: str | None, num_workers: int | None, verbose: bool,
+         num_gen: int | None, max_real: int | None) -> None:
+    if sum(x is not None for x in (network_pkl, images, write_stats)) != 1:
+        raise click.ClickException('give one of --network (a generator), --images (a folder or zip of images) '
+                                   'or --write-stats (statistics of --data)')
+    if cfg is not None and network_pkl is None:
+        raise click.ClickException('--cfg goes with --network (an official GN-GAN checkpoint)')
     metric_names = [name.strip() for name in metrics.split(',') if name.strip()]
     invalid = [name for name in metric_names if not metric_main.is_valid_metric(name)]
     if invalid or not metric_names:
         raise click.ClickException(f'invalid --metrics: {", ".join(invalid) or "none given"}; '
                                    f'valid metrics: {", ".join(metric_main.list_valid_metrics())}')
+    if ref_stats is not None:
+        if write_stats is not None or not any(metric_main.is_fid_metric(name) for name in metric_names):
+            raise click.ClickException('--ref-stats replaces the real images of FID metrics: give one in --metrics')
+        try:
+            frechet_inception_distance.load_ref_stats(ref_stats)
+        except ValueError as e:
+            raise click.ClickException(f'--ref-stats: {e}')
+    if write_stats is not None and data is None:
+        raise click.ClickException('--write-stats writes the statistics of --data: give the dataset')
     use_cuda = torch.cuda.is_available()
     if use_cuda and num_gpus > torch.cuda.device_count():
         raise click.ClickException(f'--gpus={num_gpus}, but only {torch.cuda.device_count()} GPUs are visible')
 
-    if verbose:
-        print(f'Loading network from {network_pkl}...', flush=True)
-    try:
-        snapshot = persistence.load_snapshot(network_pkl)
-    except (persistence.UnsafeSnapshotError, OSError) as e:
-        raise click.ClickException(f'cannot load --network: {_one_line(e)}')
-    G = snapshot.get('G_ema', snapshot.get('G'))
-    if not isinstance(G, torch.nn.Module):
-        raise click.ClickException(f'{network_pkl} holds no generator (G_ema or G)')
-
-    if data is not None:
-        dataset_kwargs = dnnlib.EasyDict(class_name='training.dataset.ImageFolderDataset', path=data)
-    else:
+    G, dataset_kwargs = None, dnnlib.EasyDict()
+    if network_pkl is not None:
+        if verbose:
+            print(f'Loading network from {network_pkl}...', flush=True)
+        try:
+            snapshot = legacy.load_network(network_pkl, cfg)
+        except (persistence.UnsafeSnapshotError, legacy.OfficialCheckpointError, OSError) as e:
+            raise click.ClickException(f'cannot load --network: {_one_line(e)}')
+        G = snapshot.get('G_ema', snapshot.get('G'))
+        if not isinstance(G, torch.nn.Module):
+            raise click.ClickException(f'{network_pkl} holds no generator (G_ema or G)')
         dataset_kwargs = dnnlib.EasyDict(snapshot.get('training_set_kwargs') or {})
-    ref_dataset_kwargs = None
-    if ref_data is not None:
-        ref_dataset_kwargs = dnnlib.EasyDict(class_name='training.dataset.ImageFolderDataset', path=ref_data)
+        path = dataset_kwargs.get('path')
+        if data is None and isinstance(path, str) and not os.path.isabs(path) and not os.path.exists(path):
+            raise click.ClickException(f'the snapshot\'s training set {path} is a path relative to where the training ran, '
+                                       f'and not found from here: give the training set with --data')
+    if data is not None:
+        dataset_kwargs = _dataset_kwargs(data)
 
     args = dnnlib.EasyDict(G=G, network_pkl=network_pkl, metrics=metric_names, dataset_kwargs=dataset_kwargs,
-                           ref_dataset_kwargs=ref_dataset_kwargs, mirror=mirror, num_gpus=num_gpus,
-                           use_cuda=use_cuda, detector_url=detector_url, num_workers=num_workers, verbose=verbose,
-                           num_gen=num_gen, max_real=max_real,
-                           run_dir=os.path.dirname(os.path.abspath(network_pkl)) if os.path.isfile(network_pkl) else None)
+                           ref_dataset_kwargs=_dataset_kwargs(ref_data) if ref_data is not None else None,
+                           images_kwargs=_dataset_kwargs(images) if images is not None else None, ref_stats=ref_stats,
+                           write_stats=write_stats, mirror=mirror, num_gpus=num_gpus, use_cuda=use_cuda,
+                           detector_url=detector_url, pr_detector_url=pr_detector_url, num_workers=num_workers,
+                           verbose=verbose, num_gen=num_gen, max_real=max_real,
+                           run_dir=os.path.dirname(os.path.abspath(network_pkl)) if network_pkl and os.path.isfile(network_pkl) else None)
     if num_gpus == 1:
         subprocess_fn(rank=0, args=args)
-        return
-    args.port = _free_port()
-    try:
-        torch.multiprocessing.spawn(fn=subprocess_fn, args=(args,), nprocs=num_gpus)
-    except torch.multiprocessing.ProcessExitedException as e:
-        if e.error_index != 0:  # Rank 0 has already said what went wrong when it is the one that failed.
-            print(f'Error: process {e.error_index} exited with code {e.exit_code}', file=sys.stderr)
-        raise SystemExit(1)
+    else:
+        _spawn(args)
 
 
 if __name__ == '__main__':

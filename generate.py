@@ -26,16 +26,17 @@ import numpy as np
 import torch
 
 import dnnlib
+import legacy
 from torch_utils import persistence
 from torch_utils.misc import save_image_grid
 
 #----------------------------------------------------------------------------
 
 
-def _load_generator(network: str, device: torch.device) -> torch.nn.Module:
+def _load_generator(network: str, device: torch.device, cfg: str | None = None) -> torch.nn.Module:
     try:
-        snapshot = persistence.load_snapshot(network)
-    except (OSError, persistence.UnsafeSnapshotError) as e:
+        snapshot = legacy.load_network(network, cfg)
+    except (OSError, persistence.UnsafeSnapshotError, legacy.OfficialCheckpointError) as e:
         raise click.ClickException(f'--network: {e}')
     G = snapshot.get('G_ema', snapshot.get('G'))
     if G is None:
@@ -70,6 +71,7 @@ def _save_png(img: torch.Tensor, path: str) -> None:
 
 @click.command(help=__doc__)
 @click.option('--network', 'network', help='Network snapshot file or URL', metavar='PKL_OR_URL', required=True)
+@click.option('--cfg', help='Preset of an official GN-GAN checkpoint given as --network', type=click.Choice(legacy.official_cfgs()))
 @click.option('--seeds', help='Seeds, e.g. 0-63 or 1,5,9', default='0-7', show_default=True)
 @click.option('--trunc', 'truncation_psi', help='Truncation psi (StyleGAN networks; 1 = off)', type=float, default=1, show_default=True)
 @click.option('--trunc-cutoff', 'truncation_cutoff', help='Truncate only the first N style layers (StyleGAN)', type=click.IntRange(min=0))
@@ -81,7 +83,7 @@ def _save_png(img: torch.Tensor, path: str) -> None:
 @click.option('--mix-styles', help='Style mixing: layers the rows take from the columns', default='0-6', show_default=True)
 @click.option('--outdir', help='Where to write the images', metavar='DIR', required=True)
 @click.option('--batch', help='Images per forward pass', type=click.IntRange(min=1), default=16, show_default=True)
-def main(network: str, seeds: str, truncation_psi: float, truncation_cutoff: int | None, class_idx: int | None,
+def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, truncation_cutoff: int | None, class_idx: int | None,
          noise_mode: str, grid: bool, mix_rows: str | None, mix_cols: str | None, mix_styles: str, outdir: str,
          batch: int) -> None:
     device = torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
@@ -94,7 +96,7 @@ def main(network: str, seeds: str, truncation_psi: float, truncation_cutoff: int
     if (mix[0] is None) != (mix[1] is None):
         raise click.ClickException('--mix-rows and --mix-cols go together')
 
-    G = _load_generator(network, device)
+    G = _load_generator(network, device, cfg)
     is_stylegan = hasattr(G, 'mapping') and hasattr(G, 'synthesis')
     style_kwargs = {}
     if is_stylegan:

@@ -5,7 +5,8 @@
 * Feature detectors: TorchScript networks fetched with `dnnlib.util.open_url` and its download cache.
 * `FeatureStats`: detector outputs collected batch by batch (all of them, or the sums behind their mean
   and covariance), gathered across processes, and saved to / loaded from the statistics cache.
-* Feature extraction over a dataset (cached) and over a generator, split across processes.
+* Feature extraction over a dataset (cached) and over a generator or a folder/zip of images standing
+  in for one, split across processes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import tempfile
 import time
 import urllib.parse
 import warnings
+import zipfile
 from typing import Any, Callable
 
 import numpy as np
@@ -190,8 +192,9 @@ def _first_line(error: BaseException) -> str:
 
 
 def get_feature_detector(url: str, device: torch.device = torch.device('cpu'), num_gpus: int = 1, rank: int = 0,
-                         verbose: bool = False) -> torch.jit.ScriptModule:
-    """The TorchScript feature detector at `url` (an http(s)/file URL or a local path), on `device`.
+                         verbose: bool = False, option: str = '--detector') -> torch.jit.ScriptModule:
+    """The TorchScript feature detector at `url` (an http(s)/file URL or a local path), on `device`;
+    `option` is the command-line option that replaces it, named in the error message.
 
     Detectors follow StyleGAN2-ADA's calling convention: uint8 images [N, 3, H, W] of any size in,
     `detector(x, return_features=True)` -> features, `detector(x, no_output_bias=True)` -> class
@@ -215,9 +218,10 @@ def get_feature_detector(url: str, device: torch.device = torch.device('cpu'), n
         name = os.path.basename(urllib.parse.urlparse(url).path) or 'detector.pt'
         if isinstance(error, OSError) and dnnlib.util.is_url(url):
             advice = (f'download {url} on a machine with internet access, copy it here and pass '
-                      f'--detector=/path/to/{name}')
+                      f'{option}=/path/to/{name}')
         else:
-            advice = f'pass --detector=PATH_OR_URL of a TorchScript detector such as {INCEPTION_URL}'
+            default = VGG16_URL if option == '--pr-detector' else INCEPTION_URL
+            advice = f'pass {option}=PATH_OR_URL of a TorchScript detector such as {default}'
         raise DetectorUnavailableError(f'cannot load the feature detector {url}: {_first_line(error)}; {advice}') from error
     return _detectors[key]
 
@@ -234,6 +238,22 @@ def run_detector(detector: torch.jit.ScriptModule, images: torch.Tensor, detecto
 # Feature statistics.
 
 
+def save_npz(path: str, arrays: dict[str, Any]) -> None:
+    """Write arrays to an .npz file atomically (temporary file in the same folder, then rename), so a
+    crash or a full disk never leaves a truncated file under `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-', suffix='.npz')
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
 class FeatureStats:
     """Detector outputs collected batch by batch, up to `max_items` samples.
 
@@ -245,10 +265,12 @@ class FeatureStats:
     (the unbiased covariance, as numpy.cov in the official FID code computes it).
     """
 
-    def __init__(self, capture_all: bool = False, capture_mean_cov: bool = False, max_items: int | None = None):
+    def __init__(self, capture_all: bool = False, capture_mean_cov: bool = False, max_items: int | None = None,
+                 image_shape: list[int] | None = None):
         self.capture_all = capture_all
         self.capture_mean_cov = capture_mean_cov
         self.max_items = max_items
+        self.image_shape = image_shape  # [C, H, W] of the images behind the features, when known.
         self.num_items = 0
         self.num_features: int | None = None
         self.all_features: list[np.ndarray] = []
@@ -306,32 +328,26 @@ class FeatureStats:
         return mean.cpu().numpy(), cov.cpu().numpy()
 
     def save(self, path: str) -> None:
-        """Write to an .npz file (no pickled objects), atomically: temporary file, then rename."""
+        """Write to an .npz file (no pickled objects), atomically."""
         arrays: dict[str, Any] = dict(capture_all=self.capture_all, capture_mean_cov=self.capture_mean_cov,
                                       max_items=-1 if self.max_items is None else self.max_items,
                                       num_items=self.num_items, num_features=self.num_features or 0)
+        if self.image_shape is not None:
+            arrays['image_shape'] = np.array(self.image_shape, dtype=np.int64)
         if self.capture_all:
             arrays['all_features'] = self.get_all()
         if self.capture_mean_cov:
             arrays['raw_mean'] = self.raw_mean.cpu().numpy()
             arrays['raw_cov'] = self.raw_cov.cpu().numpy()
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix='.tmp-', suffix='.npz')
-        try:
-            with os.fdopen(fd, 'wb') as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        save_npz(path, arrays)
 
     @classmethod
     def load(cls, path: str) -> FeatureStats:
         with np.load(path, allow_pickle=False) as data:
             max_items = int(data['max_items'])
             stats = cls(capture_all=bool(data['capture_all']), capture_mean_cov=bool(data['capture_mean_cov']),
-                        max_items=None if max_items < 0 else max_items)
+                        max_items=None if max_items < 0 else max_items,
+                        image_shape=data['image_shape'].tolist() if 'image_shape' in data else None)
             stats.num_items = int(data['num_items'])
             stats.num_features = int(data['num_features']) or None
             if stats.capture_all:
@@ -352,16 +368,19 @@ class MetricOptions:
         G: torch.nn.Module | None = None,       # Generator, called as G(z, c); copied, never modified.
         dataset_kwargs: dict | None = None,     # Training set (reference of the `_full` metrics, label distribution of conditional G).
         ref_dataset_kwargs: dict | None = None, # Reference split of `fid50k` / `fid10k` (e.g. the CIFAR-10 test set).
+        images_kwargs: dict | None = None,      # Dataset of images evaluated in place of G (e.g. a folder of generated images).
+        ref_stats: str | None = None,           # .npz of Inception mu / sigma: the real side of every FID metric.
         num_gpus: int = 1,                      # Number of processes under torch.distributed.
         rank: int = 0,                          # Rank of this process.
         device: torch.device | None = None,     # Device of G and the detectors (None = CPU).
-        detector_url: str | None = None,        # Feature detector for every metric (None = each metric's default).
+        detector_url: str | None = None,        # Inception-v3 of FID, IS and KID (None = INCEPTION_URL).
+        pr_detector_url: str | None = None,     # VGG16 of precision/recall (None = VGG16_URL).
         cache: bool = True,                     # Read and write cached dataset statistics.
         progress: Callable[[str], None] | None = None, # Receives one-line progress messages on rank 0.
         mirror: bool = False,                   # Add x-flipped copies of the real images (not the paper protocol).
         num_gen: int | None = None,             # Override of the number of generated images (tests, quick looks).
         max_real: int | None = None,            # Override (upper bound) of the number of real images.
-        seed: int = 0,                          # Seed of the latents and labels fed to G.
+        seed: int = 0,                          # Seed of the latents and labels fed to G, and of the subset of `images_kwargs`.
         batch_size: int = 64,                   # Images per process per detector call.
         gen_batch_size: int = 16,               # Images per G call (bounds G's memory at high resolution).
         num_workers: int | None = None,         # Data loader worker processes (None = 3, or fewer on fewer CPUs).
@@ -369,10 +388,13 @@ class MetricOptions:
         self.G = G
         self.dataset_kwargs = dnnlib.EasyDict(dataset_kwargs or {})
         self.ref_dataset_kwargs = dnnlib.EasyDict(ref_dataset_kwargs) if ref_dataset_kwargs is not None else None
+        self.images_kwargs = dnnlib.EasyDict(images_kwargs) if images_kwargs is not None else None
+        self.ref_stats = ref_stats
         self.num_gpus = num_gpus
         self.rank = rank
         self.device = device if device is not None else torch.device('cpu')
         self.detector_url = detector_url
+        self.pr_detector_url = pr_detector_url
         self.cache = cache
         self.progress = progress
         self.mirror = mirror
@@ -385,10 +407,17 @@ class MetricOptions:
             num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
             num_workers = min(3, num_cpus)
         self.num_workers = num_workers
+        # What the metric used, for its result: data / ref_data / images / ref_stats (absolute paths),
+        # num_real / num_gen (image counts).
+        self.info = dnnlib.EasyDict()
 
     def log(self, message: str) -> None:
         if self.progress is not None and self.rank == 0:
             self.progress(message)
+
+    def detector_option(self, detector_url: str) -> str:
+        """The command-line option that replaces the detector at `detector_url` (for error messages)."""
+        return '--pr-detector' if detector_url == (self.pr_detector_url or VGG16_URL) else '--detector'
 
     def progress_counter(self, what: str, total: int) -> Callable[[int], None]:
         """A function to call with the number of items done; it logs the start, the end, and
@@ -410,13 +439,38 @@ def real_dataset_kwargs(opts: MetricOptions, use_ref_data: bool) -> dnnlib.EasyD
     the reference split (no `max_size` subset), x-flipped copies only with `opts.mirror`."""
     if use_ref_data:
         if opts.ref_dataset_kwargs is None:
-            raise ValueError('this metric compares with a reference split: give one with --ref-data')
+            raise ValueError('this metric compares with a reference split: give one with --ref-data (or --ref-stats for FID)')
         kwargs = opts.ref_dataset_kwargs
     else:
         if not opts.dataset_kwargs:
             raise ValueError('this metric needs the training set: give it with --data')
         kwargs = opts.dataset_kwargs
     return dnnlib.EasyDict(kwargs, max_size=None, xflip=opts.mirror, use_labels=False)
+
+
+def data_path(dataset_kwargs: dict) -> str | None:
+    """Absolute path of a dataset's folder or zip (as it is recorded in results), None if it has none."""
+    path = dataset_kwargs.get('path')
+    if not isinstance(path, str):
+        return None
+    return path if dnnlib.util.is_url(path) else os.path.abspath(path)
+
+
+def _describe_shape(image_shape: list[int]) -> str:
+    channels, height, width = image_shape
+    kind = {1: 'grayscale', 3: 'RGB'}.get(channels, f'{channels}-channel')
+    return f'{width}x{height} {kind}'
+
+
+def check_fits_generator(opts: MetricOptions, image_shape: list[int] | None, dataset_kwargs: dict) -> None:
+    """Refuse (ValueError, one line) to compare opts.G with real images of another resolution or
+    number of channels. Nothing to check without a generator or without a known image shape."""
+    if opts.G is None or image_shape is None:
+        return
+    G_shape = [opts.G.img_channels, opts.G.img_resolution, opts.G.img_resolution]
+    if list(image_shape) != G_shape:
+        raise ValueError(f'the dataset {dataset_kwargs.get("path")} holds {_describe_shape(image_shape)} images, but the '
+                         f'generator makes {_describe_shape(G_shape)} images: compare it with data of its own kind')
 
 #----------------------------------------------------------------------------
 # Feature extraction.
@@ -434,21 +488,81 @@ def _file_identity(path_or_url: str) -> tuple[str, list[int] | None]:
     return path, [st.st_size, st.st_mtime_ns]
 
 
+def dataset_fingerprint(path: str) -> str:
+    """MD5 of what identifies the images of a dataset folder or zip, without reading any image:
+
+    * zip: name, CRC-32 and size of every entry, from the central directory (the archive's table of
+      contents, read in one go). The CRC is that of the entry's bytes, so changing, adding, removing or
+      renaming any file changes the fingerprint, while a rebuilt archive of the same files keeps it.
+    * folder (recursive, as the dataset reads it): relative path, size, modification and status-change
+      times (ns) of every file. Writing a file updates both times, and the status-change time cannot
+      be set back by tools that restore modification times (cp -p, rsync -t), so no edit goes
+      unnoticed; a mere `touch` or `chmod` makes the statistics be recomputed once.
+
+    Cost: one stat per file (folder) or one read of the central directory (zip); see docs/metrics.md.
+    """
+    digest = hashlib.md5()
+    if os.path.isdir(path):
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames.sort()  # Walk in a fixed order.
+            rel = os.path.relpath(dirpath, path)
+            for name in sorted(filenames):
+                st = os.stat(os.path.join(dirpath, name))
+                entry = f'{os.path.join(rel, name)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\n'
+                digest.update(entry.encode('utf-8', 'surrogateescape'))
+    elif zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                digest.update(f'{info.filename}\0{info.CRC}\0{info.file_size}\n'.encode('utf-8', 'surrogateescape'))
+    else:
+        st = os.stat(path)  # Not a dataset the loader can read; it will say so. Key by size and times.
+        digest.update(f'{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}'.encode())
+    return digest.hexdigest()
+
+
 def stats_cache_file(dataset_kwargs: dict, detector_url: str, detector_kwargs: dict, stats_kwargs: dict) -> str:
-    """Cache file of a dataset's statistics: keyed by the dataset (its kwargs, except the labels, which
-    do not change the images), the detector and its kwargs, and the statistics collected (protocol,
-    max items). Lives under $GNGAN_CACHE_DIR/metrics (default ~/.cache/gngan/metrics)."""
+    """Cache file of a dataset's statistics: keyed by the dataset's content (`dataset_fingerprint` of
+    its folder or zip, in place of its path, so a copy elsewhere shares the entry) and its other kwargs
+    except the labels, which do not change the images; the detector (path with size and mtime, or URL)
+    and its kwargs; and the statistics collected (protocol, max items). Lives under
+    $GNGAN_CACHE_DIR/metrics (default ~/.cache/gngan/metrics)."""
     dataset_kwargs = {k: v for k, v in dataset_kwargs.items() if k != 'use_labels'}
+    path = dataset_kwargs.get('path')
     dataset_id = None
-    if isinstance(dataset_kwargs.get('path'), str):
-        dataset_kwargs['path'], dataset_id = _file_identity(dataset_kwargs['path'])
+    if isinstance(path, str) and not dnnlib.util.is_url(path):
+        if not os.path.exists(path):
+            raise FileNotFoundError(f'dataset {path} does not exist')
+        dataset_id = dataset_fingerprint(path)
+        dataset_kwargs['path'] = None
     detector_url, detector_id = _file_identity(detector_url)
     key = dict(dataset=dataset_kwargs, dataset_id=dataset_id, detector_url=detector_url, detector_id=detector_id,
                detector_kwargs=detector_kwargs, stats=stats_kwargs)
     md5 = hashlib.md5(json.dumps(key, sort_keys=True, default=str).encode('utf-8')).hexdigest()
-    dataset_name = os.path.splitext(os.path.basename(str(dataset_kwargs.get('path', 'dataset')).rstrip('/')))[0]
+    dataset_name = os.path.splitext(os.path.basename(os.path.normpath(str(path or 'dataset'))))[0]
     detector_name = os.path.splitext(os.path.basename(urllib.parse.urlparse(detector_url).path))[0]
     return os.path.join(dnnlib.util.default_cache_dir(), 'metrics', f'{dataset_name}-{detector_name}-{md5}.npz')
+
+
+def _accumulate_dataset_features(opts: MetricOptions, dataset: torch.utils.data.Dataset, num_items: int,
+                                 detector: torch.jit.ScriptModule, detector_kwargs: dict, stats: FeatureStats,
+                                 what: str) -> None:
+    """Add the detector outputs of the first `num_items` items of `dataset` to `stats`, all processes together.
+
+    At each step, process r takes the r-th of num_gpus consecutive blocks of images (indices wrap
+    around at the end), so concatenating the gathered blocks in rank order restores dataset order and
+    the statistics do not depend on the number of processes.
+    """
+    batch = min(opts.batch_size, math.ceil(num_items / opts.num_gpus))
+    num_steps = math.ceil(num_items / (batch * opts.num_gpus))
+    item_subset = [((step * opts.num_gpus + opts.rank) * batch + i) % num_items
+                   for step in range(num_steps) for i in range(batch)]
+    loader_kwargs = dict(num_workers=opts.num_workers, prefetch_factor=2) if opts.num_workers > 0 else {}
+    loader = torch.utils.data.DataLoader(dataset, sampler=item_subset, batch_size=batch, **loader_kwargs)
+    update = opts.progress_counter(what, num_items)
+    for images, _labels in loader:
+        features = run_detector(detector, images.to(opts.device), detector_kwargs)
+        stats.append_gathered(features, opts.num_gpus)
+        update(stats.num_items)
 
 
 @torch.no_grad()
@@ -456,11 +570,8 @@ def compute_feature_stats_for_dataset(opts: MetricOptions, dataset_kwargs: dict,
                                       detector_kwargs: dict, max_items: int | None = None,
                                       **stats_kwargs: Any) -> FeatureStats:
     """Detector statistics of the first `max_items` images of a dataset (None = all), computed by all
-    processes together and cached.
-
-    At each step, process r takes the r-th of num_gpus consecutive blocks of images (indices wrap
-    around at the end), so concatenating the gathered blocks in rank order restores dataset order and
-    the statistics do not depend on the number of processes. With a cache hit the images are not read.
+    processes together and cached. With a cache hit the images are not read. When opts.G is set, the
+    dataset must hold images of G's shape (`check_fits_generator`), checked before any work.
     """
     if opts.max_real is not None:
         max_items = opts.max_real if max_items is None else min(max_items, opts.max_real)
@@ -468,7 +579,7 @@ def compute_feature_stats_for_dataset(opts: MetricOptions, dataset_kwargs: dict,
     # Loaded first even when the statistics are cached: the generated images need it anyway, and a
     # missing detector should fail the same way (DetectorUnavailableError) every time.
     detector = get_feature_detector(detector_url, device=opts.device, num_gpus=opts.num_gpus, rank=opts.rank,
-                                    verbose=opts.progress is not None)
+                                    verbose=opts.progress is not None, option=opts.detector_option(detector_url))
     cache_file = stats_cache_file(dataset_kwargs, detector_url, detector_kwargs, stats_kwargs) if opts.cache else None
 
     if cache_file is not None:
@@ -479,35 +590,57 @@ def compute_feature_stats_for_dataset(opts: MetricOptions, dataset_kwargs: dict,
             found = bool(flag.item())
         if found:
             opts.log(f'Using cached dataset statistics {cache_file}')
-            return FeatureStats.load(cache_file)
+            stats = FeatureStats.load(cache_file)
+            check_fits_generator(opts, stats.image_shape, dataset_kwargs)
+            return stats
 
     dataset = dnnlib.util.construct_class_by_name(**dataset_kwargs)
+    check_fits_generator(opts, dataset.image_shape, dataset_kwargs)
     num_items = len(dataset) if max_items is None else min(len(dataset), max_items)
     if num_items == 0:
         raise ValueError(f'dataset {dataset_kwargs.get("path")} has no images')
-    stats = FeatureStats(**dict(stats_kwargs, max_items=num_items))
-
-    batch = min(opts.batch_size, math.ceil(num_items / opts.num_gpus))
-    num_steps = math.ceil(num_items / (batch * opts.num_gpus))
-    item_subset = [((step * opts.num_gpus + opts.rank) * batch + i) % num_items
-                   for step in range(num_steps) for i in range(batch)]
-    loader_kwargs = dict(num_workers=opts.num_workers, prefetch_factor=2) if opts.num_workers > 0 else {}
-    loader = torch.utils.data.DataLoader(dataset, sampler=item_subset, batch_size=batch, **loader_kwargs)
-    update = opts.progress_counter(f'Dataset features ({os.path.basename(str(dataset_kwargs.get("path")))})', num_items)
-    for images, _labels in loader:
-        features = run_detector(detector, images.to(opts.device), detector_kwargs)
-        stats.append_gathered(features, opts.num_gpus)
-        update(stats.num_items)
-
+    stats = FeatureStats(**dict(stats_kwargs, max_items=num_items), image_shape=list(dataset.image_shape))
+    _accumulate_dataset_features(opts, dataset, num_items, detector, detector_kwargs, stats,
+                                 what=f'Dataset features ({os.path.basename(str(dataset_kwargs.get("path")))})')
     if cache_file is not None and opts.rank == 0:
         stats.save(cache_file)
+    return stats
+
+
+def compute_feature_stats_for_real(opts: MetricOptions, use_ref_data: bool, detector_url: str, detector_kwargs: dict,
+                                   max_items: int | None = None, **stats_kwargs: Any) -> FeatureStats:
+    """Detector statistics of the real images a metric compares with (`real_dataset_kwargs`); records
+    the dataset (opts.info.data, or .ref_data with `use_ref_data`) and opts.info.num_real."""
+    dataset_kwargs = real_dataset_kwargs(opts, use_ref_data)
+    stats = compute_feature_stats_for_dataset(opts, dataset_kwargs, detector_url=detector_url,
+                                              detector_kwargs=detector_kwargs, max_items=max_items, **stats_kwargs)
+    opts.info['ref_data' if use_ref_data else 'data'] = data_path(dataset_kwargs)
+    opts.info.num_real = stats.num_items
+    return stats
+
+
+def _compute_feature_stats_for_images(opts: MetricOptions, detector: torch.jit.ScriptModule, detector_kwargs: dict,
+                                      num_items: int, **stats_kwargs: Any) -> FeatureStats:
+    """Detector statistics of `num_items` images of opts.images_kwargs, standing in for generated images:
+    all of them, or a random subset (seeded with opts.seed) when there are more; fewer are refused,
+    since the metric's name promises its number of images. Never cached, never mirrored."""
+    kwargs = dnnlib.EasyDict(opts.images_kwargs, max_size=num_items, random_seed=opts.seed, xflip=False, use_labels=False)
+    dataset = dnnlib.util.construct_class_by_name(**kwargs)
+    if len(dataset) < num_items:
+        raise ValueError(f'{kwargs.get("path")} holds {len(dataset)} images, but this metric evaluates {num_items}; '
+                         f'use a metric of at most {len(dataset)} generated images')
+    stats = FeatureStats(max_items=num_items, image_shape=list(dataset.image_shape), **stats_kwargs)
+    _accumulate_dataset_features(opts, dataset, num_items, detector, detector_kwargs, stats,
+                                 what=f'Image features ({os.path.basename(str(kwargs.get("path")))})')
+    opts.info.update(images=data_path(kwargs), num_gen=stats.num_items)
     return stats
 
 
 @torch.no_grad()
 def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, detector_kwargs: dict,
                                         max_items: int, **stats_kwargs: Any) -> FeatureStats:
-    """Detector statistics of `max_items` images of opts.G (overridden by opts.num_gen).
+    """Detector statistics of `max_items` images of opts.G (overridden by opts.num_gen), or of the
+    images of opts.images_kwargs standing in for G; records opts.info.num_gen.
 
     z ~ N(0, I) of G.z_dim; for a conditional G, labels drawn uniformly from the training set's labels,
     i.e. from its label distribution. Images are generated in blocks: block b's latents and labels come
@@ -517,6 +650,11 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
     """
     if opts.num_gen is not None:
         max_items = opts.num_gen
+    detector = get_feature_detector(detector_url, device=opts.device, num_gpus=opts.num_gpus, rank=opts.rank,
+                                    verbose=opts.progress is not None, option=opts.detector_option(detector_url))
+    if opts.images_kwargs is not None:
+        return _compute_feature_stats_for_images(opts, detector, detector_kwargs, max_items, **stats_kwargs)
+
     G = copy.deepcopy(opts.G).eval().requires_grad_(False).to(opts.device)
     label_dataset = None
     if G.c_dim > 0:
@@ -526,9 +664,8 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
         if label_dataset.label_dim != G.c_dim:
             raise ValueError(f'the generator is conditional on {G.c_dim} classes, but the dataset '
                              f'{opts.dataset_kwargs.get("path")} has {label_dataset.label_dim} label dimensions')
+        opts.info.data = data_path(opts.dataset_kwargs)
 
-    detector = get_feature_detector(detector_url, device=opts.device, num_gpus=opts.num_gpus, rank=opts.rank,
-                                    verbose=opts.progress is not None)
     stats = FeatureStats(max_items=max_items, **stats_kwargs)
     batch = min(opts.batch_size, max_items)
     update = opts.progress_counter('Generator features', max_items)
@@ -547,6 +684,7 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
         stats.append_gathered(run_detector(detector, images, detector_kwargs), opts.num_gpus)
         block += opts.num_gpus
         update(stats.num_items)
+    opts.info.num_gen = stats.num_items
     return stats
 
 
@@ -555,9 +693,9 @@ def compute_all_features(opts: MetricOptions, detector_url: str, max_real: int |
     """Every feature vector ([N, D]) of up to `max_real` training images (None = all) and of `num_gen`
     generated images: what KID and precision/recall compare, sample by sample, rather than as moments."""
     detector_kwargs = dict(return_features=True)
-    real_features = compute_feature_stats_for_dataset(
-        opts, dataset_kwargs=real_dataset_kwargs(opts, use_ref_data=False), detector_url=detector_url,
-        detector_kwargs=detector_kwargs, max_items=max_real, capture_all=True).get_all()
+    real_features = compute_feature_stats_for_real(
+        opts, use_ref_data=False, detector_url=detector_url, detector_kwargs=detector_kwargs,
+        max_items=max_real, capture_all=True).get_all()
     gen_features = compute_feature_stats_for_generator(
         opts, detector_url=detector_url, detector_kwargs=detector_kwargs, max_items=num_gen, capture_all=True).get_all()
     return real_features, gen_features

@@ -11,9 +11,9 @@ def compute_pr(opts: metric_utils.MetricOptions, max_real: int | None, num_gen: 
     """Precision and recall of `num_gen` generated images against up to `max_real` training images
     (None = all), with neighbourhoods of `nhood_size`. NaN on ranks other than 0.
 
-    The features come from opts.detector_url when given (the same detector for every metric),
-    else from StyleGAN2-ADA's VGG16 export."""
-    detector_url = opts.detector_url or metric_utils.VGG16_URL
+    The features come from opts.pr_detector_url when given, else from StyleGAN2-ADA's VGG16 export;
+    the Inception detector option (opts.detector_url) never applies here."""
+    detector_url = opts.pr_detector_url or metric_utils.VGG16_URL
     real_features, gen_features = metric_utils.compute_all_features(opts, detector_url, max_real=max_real, num_gen=num_gen)
 
     if opts.rank != 0:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from click.testing import CliRunner
 import calc_metrics
 import training.dataset
 from metrics import metric_utils
-from tests.test_metric_main import TinyGenerator, dataset_kwargs_of, features_of, make_detector, write_dataset_zip
+from tests.test_metric_main import (TinyGenerator, dataset_kwargs_of, features_of, fid_reference, make_detector,
+                                    write_dataset_zip)
 from torch_utils import persistence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,6 +61,9 @@ def test_run_writes_results_and_reuses_cached_statistics(run, monkeypatch):
     fid = fid_lines[0]['results']['fid50k_full']
     assert np.isfinite(fid) and fid_lines[0]['snapshot_pkl'] == 'network-snapshot-000010.pkl'
     assert fid_lines[0]['num_gen'] == 30 and fid_lines[0]['detector'] == run['detector_path']
+    # The data compared with, as an absolute path, and the image counts.
+    assert fid_lines[0]['data'] == os.path.abspath(run['data_path']) and fid_lines[0]['num_real'] == 20
+    assert is_lines[0]['num_gen'] == 30 and 'data' not in is_lines[0]  # IS compares with no data.
     assert set(is_lines[0]['results']) == {'is50k_mean', 'is50k_std'}
     assert 'fid50k_full' in result.output and 'is50k_mean' in result.output  # The table.
 
@@ -125,3 +130,110 @@ def test_user_errors_are_one_line(run):
     assert result.exit_code == 1 and 'Error: this metric compares with a reference split' in result.output
     result = CliRunner().invoke(calc_metrics.main, [f'--network={run["tmp_path"] / "missing.pkl"}'])
     assert result.exit_code == 1 and 'cannot load --network' in result.output
+
+
+def test_ref_stats_written_from_a_dataset_give_the_dataset_fid(run):
+    npz = run['tmp_path'] / 'stats' / 'data.train.npz'
+    result = CliRunner().invoke(calc_metrics.main, [f'--data={run["data_path"]}', f'--write-stats={npz}',
+                                                    f'--detector={run["detector_path"]}'])
+    assert result.exit_code == 0, result.output
+    assert 'of 20 images' in result.output
+    with np.load(npz) as stats:  # The authors' format: mu and sigma only.
+        assert sorted(stats.files) == ['mu', 'sigma']
+        real = features_of(run['detector'], run['images'])
+        np.testing.assert_allclose(stats['mu'], real.mean(axis=0), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(stats['sigma'], np.cov(real, rowvar=False), rtol=1e-4, atol=1e-6)
+
+    assert invoke(run, f'--data={run["data_path"]}', metrics='fid50k_full').exit_code == 0
+    result = invoke(run, f'--ref-stats={npz}', metrics='fid50k_full,fid10k')  # Any FID metric, even fid10k without --ref-data.
+    assert result.exit_code == 0, result.output
+    by_data, by_stats = read_jsonl(run['run_dir'] / 'metric-fid50k_full.jsonl')
+    assert by_stats['results']['fid50k_full'] == pytest.approx(by_data['results']['fid50k_full'], rel=1e-9)
+    assert by_stats['ref_stats'] == str(npz) and 'data' not in by_stats and 'num_real' not in by_stats
+    [fid10k] = read_jsonl(run['run_dir'] / 'metric-fid10k.jsonl')
+    assert fid10k['results']['fid10k'] == pytest.approx(by_data['results']['fid50k_full'], rel=1e-9)  # Same 30 images.
+
+    bad = run['tmp_path'] / 'bad.npz'
+    np.savez(bad, mu=np.zeros(3))
+    result = invoke(run, f'--ref-stats={bad}', metrics='fid50k_full')
+    assert result.exit_code == 1 and 'holds mu, not mu and sigma' in result.output
+    result = invoke(run, f'--ref-stats={npz}', metrics='is50k')
+    assert result.exit_code == 1 and 'give one in --metrics' in result.output
+    wrong_dim = run['tmp_path'] / 'wrong.npz'
+    np.savez(wrong_dim, mu=np.zeros(2048), sigma=np.eye(2048))
+    result = invoke(run, f'--ref-stats={wrong_dim}', metrics='fid50k_full')
+    assert result.exit_code == 1 and 'are 2048-dimensional, but the detector' in result.output
+    assert len(result.output.strip().splitlines()[-1]) > 0 and 'Traceback' not in result.output
+
+
+def test_images_instead_of_a_network(run):
+    # The dataset's own images, unzipped into a folder (sub-folders included): FID against the dataset is 0.
+    folder = run['tmp_path'] / 'own-images'
+    with zipfile.ZipFile(run['data_path']) as zf:
+        zf.extractall(folder, [name for name in zf.namelist() if name.endswith('.png')])
+    args = [f'--images={folder}', f'--data={run["data_path"]}', f'--detector={run["detector_path"]}']
+    result = CliRunner().invoke(calc_metrics.main, [*args, '--metrics=fid50k_full', '--num-gen=20'])
+    assert result.exit_code == 0, result.output
+    line = json.loads([text for text in result.output.splitlines() if text.startswith('{')][0])
+    assert abs(line['results']['fid50k_full']) < 1e-6
+    assert line['images'] == str(folder) and line['num_gen'] == 20 and line['num_real'] == 20
+    assert not list(run['tmp_path'].glob('**/metric-*.jsonl'))  # Printed, not written next to the images.
+
+    # FID between two datasets, against an independent computation.
+    other = str(run['tmp_path'] / 'other.zip')
+    other_images = write_dataset_zip(other, num_images=12, seed=4)
+    result = CliRunner().invoke(calc_metrics.main, [f'--images={other}', f'--data={run["data_path"]}',
+                                                    f'--detector={run["detector_path"]}', '--metrics=fid10k_full',
+                                                    '--num-gen=12'])
+    assert result.exit_code == 0, result.output
+    line = json.loads([text for text in result.output.splitlines() if text.startswith('{')][0])
+    expected = fid_reference(features_of(run['detector'], other_images), features_of(run['detector'], run['images']))
+    assert line['results']['fid10k_full'] == pytest.approx(expected, rel=1e-5)
+
+    # A metric's number of images is part of its protocol: fewer images are refused.
+    result = CliRunner().invoke(calc_metrics.main, [f'--images={other}', f'--data={run["data_path"]}',
+                                                    f'--detector={run["detector_path"]}', '--metrics=fid10k_full'])
+    assert result.exit_code == 1 and 'holds 12 images, but this metric evaluates 10000' in result.output
+
+
+def test_data_that_does_not_fit_the_generator_is_one_line(run):
+    big = str(run['tmp_path'] / 'big.zip')
+    write_dataset_zip(big, num_images=4, resolution=32)
+    result = invoke(run, f'--data={big}', metrics='fid50k_full')
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (f'Error: the dataset {big} holds 32x32 RGB images, but the generator '
+                                                      f'makes 8x8 RGB images: compare it with data of its own kind')
+
+
+def test_failing_process_reason_is_shown(run):
+    # Rank 1 of 2 reads images 10-19 (blocks of 10): a corrupt image 15 fails there, not in rank 0.
+    broken = str(run['tmp_path'] / 'broken.zip')
+    with zipfile.ZipFile(run['data_path']) as src, zipfile.ZipFile(broken, 'w') as dst:
+        for name in src.namelist():
+            dst.writestr(name, b'not a png' if name == '00000/img00000015.png' else src.read(name))
+    code = 'import tests.test_metric_main, calc_metrics; calc_metrics.main()'
+    proc = subprocess.run([sys.executable, '-c', code, f'--network={run["snapshot"]}', f'--data={broken}', '--gpus=2',
+                           '--workers=0', '--verbose=false', f'--detector={run["detector_path"]}', '--num-gen=8'],
+                          cwd=REPO_ROOT, capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    assert proc.returncode == 1
+    assert 'Traceback' not in proc.stderr + proc.stdout
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f'Error: cannot decode 00000/img00000015.png in dataset {broken}: ') and line.endswith(' (process 1)')
+
+
+def test_modes_and_relative_snapshot_data(run, monkeypatch):
+    result = CliRunner().invoke(calc_metrics.main, ['--metrics=is50k'])
+    assert result.exit_code == 1 and 'give one of --network' in result.output
+    result = CliRunner().invoke(calc_metrics.main, [f'--network={run["snapshot"]}', f'--images={run["data_path"]}'])
+    assert result.exit_code == 1 and 'give one of --network' in result.output
+    result = CliRunner().invoke(calc_metrics.main, [f'--write-stats={run["tmp_path"] / "x.npz"}'])
+    assert result.exit_code == 1 and 'give the dataset' in result.output
+    assert not (run['tmp_path'] / 'x.npz').exists()
+
+    # A snapshot whose training set was recorded relative to where training ran, evaluated from elsewhere.
+    monkeypatch.chdir(run['tmp_path'])
+    snapshot = str(run['run_dir'] / 'relative.pkl')
+    persistence.save_snapshot(snapshot, dict(G_ema=TinyGenerator(), training_set_kwargs=dataset_kwargs_of('data.zip')))
+    monkeypatch.chdir(run['run_dir'])
+    result = CliRunner().invoke(calc_metrics.main, [f'--network={snapshot}', '--metrics=fid50k_full'])
+    assert result.exit_code == 1 and 'relative to where the training ran' in result.output and '--data' in result.output

@@ -16,6 +16,7 @@ import scipy.linalg
 import torch
 
 from metrics import metric_main, metric_utils
+from tests.test_metric_utils import fraction_in_manifold_by_loops
 from torch_utils import persistence
 
 #----------------------------------------------------------------------------
@@ -174,7 +175,7 @@ def test_fid_of_constant_generator(setup):
 
 def test_fid_against_reference_split_with_mirror(setup):
     ref_path = str(setup['tmp_path'] / 'ref.zip')
-    ref_images = write_dataset_zip(ref_path, num_images=10, resolution=16, seed=1)
+    ref_images = write_dataset_zip(ref_path, num_images=10, seed=1)
     G = TinyGenerator()
     result = metric_main.calc_metric('fid10k', G=G, dataset_kwargs={}, ref_dataset_kwargs=dataset_kwargs_of(ref_path),
                                      detector_url=setup['detector_path'], num_gen=30, mirror=True)
@@ -207,7 +208,8 @@ def test_conditional_generator_uses_dataset_labels(setup):
 
 def test_inception_score_kid_and_pr_run_end_to_end(setup):
     # A generator whose images are all alike has IS exactly 1; KID and PR of a random G are finite and in range.
-    kwargs = dict(dataset_kwargs=dataset_kwargs_of(setup['data_path']), detector_url=setup['detector_path'])
+    kwargs = dict(dataset_kwargs=dataset_kwargs_of(setup['data_path']), detector_url=setup['detector_path'],
+                  pr_detector_url=setup['detector_path'])
     is_result = metric_main.calc_metric('is50k', G=ConstantGenerator(), num_gen=20, **kwargs)
     assert is_result.results.is50k_mean == pytest.approx(1, abs=1e-6)
     assert is_result.results.is50k_std == pytest.approx(0, abs=1e-6)
@@ -232,3 +234,94 @@ def test_report_metric_appends_json_lines(tmp_path):
     assert lines[0]['snapshot_pkl'] == 'network-snapshot-000100.pkl' and 'timestamp' in lines[0]
     assert metric_main.report_metric(result) is None
     assert sorted(os.listdir(tmp_path)) == ['metric-fid50k_full.jsonl', 'network-snapshot-000100.pkl']
+
+#----------------------------------------------------------------------------
+# Dataset statistics cache, detectors, data that does not fit G, best metric.
+
+
+def test_folder_dataset_statistics_recomputed_when_an_image_deep_inside_changes(setup):
+    # A folder in dataset_tool's layout, images in sub-folders; FID of a constant G against it is
+    # |f(g) - mu|^2 + tr(sigma) of the folder's current images.
+    rng = np.random.default_rng(11)
+    root = setup['tmp_path'] / 'folder'
+    images = rng.integers(0, 256, size=[12, 3, 8, 8], dtype=np.uint8)
+    paths = [root / f'{i // 4:05d}' / 'sub' / f'img{i:08d}.png' for i in range(12)]
+    for path, image in zip(paths, images):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        PIL.Image.fromarray(image.transpose(1, 2, 0)).save(str(path))
+
+    def fid_and_log():
+        log = []
+        result = metric_main.calc_metric('fid50k_full', G=ConstantGenerator(values=[0.25]),
+                                         dataset_kwargs=dataset_kwargs_of(str(root)), detector_url=setup['detector_path'],
+                                         num_gen=10, progress=log.append)
+        return result.results.fid50k_full, ' '.join(log)
+
+    def expected(images):
+        real = features_of(setup['detector'], images)
+        gen = features_of(setup['detector'], expected_constant_image(0.25))[0]
+        return np.sum((gen - real.mean(axis=0)) ** 2) + np.trace(np.cov(real, rowvar=False))
+
+    fid, log = fid_and_log()
+    assert fid == pytest.approx(expected(images), rel=1e-5) and 'Using cached' not in log
+    fid_cached, log = fid_and_log()
+    assert 'Using cached' in log and fid_cached == pytest.approx(fid, rel=1e-9)
+
+    images[9] = 0  # Black out one image in place, deep in the last sub-folder.
+    PIL.Image.fromarray(images[9].transpose(1, 2, 0)).save(str(paths[9]))
+    fid_new, log = fid_and_log()
+    assert 'Using cached' not in log
+    assert fid_new == pytest.approx(expected(images), rel=1e-5) and fid_new != pytest.approx(fid, rel=1e-3)
+
+
+def test_each_feature_network_has_its_own_detector(setup):
+    # Inception stand-in A for FID, VGG16 stand-in B for precision/recall; the generated side is a zip
+    # of images (calc_metric's `images_kwargs`), so the expected values follow from the features directly.
+    vgg_path = str(setup['tmp_path'] / 'tiny-vgg.pt')
+    vgg = make_detector(vgg_path, seed=5)
+    gen_path = str(setup['tmp_path'] / 'gen.zip')
+    gen_images = write_dataset_zip(gen_path, num_images=16, seed=3)
+    kwargs = dict(dataset_kwargs=dataset_kwargs_of(setup['data_path']), images_kwargs=dataset_kwargs_of(gen_path),
+                  detector_url=setup['detector_path'], pr_detector_url=vgg_path, num_gen=16)
+
+    fid = metric_main.calc_metric('fid50k_full', **kwargs)
+    assert fid.results.fid50k_full == pytest.approx(fid_reference(features_of(setup['detector'], gen_images),
+                                                                  features_of(setup['detector'], setup['images'])), rel=1e-5)
+    assert fid.detector == setup['detector_path'] and 'pr_detector' not in fid
+
+    pr = metric_main.calc_metric('pr50k3_full', **kwargs)
+    real_vgg, gen_vgg = features_of(vgg, setup['images']), features_of(vgg, gen_images)
+    expected = (fraction_in_manifold_by_loops(real_vgg, gen_vgg, 3), fraction_in_manifold_by_loops(gen_vgg, real_vgg, 3))
+    assert (pr.results.pr50k3_full_precision, pr.results.pr50k3_full_recall) == pytest.approx(expected, abs=1e-12)
+    assert pr.pr_detector == vgg_path and 'detector' not in pr
+    # With Inception's features the numbers differ: the test tells the detectors apart.
+    real_inc, gen_inc = features_of(setup['detector'], setup['images']), features_of(setup['detector'], gen_images)
+    assert (fraction_in_manifold_by_loops(real_inc, gen_inc, 3), fraction_in_manifold_by_loops(gen_inc, real_inc, 3)) != expected
+
+
+def test_data_that_does_not_fit_the_generator_is_refused(setup):
+    big = str(setup['tmp_path'] / 'big.zip')
+    write_dataset_zip(big, num_images=4, resolution=16)
+    kwargs = dict(detector_url=setup['detector_path'], num_gen=4)
+    with pytest.raises(ValueError, match='holds 16x16 RGB images, but the generator makes 8x8 RGB images'):
+        metric_main.calc_metric('fid50k_full', G=TinyGenerator(), dataset_kwargs=dataset_kwargs_of(big), **kwargs)
+    with pytest.raises(ValueError, match='holds 8x8 RGB images, but the generator makes 8x8 grayscale images'):
+        metric_main.calc_metric('kid50k_full', G=TinyGenerator(img_channels=1),
+                                dataset_kwargs=dataset_kwargs_of(setup['data_path']), **kwargs)
+    # Also when the dataset's statistics come from the cache (computed for another, fitting generator).
+    metric_main.calc_metric('fid50k_full', G=TinyGenerator(img_resolution=16), dataset_kwargs=dataset_kwargs_of(big), **kwargs)
+    with pytest.raises(ValueError, match='holds 16x16 RGB images'):
+        metric_main.calc_metric('fid50k_full', G=TinyGenerator(), dataset_kwargs=dataset_kwargs_of(big), **kwargs)
+
+
+def test_best_metric_name():
+    assert metric_main.best_metric_name(['is50k', 'fid10k', 'fid50k_full']) == 'fid10k'
+    assert metric_main.best_metric_name(['is50k', 'kid50k_full']) is None
+    assert metric_main.best_metric_name([]) is None
+    assert metric_main.best_metric_name(['fid10k', 'fid50k_full'], 'fid50k_full') == 'fid50k_full'
+    with pytest.raises(ValueError, match='is not evaluated'):
+        metric_main.best_metric_name(['fid10k'], 'fid50k_full')
+    with pytest.raises(ValueError, match='decided by a FID metric'):
+        metric_main.best_metric_name(['is50k', 'fid10k'], 'is50k')
+    with pytest.raises(ValueError, match='decided by a FID metric'):
+        metric_main.best_metric_name(['fid10k'], 'fid5k')

@@ -1,9 +1,13 @@
 """Tests of metrics/metric_utils.py: the metric math against independent computations, the feature
 statistics, the statistics cache key, and the detector's failure message."""
 
+import io
 import itertools
+import os
+import zipfile
 
 import numpy as np
+import PIL.Image
 import pytest
 import scipy.linalg
 import torch
@@ -232,3 +236,69 @@ def test_missing_or_broken_detector_file(tmp_path):
     bogus.write_bytes(b'not a TorchScript archive')
     with pytest.raises(metric_utils.DetectorUnavailableError, match='--detector=PATH_OR_URL'):
         metric_utils.get_feature_detector(str(bogus))
+
+
+def write_png(path, image: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    PIL.Image.fromarray(image).save(str(path))
+
+
+def test_folder_fingerprint_sees_every_file_in_every_sub_folder(tmp_path):
+    # The layout dataset_tool writes (images in numbered sub-folders), one level deeper for good measure.
+    rng = np.random.default_rng(9)
+    root = tmp_path / 'data'
+    names = ['00000/img00000000.png', '00000/img00000001.png', '00001/deep/img00000002.png']
+    for name in names:
+        write_png(root / name, rng.integers(0, 256, [8, 8, 3], dtype=np.uint8))
+    base = metric_utils.dataset_fingerprint(str(root))
+    assert metric_utils.dataset_fingerprint(str(root)) == base  # Stable while nothing changes.
+
+    write_png(root / names[2], np.zeros([8, 8, 3], np.uint8))  # Blacked out in place, deep in a sub-folder.
+    changed = metric_utils.dataset_fingerprint(str(root))
+    assert changed != base
+    os.rename(root / names[0], root / '00000/renamed.png')
+    renamed = metric_utils.dataset_fingerprint(str(root))
+    assert renamed not in (base, changed)
+    write_png(root / '00002/img00000003.png', np.zeros([8, 8, 3], np.uint8))
+    assert metric_utils.dataset_fingerprint(str(root)) not in (base, changed, renamed)
+
+
+def test_zip_fingerprint_follows_content_not_file_times(tmp_path):
+    def write_zip(path, images):
+        with zipfile.ZipFile(path, 'w') as zf:
+            for i, image in enumerate(images):
+                buf = io.BytesIO()
+                PIL.Image.fromarray(image).save(buf, format='png')
+                zf.writestr(f'00000/img{i:08d}.png', buf.getvalue())
+    images = list(np.random.default_rng(10).integers(0, 256, [3, 8, 8, 3], dtype=np.uint8))
+    write_zip(tmp_path / 'a.zip', images)
+    base = metric_utils.dataset_fingerprint(str(tmp_path / 'a.zip'))
+    write_zip(tmp_path / 'b.zip', images)  # The same images archived again: same statistics.
+    assert metric_utils.dataset_fingerprint(str(tmp_path / 'b.zip')) == base
+    images[1] = images[1].copy()
+    images[1][0, 0, 0] ^= 1  # One bit of one pixel.
+    write_zip(tmp_path / 'a.zip', images)
+    assert metric_utils.dataset_fingerprint(str(tmp_path / 'a.zip')) != base
+
+
+def test_stats_cache_key_uses_dataset_content(tmp_path, monkeypatch):
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
+    root = tmp_path / 'data'
+    write_png(root / '00000' / 'img.png', np.full([8, 8, 3], 7, np.uint8))
+    key = lambda: metric_utils.stats_cache_file(dict(class_name='training.dataset.ImageFolderDataset', path=str(root)),
+                                                'http://a/inception.pt', dict(return_features=True), dict(max_items=None))
+    base = key()
+    assert os.path.basename(base).startswith('data-inception-')
+    write_png(root / '00000' / 'img.png', np.zeros([8, 8, 3], np.uint8))
+    assert key() != base
+
+
+def test_vgg16_detector_message_names_its_own_option(tmp_path, monkeypatch):
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path))
+    url = 'http://127.0.0.1:9/vgg16.pt'
+    opts = metric_utils.MetricOptions(detector_url='http://127.0.0.1:9/inception.pt', pr_detector_url=url)
+    assert opts.detector_option(url) == '--pr-detector' and opts.detector_option(opts.detector_url) == '--detector'
+    assert metric_utils.MetricOptions().detector_option(metric_utils.VGG16_URL) == '--pr-detector'
+    with pytest.raises(metric_utils.DetectorUnavailableError) as info:
+        metric_utils.get_feature_detector(url, option=opts.detector_option(url))
+    assert '--pr-detector=/path/to/vgg16.pt' in str(info.value) and '--detector=' not in str(info.value)
