@@ -48,6 +48,7 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None) -> N
     and a non-zero exit; its run directory keeps the log and the last finite snapshot.
     """
     from training import training_loop
+    from training.dataset import DatasetError
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', rank)))
     if args.num_gpus > 1 and not torch.distributed.is_initialized():
@@ -55,7 +56,7 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None) -> N
     logger = dnnlib.util.Logger(os.path.join(args.run_dir, 'log.txt')) if rank == 0 else None
     try:
         training_loop.training_loop(rank=rank, **args)
-    except (training_loop.TrainingDiverged, OSError) as e:
+    except (training_loop.TrainingDiverged, DatasetError, OSError) as e:
         print(f'Error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
     finally:
@@ -82,7 +83,7 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
     if not os.path.exists(data):
         raise click.ClickException(f'--data: no such file or folder: {data}')
     try:
-        dataset = ImageFolderDataset(path=data, use_labels=use_labels)
+        dataset = ImageFolderDataset(path=os.path.abspath(data), use_labels=use_labels)  # Snapshots work from any folder.
     except (OSError, ValueError) as e:
         raise click.ClickException(f'--data: {e}')
     return dnnlib.EasyDict(dataset.init_kwargs), dataset
@@ -120,9 +121,9 @@ def _check_outdir(outdir: str) -> None:
 
 
 def _parse_metrics(metrics: str) -> list[str]:
+    from metrics import metric_main
     names = [] if metrics.strip().lower() == 'none' else [m.strip() for m in metrics.split(',') if m.strip()]
     if names:
-        from metrics import metric_main
         unknown = [m for m in names if not metric_main.is_valid_metric(m)]
         if unknown:
             raise click.ClickException(f'--metrics: unknown {", ".join(unknown)}; valid: {", ".join(metric_main.list_valid_metrics())}')
@@ -151,7 +152,10 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--snap', help='Snapshot (networks, image grid, metrics) every this many ticks', type=click.IntRange(min=1), default=50, show_default=True)
 @click.option('--metrics', help='Metrics at every snapshot, comma-separated, or "none" (e.g. fid50k_full,is50k)', default='none', show_default=True)
 @click.option('--ref-data', help='Reference split for the fid50k / fid10k metrics (e.g. the CIFAR-10 test set)', metavar='PATH')
-@click.option('--detector', help='Inception detector file or URL for the metrics (offline machines)', metavar='PATH_OR_URL')
+@click.option('--ref-stats', help='FID reference statistics (.npz of mu and sigma, e.g. the authors\' cifar10.train.npz) replacing the real images of every FID metric', metavar='NPZ')
+@click.option('--best-metric', help='FID metric that decides network-best.pkl  [default: the first FID in --metrics]', metavar='NAME')
+@click.option('--detector', help='Inception-v3 detector (TorchScript) of FID, IS and KID: path or URL (offline machines)', metavar='PATH_OR_URL')
+@click.option('--pr-detector', help='VGG16 detector (TorchScript) of precision/recall: path or URL (offline machines)', metavar='PATH_OR_URL')
 @click.option('--resume', help='Continue from a network snapshot (optimizer state and progress included)', metavar='PKL')
 @click.option('--workers', help='DataLoader worker processes per process  [default: 3 with CUDA, 0 on a CPU, where workers would compete with training for the cores]', type=click.IntRange(min=0))
 @click.option('--dry-run', help='Print the options and the schedule (phases, batches, accumulation, lr) and exit', is_flag=True)
@@ -182,14 +186,21 @@ def main(**opts):
 
     # Metrics and reference data.
     metrics = _parse_metrics(opts.metrics)
-    metric_kwargs = dnnlib.EasyDict(detector_url=opts.detector)
+    metric_kwargs = dnnlib.EasyDict(detector_url=opts.detector, pr_detector_url=opts.pr_detector)
+    for option, path in [('--ref-data', opts.ref_data), ('--ref-stats', opts.ref_stats)]:
+        if path is not None and not os.path.exists(path):
+            raise click.ClickException(f'{option}: no such file or folder: {path}')
     if opts.ref_data is not None:
-        if not os.path.exists(opts.ref_data):
-            raise click.ClickException(f'--ref-data: no such file or folder: {opts.ref_data}')
         metric_kwargs.ref_dataset_kwargs = dict(class_name='training.dataset.ImageFolderDataset', path=os.path.abspath(opts.ref_data))
-    if any(m in ('fid50k', 'fid10k') for m in metrics) and opts.ref_data is None:
-        raise click.ClickException('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data')
-    best_metric = next((m for m in metrics if m.startswith('fid')), None)
+    if opts.ref_stats is not None:
+        metric_kwargs.ref_stats = os.path.abspath(opts.ref_stats)
+    if any(m in ('fid50k', 'fid10k') for m in metrics) and opts.ref_data is None and opts.ref_stats is None:
+        raise click.ClickException('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats')
+    from metrics import metric_main
+    try:
+        best_metric = metric_main.best_metric_name(metrics, opts.best_metric)
+    except ValueError as e:
+        raise click.ClickException(str(e))
 
     # Everything the training loop takes.
     if opts.workers is None:

@@ -317,7 +317,8 @@ def training_loop(
         for metric in metrics:
             try:
                 result = metric_main.calc_metric(metric=metric, G=G_ema, dataset_kwargs=training_set_kwargs,
-                                                 num_gpus=num_gpus, rank=rank, device=device, **metric_kwargs)
+                                                 num_gpus=num_gpus, rank=rank, device=device, progress=log,
+                                                 **metric_kwargs)
             except metric_utils.DetectorUnavailableError as e:
                 log(f'Warning: {e}; training continues without metrics')
                 metrics = []
