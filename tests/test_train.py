@@ -198,3 +198,39 @@ def test_dry_run_prints_the_v1_phase_table(tmp_path):
         assert rows['stable 64x64'][-4:] == ['32', per_gpu_64, str(32 // gpus // int(per_gpu_64)), '0.001']
         assert rows['fade-in 16x16'][2:5] == ['600', '-', '1,200']
         assert not os.path.exists(tmp_path / 'runs')
+
+
+def test_diverged_run_ends_with_one_line(tmp_path, monkeypatch, capsys):
+    """train.py in-process with one NaN pixel injected into the reals: one line naming step and network, exit 1."""
+    from click.testing import CliRunner
+    import train
+    from training import training_loop
+    calls = []
+
+    def poisoned_flip(img):
+        calls.append(1)
+        return img.clone().fill_(float('nan')) if len(calls) == 3 else img
+    monkeypatch.setattr(training_loop, 'random_xflip', poisoned_flip)
+    result = CliRunner().invoke(train.main, [f'--outdir={tmp_path}', '--steps=6', '--batch=4', '--tick=0.008',
+                                             '--snap=1', '--workers=0'])
+    assert result.exit_code == 1
+    errors = [line for line in result.output.splitlines() if line.startswith('Error:')]
+    assert len(errors) == 1 and 'G step 3: non-finite gradient of D' in errors[0] and 'Traceback' not in result.output
+    run_dir = only_run_dir(str(tmp_path))
+    assert snapshots(run_dir) == ['network-snapshot-000000.008.pkl']  # Steps 1-2; nothing after the NaN.
+
+
+def test_resume_of_a_snapshot_without_training_state_is_refused(tmp_path):
+    """A snapshot holding only networks (e.g. converted from another codebase) cannot continue a run."""
+    import dnnlib
+    from training import configs
+    opts = configs.training_options(configs.get_config('quickstart'), resolution=32, channels=1, label_dim=0)
+    nets = {name: dnnlib.util.construct_class_by_name(**kwargs) for name, kwargs in
+            [('G', opts.G_kwargs), ('D', opts.D_kwargs), ('G_ema', opts.G_kwargs)]}
+    persistence.save_snapshot(str(tmp_path / 'nets.pkl'), nets)
+    result = run_cli('train.py', f'--outdir={tmp_path / "runs"}', f'--resume={tmp_path / "nets.pkl"}', check=False)
+    assert result.returncode != 0 and 'Traceback' not in result.stderr
+    assert result.stderr.strip().splitlines() == [f'Error: --resume: {tmp_path / "nets.pkl"} lacks G_opt_state, '
+                                                  f'D_opt_state, progress, rng_states; only snapshots written by '
+                                                  f'train.py (network-snapshot-*.pkl) can be resumed']
+    assert not os.path.exists(tmp_path / 'runs')

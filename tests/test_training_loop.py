@@ -252,7 +252,7 @@ def test_nonfinite_gradient_stops_the_run_naming_step_and_network(tmp_path, monk
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     calls = []
 
-    def poisoned_flip(img):  # One NaN pixel in the reals of the 4th D step (G step 3).
+    def poisoned_flip(img):  # One NaN pixel in the reals of the 4th D step (G step 4, counted from 1).
         calls.append(1)
         if len(calls) == 4:
             img = img.clone()
@@ -261,7 +261,7 @@ def test_nonfinite_gradient_stops_the_run_naming_step_and_network(tmp_path, monk
     monkeypatch.setattr(training_loop, 'random_xflip', poisoned_flip)
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
-    with pytest.raises(training_loop.TrainingDiverged, match=r'G step 3: non-finite gradient of D \(loss terms: .*Loss/D/real'):
+    with pytest.raises(training_loop.TrainingDiverged, match=r'G step 4: non-finite gradient of D \(loss terms: .*Loss/D/real'):
         training_loop.training_loop(**_quickstart_options(str(tmp_path / 'data.zip'), steps=8, batch=2,
                                                           run_dir=str(run_dir), kimg_per_tick=0.004,
                                                           network_snapshot_ticks=1, image_snapshot_ticks=None))

@@ -184,6 +184,9 @@ def grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.stack([g.norm() for g in grads]).norm() if grads else torch.zeros([])
 
 
+NEVER = np.iinfo(np.int64).max  # "No step yet" in first_bad_step.
+
+
 class TrainingDiverged(RuntimeError):
     """A loss or a gradient became NaN or Inf: the run stops, keeping its last finite snapshot."""
 
@@ -338,7 +341,7 @@ def training_loop(
     session_start_time, session_start_progress = tick_start_time, schedule.progress(step, cur_nimg)
     maintenance_time = tick_start_time - start_time
     phase = schedule.plan(step, cur_nimg).phase
-    first_bad_step = torch.full([2], np.iinfo(np.int64).max, dtype=torch.int64, device=device)  # D, G.
+    first_bad_step = torch.full([2], NEVER, dtype=torch.int64, device=device)  # Of D and of G.
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats()
 
@@ -353,9 +356,9 @@ def training_loop(
             loss.accumulate_gradients('DG'[net], *round_batch, gain=1 / rounds)
         params = [p for p in module.parameters() if p.grad is not None]
         misc.all_reduce_mean_grads(params)
-        bad = ~torch.isfinite(grad_norm(params))  # Checked on the host only at the next tick.
-        first_bad_step[net] = torch.where(bad, torch.minimum(first_bad_step[net], torch.tensor(step, device=device)),
-                                          first_bad_step[net])
+        # Remember the first step with a NaN/Inf gradient, on the device: the host looks only at the next tick.
+        first_bad_step[net] = torch.where(~torch.isfinite(grad_norm(params)) & (first_bad_step[net] == NEVER), step + 1,
+                                          first_bad_step[net])  # Steps count from 1, as in the progress lines.
         optimizer.step()
         misc.all_reduce_mean_buffers(module)
 
@@ -407,7 +410,7 @@ def training_loop(
         bad_steps = first_bad_step.tolist()
         stats_collector.update()
         stats = stats_collector.as_dict()
-        if min(bad_steps) != np.iinfo(np.int64).max:
+        if min(bad_steps) != NEVER:
             net = 'DG'[int(np.argmin(bad_steps))]
             terms = [name for name in stats_collector.nonfinite_names() if name.startswith(f'Loss/{net}/')]
             raise TrainingDiverged(f'training diverged at G step {min(bad_steps)}: non-finite gradient of {net}'
