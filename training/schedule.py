@@ -110,9 +110,9 @@ class FixedSchedule:
     def phase_label(self, step: int, cur_nimg: int) -> str | None:
         return None
 
-    def min_batch_gpu(self) -> int:
-        """Smallest number of reals one process takes at once during the run."""
-        return self.batch_gpu_D
+    def min_share(self) -> int:
+        """Smallest number of reals one process takes for a D step during the run."""
+        return self.batch_D // self.num_gpus
 
     def describe(self) -> list[str]:
         """The schedule as lines of text, for `train.py --dry-run`."""
@@ -212,8 +212,8 @@ class ProgressiveSchedule:
                 return f'{kind} {res}x{res} {100 * min(max(done, 0), 1):.0f}%'
         return None
 
-    def min_batch_gpu(self) -> int:
-        return min(self.batch_gpu.values())
+    def min_share(self) -> int:
+        return min(self.batch[r] for r in self.levels) // self.num_gpus
 
     def describe(self) -> list[str]:
         lines = [f'Progressive growing {self.start_resolution}x{self.start_resolution} -> '

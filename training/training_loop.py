@@ -97,6 +97,12 @@ class RealImageStream:
         self.consumed = consumed
 
     def next(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._count == 0:
+            img, c = next(self._iterator)
+            if img.shape[0] == batch:  # The usual case: one chunk is one batch, nothing to copy.
+                self.consumed += batch
+                return self._to_device(img, c)
+            self._img, self._c, self._count = [img], [c], img.shape[0]
         while self._count < batch:
             img, c = next(self._iterator)
             self._img.append(img)
@@ -105,8 +111,11 @@ class RealImageStream:
         img, c = torch.cat(self._img), torch.cat(self._c)
         self._img, self._c, self._count = [img[batch:]], [c[batch:]], img.shape[0] - batch
         self.consumed += batch
-        img = img[:batch].to(self._device, non_blocking=True).to(torch.float32) / 127.5 - 1
-        return img, c[:batch].to(self._device, non_blocking=True)
+        return self._to_device(img[:batch], c[:batch])
+
+    def _to_device(self, img: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        img = img.to(self._device, non_blocking=True).to(torch.float32) / 127.5 - 1
+        return img, c.to(self._device, non_blocking=True)
 
 
 def random_xflip(img: torch.Tensor) -> torch.Tensor:
@@ -156,10 +165,9 @@ def reset_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 @torch.no_grad()
 def update_ema(G_ema: torch.nn.Module, G: torch.nn.Module, beta: float) -> None:
     """G_ema <- beta * G_ema + (1 - beta) * G for parameters; buffers (BN statistics, w_avg, lod) are copied."""
-    for p_ema, p in zip(G_ema.parameters(), G.parameters()):
-        p_ema.copy_(p.detach().lerp(p_ema, beta))
-    for b_ema, b in zip(G_ema.buffers(), G.buffers()):
-        b_ema.copy_(b)
+    # One fused kernel per list (torch's own swa_utils and optimizers use these foreach ops).
+    torch._foreach_lerp_(list(G_ema.parameters()), list(G.parameters()), 1 - beta)
+    torch._foreach_copy_(list(G_ema.buffers()), list(G.buffers()))
 
 
 def split_round(x: torch.Tensor, round_idx: int, rounds: int, group_size: int = 1) -> torch.Tensor:
@@ -181,7 +189,7 @@ def split_round(x: torch.Tensor, round_idx: int, rounds: int, group_size: int = 
 def grad_norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """Total L2 norm of the parameters' gradients, on the device (no host sync)."""
     grads = [p.grad for p in params if p.grad is not None]
-    return torch.stack([g.norm() for g in grads]).norm() if grads else torch.zeros([])
+    return torch.stack(torch._foreach_norm(grads)).norm() if grads else torch.zeros([])
 
 
 NEVER = np.iinfo(np.int64).max  # "No step yet" in first_bad_step.
@@ -272,7 +280,7 @@ def training_loop(
         misc.broadcast_module(module)
 
     # Data stream: chunks small enough for every batch size the run will use.
-    reals = RealImageStream(training_set, chunk=schedule.min_batch_gpu(), rank=rank, num_replicas=num_gpus,
+    reals = RealImageStream(training_set, chunk=schedule.min_share(), rank=rank, num_replicas=num_gpus,
                             seed=random_seed, device=device, num_workers=num_workers, consumed=consumed)
 
     # Outputs: statistics, TensorBoard, image grids.
