@@ -478,6 +478,7 @@ class Discriminator(nn.Module):
     """StyleGAN v1 discriminator D(img, c) -> [N, 1] logits, for images at the active resolution of its lod."""
 
     is_piecewise_linear = False  # Minibatch stddev makes D(x) nonlinear in x beyond ReLU-type kinks.
+    is_sample_independent = False  # Minibatch stddev mixes the samples of a group: reals and fakes need separate calls.
 
     def __init__(self,
         c_dim,                  # Conditioning label (c) dimensionality, 0 = no label.
@@ -508,6 +509,24 @@ class Discriminator(nn.Module):
     def set_lod(self, lod: float) -> None:
         """Select the active input resolution img_resolution / 2**floor(lod), fading in when lod is fractional."""
         self.lod.fill_(_check_lod(lod, self.img_resolution))
+
+    @property
+    def input_grad_scale(self) -> float:
+        """||grad_x f|| w.r.t. the full-resolution image, per unit of ||grad|| w.r.t. the active-resolution input: 1 / s.
+
+        StyleGAN v1 always feeds D the full-resolution image x (a level below it nearest-upsampled
+        to full size) and D box-averages it down by s = 2**floor(lod) before its first layer in
+        use. This D takes that average x_R = avgpool_s(x) directly, and its output at any lod, a
+        fade-in included, depends on x only through x_R. By the chain rule
+
+            grad_x f = avgpool_s^T(grad_R f) = upsample_nearest_s(grad_R f) / s^2,
+
+        and nearest upsampling copies every element s^2 times, so ||grad_x f|| = ||grad_R f|| / s
+        exactly, per sample. GN (and R1, gradient penalties) must use the norm w.r.t. the image
+        v1's D sees: the raw norm at the active resolution is s times larger and would jump by 2
+        at every fade-in. The loss multiplies its norms by this factor (read from lod, on the host).
+        """
+        return 0.5 ** math.floor(float(self.lod))
 
     def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         lod = float(self.lod)
