@@ -17,6 +17,10 @@ Reported: sec/D step, sec/G step, sec/iteration, and for each preset and precisi
 GN / vanilla (norm 'none') of the D step and of the G step, the figures of the GN-GAN paper's
 speed table. fp16 runs use a GradScaler as the training loop does. Prints a table; --out writes
 the same numbers as JSON with the device, torch version, thread count, load average and date.
+
+On a CPU shared with other work, wall time measures the neighbours as much as the code;
+--clock=process --threads=1 times the CPU work of this process alone, which is what the figures in
+docs/benchmarks.md use.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 import click
 import torch
@@ -81,8 +86,10 @@ def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution:
 class Configuration:
     """One (preset, norm, fast_g, precision): its GANLoss and a timed D step and G step."""
 
-    def __init__(self, preset: dict, norm: str, fast_g: bool | None, precision: str, device: torch.device) -> None:
+    def __init__(self, preset: dict, norm: str, fast_g: bool | None, precision: str, device: torch.device,
+                 clock: Callable[[], float]) -> None:
         self.preset, self.norm, self.fast_g, self.precision, self.device = preset, norm, fast_g, precision, device
+        self.clock = clock
         cfg = preset['cfg']
         self.D = preset['Ds'][norm == 'sn']
         self.D_opt = preset['D_opts'][norm == 'sn']
@@ -105,7 +112,7 @@ class Configuration:
         real_c, gen_z, gen_c = p['labels'](p['batch_D']), torch.randn([n, p['G'].z_dim], device=self.device), p['labels'](n)
         loss_lib.set_matmul_precision(self.precision)
         self._sync()
-        start = time.perf_counter()
+        start = self.clock()
         module.requires_grad_(True)
         opt.zero_grad(set_to_none=True)
         gain = self.scaler.scale(torch.ones([], device=self.device)) if self.scaler.is_enabled() else 1.0
@@ -115,7 +122,7 @@ class Configuration:
         module.requires_grad_(False)
         self._sync()
         if record:
-            self.times[phase].append(time.perf_counter() - start)
+            self.times[phase].append(self.clock() - start)
 
     def _sync(self) -> None:
         if self.device.type == 'cuda':
@@ -174,15 +181,21 @@ def ratios(rows: list[dict]) -> list[dict]:
               default=5, show_default=True)
 @click.option('--warmup', help='Untimed rounds first', type=click.IntRange(min=0), default=1, show_default=True)
 @click.option('--threads', help='torch intra-op threads  [default: torch\'s]', type=click.IntRange(min=1))
+@click.option('--clock', help='wall: elapsed time; process: CPU time of this process (a CPU run on a shared machine, '
+              'with --threads=1)', type=click.Choice(['wall', 'process']), default='wall', show_default=True)
 @click.option('--out', help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], fast_g: str, precisions: list[str], batch: int | None,
-         resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, out: str | None) -> None:
+         resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
+         out: str | None) -> None:
     """Seconds per D step and per G step of the presets, for each norm, fast-G setting and precision."""
     device = torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
     if threads is not None:
         torch.set_num_threads(threads)
     if device.type == 'cuda':
         torch.backends.cudnn.benchmark = True
+    if clock == 'process' and device.type == 'cuda':
+        raise click.ClickException('--clock=process measures CPU time, which says nothing about GPU work; use --clock=wall')
+    clock_fn = time.perf_counter if clock == 'wall' else time.process_time
     fast_settings = {'both': [True, False], 'on': [True], 'off': [False], 'default': [None]}[fast_g]
 
     runs = []
@@ -191,7 +204,7 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, precisions: list[s
         for norm in norms:
             for fast in (fast_settings if norm in loss_lib.GN_ZETAS else [None]):
                 for precision in precisions:
-                    runs.append(Configuration(preset, norm, fast, precision, device))
+                    runs.append(Configuration(preset, norm, fast, precision, device, clock_fn))
     for round_idx in range(warmup + rounds):
         for run in runs:
             for phase in ('D', 'G'):
@@ -216,6 +229,7 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, precisions: list[s
             benchmark='training step of the presets (GANLoss.accumulate_gradients + Adam), medians',
             device=torch.cuda.get_device_name(device) if device.type == 'cuda' else f'CPU ({os.cpu_count()} cores)',
             threads=torch.get_num_threads(),
+            clock=clock,
             load_average=os.getloadavg(),
             torch=torch.__version__,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),

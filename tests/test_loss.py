@@ -12,7 +12,7 @@ import dnnlib
 from torch_utils import training_stats
 from training.augment import consistency_augment
 from training.configs import PRESETS, get_config
-from training.loss import LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
+from training.loss import LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms, set_matmul_precision
 from training.networks.biggan import BigGANDiscriminator, BigGANGenerator
 from training.networks.sngan import CNNDiscriminator, CNNGenerator, ResNetDiscriminator, ResNetGenerator
 from training.networks.stylegan import Discriminator as StyleGANDiscriminator
@@ -278,3 +278,62 @@ def test_one_d_call_matches_separate_calls(class_name, resolution, loss):
 def test_stylegan_d_is_called_per_batch():
     D = StyleGANDiscriminator(c_dim=0, img_resolution=8, img_channels=3, fmap_base=16, fmap_max=4)
     assert not D.is_sample_independent and not GANLoss(G=nn.Identity(), D=D).fuse_d_calls
+
+#----------------------------------------------------------------------------
+# Precision and gain.
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('norm', ['gn', 'none'])
+def test_autocast_runs_networks_low_and_gn_and_losses_in_float32(dtype, norm, monkeypatch):
+    torch.manual_seed(0)
+    G = CNNGenerator(c_dim=0, img_resolution=8, img_channels=3, z_dim=8, ch=2)
+    D = CNNDiscriminator(c_dim=0, img_resolution=8, img_channels=3, ch=2)
+    conv_dtypes = []
+    D.convs[1].register_forward_hook(lambda module, inputs, output: conv_dtypes.append(output.dtype))
+    reported = {}
+    monkeypatch.setattr(training_stats, 'report', lambda name, value: reported.setdefault(name, value))
+    precision = {torch.bfloat16: 'bf16', torch.float16: 'fp16'}[dtype]
+    gan_loss = GANLoss(G=G, D=D, loss='hinge', norm=norm, cr=1.0, precision=precision)
+    D.requires_grad_(True)
+    gan_loss.accumulate_gradients('D', torch.rand(2, 3, 8, 8) * 2 - 1, torch.zeros(2, 0), torch.randn(2, 8),
+                                  torch.zeros(2, 0))
+    assert conv_dtypes == [dtype]  # One fused call of D, in the autocast dtype.
+    for name in ['Loss/scores/real', 'Loss/D/real', 'Loss/cr', 'Loss/D/loss'] + (['Loss/grad_norm'] if norm == 'gn' else []):
+        assert reported[name].dtype == torch.float32, name
+    assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in D.parameters())
+
+
+@pytest.mark.parametrize('norm,fast_g', [('gn', True), ('gn', False), ('gp1', None), ('none', None)])
+def test_gain_multiplies_gradients(norm, fast_g):
+    torch.manual_seed(0)
+    G = CNNGenerator(c_dim=0, img_resolution=8, img_channels=3, z_dim=8, ch=2).double()
+    D = CNNDiscriminator(c_dim=0, img_resolution=8, img_channels=3, ch=2).double()
+    real, c, z = torch.rand(2, 3, 8, 8, dtype=torch.float64) * 2 - 1, torch.zeros(2, 0), torch.randn(2, 8, dtype=torch.float64)
+    for phase in ['D', 'G']:
+        grads = []
+        for gain in [1.0, torch.tensor(0.125, dtype=torch.float64)]:
+            G_copy, D_copy = copy.deepcopy(G), copy.deepcopy(D)
+            gan_loss = GANLoss(G=G_copy, D=D_copy, norm=norm, fast_g=fast_g)
+            module = D_copy if phase == 'D' else G_copy
+            module.requires_grad_(True)
+            torch.manual_seed(1)
+            gan_loss.accumulate_gradients(phase, real, c, z, c, gain=gain)
+            grads.append(torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None]))
+        torch.testing.assert_close(grads[1], grads[0] * 0.125, rtol=1e-10, atol=0)
+
+
+def test_precision_choices():
+    with pytest.raises(ValueError, match='bf16'):
+        GANLoss(G=nn.Identity(), D=nn.Identity(), precision='half')
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    before = flags()
+    try:
+        set_matmul_precision('tf32')
+        assert flags() == (True, True)
+        set_matmul_precision('fp32')
+        assert flags() == (False, False)
+        with pytest.raises(ValueError, match='tf32'):
+            set_matmul_precision('fp8')
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
