@@ -28,11 +28,12 @@ def report(name: str, value: Any) -> Any:
     (a diverging run shows up as missing statistics rather than poisoning every average); they are
     masked rather than removed, since removing would make the GPU report back their number.
     """
-    elems = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else np.asarray(value))
+    elems = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
     elems = elems.flatten().to(torch.float64)
-    finite = torch.isfinite(elems)
-    elems = torch.where(finite, elems, torch.zeros_like(elems))
-    moments = torch.stack([finite.sum().to(torch.float64), elems.sum(), elems.square().sum()])
+    finite = elems.isfinite()
+    elems = elems.where(finite, 0.0)
+    # [count, sum, sum of squares] with one reduction: 8 small kernels per report in all (a GPU launches each).
+    moments = torch.stack([finite.to(torch.float64), elems, elems.square()]).sum(dim=1)
     key = (name, elems.device)
     if key in _moments:
         _moments[key] += moments
