@@ -4,7 +4,7 @@
     python bench/precision.py --cfg=cifar10-resnet,gn-stylegan --precisions=fp32,bf16,fp16 --out=precision.json
 
 For each preset it builds G and D from training/configs.get_config at their real widths (gn-stylegan
-at --stylegan-resolution, lod 0), copies both to float64, and runs one D step and one G step of
+at --stylegan-resolution and --cmax, lod 0), copies both to float64, and runs one D step and one G step of
 GANLoss (each of --norms, the preset's loss) on the same reals, latents and labels: once in
 float64 (the reference) and once per precision on the float32 networks. Reported per precision,
 relative to float64:
@@ -64,9 +64,11 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_name: str, norm: str,
 
 
 def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, stylegan_resolution: int,
-            seed: int) -> list[dict]:
+            cmax: int | None, seed: int) -> list[dict]:
     cfg = configs.get_config(cfg_name)
     resolution = stylegan_resolution if cfg.get('progressive') is not None else cfg.resolution
+    if cfg.get('progressive') is not None and cmax is not None:
+        cfg.G_kwargs.fmap_max = cfg.D_kwargs.fmap_max = cmax
     c_dim = 10 if cfg.conditional else 0
     common = dict(c_dim=c_dim, img_resolution=resolution, img_channels=3)
     torch.manual_seed(seed)
@@ -104,10 +106,11 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, st
 @click.option('--batch', help='D batch (G gets the preset\'s ratio)', type=click.IntRange(min=2), default=8, show_default=True)
 @click.option('--stylegan-resolution', help='gn-stylegan: resolution of the networks (lod 0)', type=click.IntRange(min=8),
               default=32, show_default=True)
+@click.option('--cmax', help='gn-stylegan: maximum feature maps per layer  [default: 512]', type=click.IntRange(min=1))
 @click.option('--seeds', help='Number of seeds (networks and batches)', type=click.IntRange(min=1), default=2, show_default=True)
 @click.option('--out', help='JSON file for the results', metavar='PATH')
-def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, stylegan_resolution: int, seeds: int,
-         out: str | None) -> None:
+def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, stylegan_resolution: int, cmax: int | None,
+         seeds: int, out: str | None) -> None:
     """Relative error of GN training gradients against float64, per preset and precision."""
     rows = []
     print(f'{"cfg":<20} {"norm":<5} {"seed":>4} {"prec":<5} {"D grad":>9} {"G grad":>9} {"score":>9} {"||grad||":>9}',
@@ -115,7 +118,7 @@ def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: i
     for name in cfg_names:
         for norm in norms:
             for seed in range(seeds):
-                for r in compare(name, norm, precisions, batch, stylegan_resolution, seed):
+                for r in compare(name, norm, precisions, batch, stylegan_resolution, cmax, seed):
                     rows.append(r)
                     norm_err = '' if r['grad_norm_max_rel_err'] is None else f'{r["grad_norm_max_rel_err"]:.2e}'
                     print(f'{r["cfg"]:<20} {norm:<5} {seed:>4} {r["precision"]:<5} {r["D_grad_rel_err"]:>9.2e} '

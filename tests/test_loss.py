@@ -256,7 +256,7 @@ def test_one_d_call_matches_separate_calls(class_name, resolution, loss):
     for norm, cr in [('gn', 5.0), ('none', 0.0), ('sn', 5.0), ('gp1', 0.0), ('r1', 5.0)]:
         D = dnnlib.util.construct_class_by_name(class_name=class_name, c_dim=c_dim, img_resolution=resolution,
                                                 img_channels=3, ch=ch, spectral_norm=(norm == 'sn')).double()
-        assert D.is_sample_independent and GANLoss(G=ImageG(resolution), D=D).fuse_d_calls
+        assert D.is_sample_independent and not GANLoss(G=ImageG(resolution), D=D).fuse_d_calls  # Default: only on CUDA.
         grads, calls = [], []
         for fuse in [True, False]:
             D_copy = copy.deepcopy(D)
@@ -278,6 +278,8 @@ def test_one_d_call_matches_separate_calls(class_name, resolution, loss):
 def test_stylegan_d_is_called_per_batch():
     D = StyleGANDiscriminator(c_dim=0, img_resolution=8, img_channels=3, fmap_base=16, fmap_max=4)
     assert not D.is_sample_independent and not GANLoss(G=nn.Identity(), D=D).fuse_d_calls
+    real, fake, c = torch.randn(4, 3, 8, 8), torch.randn(4, 3, 8, 8), torch.zeros(8, 0)
+    assert not torch.allclose(D(torch.cat([real, fake]), c)[:4], D(real, c[:4]))  # Why: minibatch stddev mixes them.
 
 #----------------------------------------------------------------------------
 # Precision and gain.

@@ -33,9 +33,11 @@
 The D step uses M reals and M fakes generated from gen_z (no gradient into G); the G step
 generates from gen_z (its batch may differ, e.g. 2M). Where D treats every sample on its own
 (`D.is_sample_independent`: no batch statistics, no minibatch stddev), the reals, the fakes and
-CR's augmented reals go through D in one call on their concatenation (one GN double backward
-instead of two or three), which gives the same scores and gradients; with spectral normalization
-the power iteration then also advances once per D step instead of once per call. Under GN the G step back-propagates through
+CR's augmented reals may go through D in one call on their concatenation (one GN double backward
+instead of two or three: half the kernel launches on a GPU), which gives the same scores and
+gradients; with spectral normalization the power iteration then also advances once per D step
+instead of once per call. It is the default on CUDA; on a CPU, where launches cost nothing and
+the larger batch measured slower, separate calls are. Under GN the G step back-propagates through
 ||grad_x f|| (double backward) unless `fast_g` selects the single-backward path of
 training/gradnorm.py, which is exact for a piecewise-linear D and used by default exactly then.
 In the G step the gradients left in D's parameters are not meaningful (the loop discards them).
@@ -143,7 +145,7 @@ class GANLoss:
         r1_gamma: float = 10.0,             # R1 weight gamma (the penalty is gamma / 2 * E||grad||^2).
         cr: float = 0.0,                    # Consistency regularization weight (paper: 5), 0 = off.
         fast_g: bool | None = None,         # GN generator step by one first-order backward; None = iff D.is_piecewise_linear.
-        fuse_d_calls: bool | None = None,   # Reals, fakes (and CR's copies) in one D call; None = iff D.is_sample_independent.
+        fuse_d_calls: bool | None = None,   # Reals, fakes (and CR's copies) in one D call; None = iff D.is_sample_independent, on CUDA.
         precision: str = 'fp32',            # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
         channels_last: bool | None = None,  # Convert G's and D's weights to channels-last; None = on a CPU, or with bf16/fp16.
     ) -> None:
@@ -158,12 +160,15 @@ class GANLoss:
         self.r1_gamma = r1_gamma
         self.cr = cr
         self.fast_g = bool(getattr(D, 'is_piecewise_linear', False)) if fast_g is None else bool(fast_g)
-        self.fuse_d_calls = bool(getattr(D, 'is_sample_independent', False)) if fuse_d_calls is None else bool(fuse_d_calls)
         self.precision = precision
         self.autocast_dtype = AUTOCAST_DTYPES.get(precision)
+        param = next(D.parameters(), None)
+        device_type = None if param is None else param.device.type
+        if fuse_d_calls is None:  # On a CPU one call on the concatenation measured slower (docs/benchmarks.md).
+            fuse_d_calls = bool(getattr(D, 'is_sample_independent', False)) and device_type == 'cuda'
+        self.fuse_d_calls = bool(fuse_d_calls)
         if channels_last is None:
-            param = next(D.parameters(), None)
-            channels_last = param is not None and (param.device.type == 'cpu' or self.autocast_dtype is not None)
+            channels_last = device_type == 'cpu' or (device_type is not None and self.autocast_dtype is not None)
         if channels_last:
             G.to(memory_format=torch.channels_last)
             D.to(memory_format=torch.channels_last)
