@@ -266,3 +266,31 @@ def test_fast_path_requires_generator_output():
     D = make_D('mlp', 'relu')
     with pytest.raises(ValueError):
         generator_backward_fast(D, torch.randn(2, *SHAPE, dtype=torch.float64), loss_fn=lambda s: s.mean())
+
+
+@pytest.mark.parametrize('arch,act', CASES)
+def test_grad_norm_scale_and_gain(arch, act):
+    # grad_norm_scale multiplies ||grad_x f|| (norm w.r.t. another input that x is a linear image of);
+    # gain multiplies the gradient reaching G (loss scaling) and leaves the loss and the scores unscaled.
+    scale, gain = 0.25, 8.0
+    D = make_D(arch, act)
+    torch.manual_seed(3)
+    G = TinyG().double()
+    z = torch.randn(7, 5, dtype=torch.float64)
+    G_exact, G_fast = copy.deepcopy(G), copy.deepcopy(G)
+    x = G_exact(z)
+    out = normalize_gradient(D, x, zeta='abs', grad_norm_scale=scale)
+    n = np.linalg.norm(fd_gradient(D, x.detach()), axis=1)
+    f = D(x).detach().numpy()[:, 0]
+    np.testing.assert_allclose(out.grad_norm.detach().numpy()[:, 0], scale * n, rtol=1e-6)
+    np.testing.assert_allclose(out.f_hat.detach().numpy()[:, 0], f / (scale * n + np.abs(f)), rtol=1e-6)
+    loss_fn = LOSS_FNS['square']
+    loss_exact = loss_fn(out.f_hat)
+    (loss_exact * gain).backward()
+    loss_fast, out_fast = generator_backward_fast(D, G_fast(z), loss_fn=loss_fn, zeta='abs', grad_norm_scale=scale,
+                                                  gain=gain)
+    np.testing.assert_allclose(loss_fast.item(), loss_exact.item(), rtol=1e-12)
+    np.testing.assert_allclose(out_fast.grad_norm.numpy(), out.grad_norm.detach().numpy(), rtol=1e-12)
+    exact = torch.cat([p.grad.flatten() for p in G_exact.parameters()])
+    fast = torch.cat([p.grad.flatten() for p in G_fast.parameters()])
+    assert ((fast - exact).norm() / exact.norm()).item() < 1e-5

@@ -8,11 +8,14 @@ import pytest
 import torch
 from torch import nn
 
+import dnnlib
 from torch_utils import training_stats
 from training.augment import consistency_augment
-from training.loss import LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
+from training.configs import PRESETS, get_config
+from training.loss import LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms, set_matmul_precision
 from training.networks.biggan import BigGANDiscriminator, BigGANGenerator
 from training.networks.sngan import CNNDiscriminator, CNNGenerator, ResNetDiscriminator, ResNetGenerator
+from training.networks.stylegan import Discriminator as StyleGANDiscriminator
 
 SHAPE = (2, 4, 4)
 
@@ -221,3 +224,118 @@ def test_every_combination_trains(norm, loss, monkeypatch):
         assert torch.isfinite(torch.as_tensor(reported[name])).all(), name
     if norm in ('gn', 'gn1', 'gn0', 'gp1', 'gp0', 'r1'):
         assert torch.isfinite(reported['Loss/grad_norm']).all()
+
+#----------------------------------------------------------------------------
+# One D call per D step: the same gradients as separate calls, for every preset's discriminator.
+
+# (D class, resolution, loss) of every fixed-resolution preset, built narrow (same layers, fewer channels).
+PRESET_DS = sorted({(get_config(name).D_kwargs.class_name, get_config(name).resolution, get_config(name).loss_kwargs.loss)
+                    for name in PRESETS if get_config(name).resolution is not None})
+
+
+class ImageG(nn.Module):
+    """G(z, c) = tanh(z) as images [N, 3, R, R]: fakes without a generator's cost."""
+
+    def __init__(self, resolution):
+        super().__init__()
+        self.resolution = resolution
+
+    def forward(self, z, c):
+        return torch.tanh(z.reshape(-1, 3, self.resolution, self.resolution))
+
+
+@pytest.mark.parametrize('class_name,resolution,loss', PRESET_DS)
+def test_one_d_call_matches_separate_calls(class_name, resolution, loss):
+    torch.manual_seed(0)
+    n, c_dim = 3, 4
+    real = torch.rand(n, 3, resolution, resolution, dtype=torch.float64) * 2 - 1
+    z = torch.randn(n, 3 * resolution ** 2, dtype=torch.float64)
+    real_c = torch.eye(c_dim, dtype=torch.float64)[torch.tensor([0, 3, 1])]
+    gen_c = torch.eye(c_dim, dtype=torch.float64)[torch.tensor([2, 2, 0])]
+    ch = 1 if resolution >= 128 else 2
+    for norm, cr in [('gn', 5.0), ('none', 0.0), ('sn', 5.0), ('gp1', 0.0), ('r1', 5.0)]:
+        D = dnnlib.util.construct_class_by_name(class_name=class_name, c_dim=c_dim, img_resolution=resolution,
+                                                img_channels=3, ch=ch, spectral_norm=(norm == 'sn')).double()
+        assert D.is_sample_independent and not GANLoss(G=ImageG(resolution), D=D).fuse_d_calls  # Default: only on CUDA.
+        grads, calls = [], []
+        for fuse in [True, False]:
+            D_copy = copy.deepcopy(D)
+            counter = []
+            D_copy.register_forward_hook(lambda *args: counter.append(1))
+            gan_loss = GANLoss(G=ImageG(resolution), D=D_copy, loss=loss, norm=norm, cr=cr, fuse_d_calls=fuse)
+            torch.manual_seed(1)  # Same CR augmentation and GP interpolation in both runs.
+            with torch.nn.utils.parametrize.cached():  # One SN power iteration per step in both (see the docstring).
+                gan_loss.accumulate_gradients('D', real, real_c, z, gen_c)
+            grads.append(torch.cat([p.grad.flatten() for p in D_copy.parameters() if p.grad is not None]))
+            calls.append(len(counter))
+        fused, separate = grads
+        penalty_calls = 1 if norm in ('gp1', 'r1') else 0
+        assert calls == [1 + penalty_calls, (3 if cr > 0 else 2) + penalty_calls], (norm, calls)
+        assert separate.norm() > 0
+        torch.testing.assert_close(fused, separate, rtol=1e-10, atol=1e-12 * separate.abs().max().item())
+
+
+def test_stylegan_d_is_called_per_batch():
+    D = StyleGANDiscriminator(c_dim=0, img_resolution=8, img_channels=3, fmap_base=16, fmap_max=4)
+    assert not D.is_sample_independent and not GANLoss(G=nn.Identity(), D=D).fuse_d_calls
+    real, fake, c = torch.randn(4, 3, 8, 8), torch.randn(4, 3, 8, 8), torch.zeros(8, 0)
+    assert not torch.allclose(D(torch.cat([real, fake]), c)[:4], D(real, c[:4]))  # Why: minibatch stddev mixes them.
+
+#----------------------------------------------------------------------------
+# Precision and gain.
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('norm', ['gn', 'none'])
+def test_autocast_runs_networks_low_and_gn_and_losses_in_float32(dtype, norm, monkeypatch):
+    torch.manual_seed(0)
+    G = CNNGenerator(c_dim=0, img_resolution=8, img_channels=3, z_dim=8, ch=2)
+    D = CNNDiscriminator(c_dim=0, img_resolution=8, img_channels=3, ch=2)
+    conv_dtypes = []
+    D.convs[1].register_forward_hook(lambda module, inputs, output: conv_dtypes.append(output.dtype))
+    reported = {}
+    monkeypatch.setattr(training_stats, 'report', lambda name, value: reported.setdefault(name, value))
+    precision = {torch.bfloat16: 'bf16', torch.float16: 'fp16'}[dtype]
+    gan_loss = GANLoss(G=G, D=D, loss='hinge', norm=norm, cr=1.0, precision=precision, fuse_d_calls=True)
+    D.requires_grad_(True)
+    gan_loss.accumulate_gradients('D', torch.rand(2, 3, 8, 8) * 2 - 1, torch.zeros(2, 0), torch.randn(2, 8),
+                                  torch.zeros(2, 0))
+    assert conv_dtypes == [dtype]  # One fused call of D, in the autocast dtype.
+    for name in ['Loss/scores/real', 'Loss/D/real', 'Loss/cr', 'Loss/D/loss'] + (['Loss/grad_norm'] if norm == 'gn' else []):
+        assert reported[name].dtype == torch.float32, name
+    assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in D.parameters())
+
+
+@pytest.mark.parametrize('norm,fast_g', [('gn', True), ('gn', False), ('gp1', None), ('none', None)])
+def test_gain_multiplies_gradients(norm, fast_g):
+    torch.manual_seed(0)
+    G = CNNGenerator(c_dim=0, img_resolution=8, img_channels=3, z_dim=8, ch=2).double()
+    D = CNNDiscriminator(c_dim=0, img_resolution=8, img_channels=3, ch=2).double()
+    real, c, z = torch.rand(2, 3, 8, 8, dtype=torch.float64) * 2 - 1, torch.zeros(2, 0), torch.randn(2, 8, dtype=torch.float64)
+    for phase in ['D', 'G']:
+        grads = []
+        for gain in [1.0, torch.tensor(0.125, dtype=torch.float64)]:
+            G_copy, D_copy = copy.deepcopy(G), copy.deepcopy(D)
+            gan_loss = GANLoss(G=G_copy, D=D_copy, norm=norm, fast_g=fast_g)
+            module = D_copy if phase == 'D' else G_copy
+            module.requires_grad_(True)
+            torch.manual_seed(1)
+            gan_loss.accumulate_gradients(phase, real, c, z, c, gain=gain)
+            grads.append(torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None]))
+        torch.testing.assert_close(grads[1], grads[0] * 0.125, rtol=1e-10, atol=0)
+
+
+def test_precision_choices():
+    with pytest.raises(ValueError, match='bf16'):
+        GANLoss(G=nn.Identity(), D=nn.Identity(), precision='half')
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    before = flags()
+    try:
+        set_matmul_precision('tf32')
+        assert flags() == (True, True)
+        set_matmul_precision('fp32')
+        assert flags() == (False, False)
+        with pytest.raises(ValueError, match='tf32'):
+            set_matmul_precision('fp8')
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before

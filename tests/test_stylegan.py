@@ -290,3 +290,81 @@ def test_snapshot_round_trip_keeps_lod(tmp_path):
     torch.testing.assert_close(data.G(z, c, noise_mode='const'), G(z, c, noise_mode='const'))
     img = G(z, c, noise_mode='const')
     torch.testing.assert_close(data.D(img, c), D(img, c))
+
+#----------------------------------------------------------------------------
+# GN on the image D actually sees: StyleGAN v1 feeds D the full-resolution image.
+
+
+def full_resolution_gn(D, x_R, c, s):
+    """f, ||grad_x f|| and f_hat w.r.t. v1's full-resolution input x = nearest_up(x_R, s), with D applied to
+    an explicit s x s box average of x (what v1's D computes before its first layer in use)."""
+    x = nearest_up(x_R, s).detach().requires_grad_(True) if s > 1 else x_R.detach().requires_grad_(True)
+    f = D(F.avg_pool2d(x, s) if s > 1 else x, c)
+    grad, = torch.autograd.grad(f.sum(), x)
+    n = grad.flatten(1).norm(dim=1, keepdim=True)
+    return f.detach(), n, f.detach() / (n + f.detach().abs())
+
+
+def fade_reals(x_full, lod):
+    """What D receives at lod, built by hand: box average to R = 32 / 2**floor(lod), then the fade-in blend."""
+    x = F.avg_pool2d(x_full, 2 ** math.floor(lod)) if lod >= 1 else x_full
+    frac = lod - math.floor(lod)
+    return torch.lerp(x, nearest_up(F.avg_pool2d(x, 2)), frac) if frac > 0 else x
+
+
+@pytest.mark.parametrize('lod', [0, 0.5, 1, 1.75, 2, 2.25, 3])
+def test_gn_norm_is_the_full_resolution_one(lod, monkeypatch):
+    D = tiny_D(img_resolution=32).double()
+    D.set_lod(lod)
+    s = 2 ** math.floor(lod)
+    torch.manual_seed(2)
+    x_R = fade_reals(torch.rand(4, 3, 32, 32, dtype=torch.float64) * 2 - 1, lod)
+    c = torch.zeros(4, 0, dtype=torch.float64)
+    f, n_full, f_hat = full_resolution_gn(D, x_R, c, s)
+    assert D.input_grad_scale == 1 / s
+
+    # GN: the norm and f_hat of the loss are the full-resolution ones.
+    loss = loss_lib.GANLoss(G=torch.nn.Identity(), D=D, norm='gn', channels_last=False)
+    scores, grad_norm = loss.scores(x_R, c)
+    torch.testing.assert_close(grad_norm, n_full, rtol=1e-10, atol=0)
+    torch.testing.assert_close(scores, f_hat, rtol=1e-10, atol=0)
+
+    # R1: the penalty's norm too (G(z, c) = z hands the fakes through).
+    reported = {}
+    monkeypatch.setattr(training_stats, 'report', lambda name, value: reported.setdefault(name, value))
+    r1 = loss_lib.GANLoss(G=lambda z, c: z, D=D, loss='hinge', norm='r1', r1_gamma=1.0, channels_last=False)
+    D.requires_grad_(True)
+    r1.accumulate_gradients('D', x_R, c, x_R.flip(0), c)
+    torch.testing.assert_close(reported['Loss/grad_norm'].detach(), n_full, rtol=1e-10, atol=0)
+
+
+def test_gn_is_continuous_across_every_fade_in_boundary():
+    # At an integer lod L, D works at R; just below it (lod L - eps) it works at 2R at the very start of
+    # the fade-in, where its input is (nearly) the upsampled R image: f_hat must not jump.
+    D = tiny_D(img_resolution=32).double()
+    loss = loss_lib.GANLoss(G=torch.nn.Identity(), D=D, norm='gn', channels_last=False)
+    torch.manual_seed(3)
+    x_full = torch.rand(4, 3, 32, 32, dtype=torch.float64) * 2 - 1
+    c = torch.zeros(4, 0, dtype=torch.float64)
+    for L in [1, 2, 3]:
+        results = []
+        for lod in [L, L - 1e-9]:
+            D.set_lod(lod)
+            results.append(loss.scores(fade_reals(x_full, lod), c))
+        (at, n_at), (below, n_below) = results
+        torch.testing.assert_close(n_below, n_at, rtol=1e-6, atol=0)
+        torch.testing.assert_close(below, at, rtol=1e-6, atol=0)
+
+
+def test_lod_on_the_host_follows_every_change_of_the_buffer():
+    """The host copy of lod (no GPU sync per forward) must follow set_lod, state-dict loading and in-place copies."""
+    from training.networks.stylegan import host_lod
+    D = stylegan.Discriminator(c_dim=0, img_resolution=32, img_channels=3, fmap_max=4)
+    D.set_lod(1.5)
+    assert host_lod(D) == 1.5
+    D.load_state_dict({**D.state_dict(), 'lod': torch.tensor(0.25, dtype=torch.float64)})
+    assert host_lod(D) == 0.25
+    D.lod.copy_(torch.tensor(2.0))  # As misc.copy_params_and_buffers does on resume.
+    assert host_lod(D) == 2.0 and D.input_grad_scale == 0.25
+    x = torch.randn(4, 3, 8, 8)
+    assert D(x, torch.zeros(4, 0)).shape == (4, 1)  # Runs at 8x8, as lod 2 asks.

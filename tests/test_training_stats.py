@@ -26,6 +26,19 @@ def test_mean_std_match_numpy():
     assert collector.num('Test1/x') == 0 and np.isnan(collector.mean('Test1/x'))
 
 
+def test_non_finite_elements_are_masked():
+    values = np.array([1.5, np.nan, -2.0, np.inf, 0.25, -np.inf, 3.0])
+    finite = values[np.isfinite(values)]
+    collector = training_stats.Collector(r'Test2/.*')
+    training_stats.report('Test2/x', torch.tensor(values, dtype=torch.float32).reshape(7, 1))
+    training_stats.report('Test2/x', [4.0, float('nan')])
+    collector.update()
+    expected = np.concatenate([finite, [4.0]])
+    assert collector.num('Test2/x') == 5
+    assert collector.mean('Test2/x') == pytest.approx(expected.mean(), rel=1e-12)
+    assert collector.std('Test2/x') == pytest.approx(expected.std(), rel=1e-10)
+
+
 def _worker(rank, init_file, result_file):
     torch.distributed.init_process_group('gloo', init_method=f'file://{init_file}', rank=rank, world_size=2)
     collector = training_stats.Collector(r'Dist/.*')

@@ -28,12 +28,12 @@ def report(name: str, value: Any) -> Any:
     (they would poison every average) but counted apart, for `Collector.nonfinite_names()`; they
     are masked rather than removed, since removing would make the GPU report back their number.
     """
-    elems = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else np.asarray(value))
+    elems = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
     elems = elems.flatten().to(torch.float64)
-    finite = torch.isfinite(elems)
-    elems = torch.where(finite, elems, torch.zeros_like(elems))
-    num_finite = finite.sum().to(torch.float64)
-    moments = torch.stack([num_finite, elems.sum(), elems.square().sum(), elems.numel() - num_finite])
+    finite = elems.isfinite()
+    elems = elems.where(finite, 0.0)
+    # [count, sum, sum of squares, non-finite count] with one reduction: few small kernels per report.
+    moments = torch.stack([finite.to(torch.float64), elems, elems.square(), (~finite).to(torch.float64)]).sum(dim=1)
     key = (name, elems.device)
     if key in _moments:
         _moments[key] += moments

@@ -41,8 +41,10 @@ def check_zeta(zeta: str | float) -> None:
 
 
 def per_sample_norm(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """L2 norm of each sample's gradient over all non-batch dimensions (C, H, W), shaped like `like`."""
-    return grad.flatten(1).norm(dim=1).reshape(like.shape)
+    """L2 norm of each sample's gradient over all non-batch dimensions (C, H, W), shaped like `like`.
+
+    Reduces over the dimensions in place of flattening, so a channels-last gradient is not copied."""
+    return torch.linalg.vector_norm(grad, dim=list(range(1, grad.ndim))).reshape(like.shape)
 
 
 def normalize(f: torch.Tensor, grad_norm: torch.Tensor, zeta: str | float = 'abs') -> torch.Tensor:
@@ -65,7 +67,7 @@ def normalize(f: torch.Tensor, grad_norm: torch.Tensor, zeta: str | float = 'abs
 
 
 def normalize_gradient(D: Callable[..., torch.Tensor], x: torch.Tensor, *args, zeta: str | float = 'abs',
-                       **kwargs) -> GNOutput:
+                       grad_norm_scale: float = 1.0, **kwargs) -> GNOutput:
     """Gradient-normalized discriminator output f_hat = f / (||grad_x f|| + zeta) for the batch x.
 
     f = D(x, *args, **kwargs); the gradient is taken w.r.t. x only (labels in *args/**kwargs are
@@ -75,19 +77,23 @@ def normalize_gradient(D: Callable[..., torch.Tensor], x: torch.Tensor, *args, z
     backward) into D's parameters, and into x when x requires grad (e.g. fakes of the generator).
 
     An x that does not require grad (reals, detached fakes) is replaced by a detached copy that does,
-    leaving the caller's tensor untouched. Returns GNOutput(f_hat, f, grad_norm).
+    leaving the caller's tensor untouched. `grad_norm_scale` multiplies ||grad_x f|| before it is
+    used: the norm w.r.t. another input that x is an exact linear image of (progressive StyleGAN:
+    the full-resolution image, see `Discriminator.input_grad_scale` in training/networks/stylegan.py).
+    Returns GNOutput(f_hat, f, grad_norm), grad_norm already scaled.
     """
     check_zeta(zeta)
     if not x.requires_grad:
         x = x.detach().requires_grad_(True)
     f = D(x, *args, **kwargs)
     grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
-    grad_norm = per_sample_norm(grad, f)
+    grad_norm = per_sample_norm(grad, f) * grad_norm_scale
     return GNOutput(normalize(f, grad_norm, zeta), f, grad_norm)
 
 
 def generator_backward_fast(D: Callable[..., torch.Tensor], x: torch.Tensor, *args,
                             loss_fn: Callable[[torch.Tensor], torch.Tensor], zeta: str | float = 'abs',
+                            grad_norm_scale: float = 1.0, gain: float | torch.Tensor = 1.0,
                             **kwargs) -> tuple[torch.Tensor, GNOutput]:
     """Back-propagate loss_fn(f_hat(x)) into whatever produced x, with one first-order backward through D.
 
@@ -104,7 +110,11 @@ def generator_backward_fast(D: Callable[..., torch.Tensor], x: torch.Tensor, *ar
 
     x must require grad (it is the generator's output). The gradients this leaves in D's own
     parameters are those of sum_i f_i, not of the loss: the training loop ignores them in the G
-    step. Returns (loss, GNOutput), both detached, available once the backward has run.
+    step. `grad_norm_scale` is that of `normalize_gradient`. `gain` multiplies the gradient that
+    reaches the generator (loss scaling, gradient accumulation); it is applied to the seed of the
+    backward through D, so that a low-precision D back-propagates the scaled values (the point
+    of loss scaling), and divided out of the norm in the hook. Returns (loss, GNOutput), both
+    detached and unscaled, available once the backward has run.
     """
     check_zeta(zeta)
     if not x.requires_grad:
@@ -112,8 +122,8 @@ def generator_backward_fast(D: Callable[..., torch.Tensor], x: torch.Tensor, *ar
     f = D(x, *args, **kwargs)
     results = {}
 
-    def rescale(grad: torch.Tensor) -> torch.Tensor:
-        grad_norm = per_sample_norm(grad, f)
+    def rescale(grad: torch.Tensor) -> torch.Tensor:  # grad = gain * g.
+        grad_norm = per_sample_norm(grad, f) * (grad_norm_scale / gain)
         with torch.enable_grad():
             f_leaf = f.detach().requires_grad_(True)
             f_hat = normalize(f_leaf, grad_norm, zeta)
@@ -125,7 +135,7 @@ def generator_backward_fast(D: Callable[..., torch.Tensor], x: torch.Tensor, *ar
 
     handle = x.register_hook(rescale)
     try:
-        f.backward(torch.ones_like(f))
+        f.backward(torch.ones_like(f) * gain)
     finally:
         handle.remove()
     return results['loss'], results['out']

@@ -31,13 +31,35 @@
     label for both and aug a random flip + translation (training/augment.py); s is f_hat under GN.
 
 The D step uses M reals and M fakes generated from gen_z (no gradient into G); the G step
-generates from gen_z (its batch may differ, e.g. 2M). Under GN the G step back-propagates through
+generates from gen_z (its batch may differ, e.g. 2M). Where D treats every sample on its own
+(`D.is_sample_independent`: no batch statistics, no minibatch stddev), the reals, the fakes and
+CR's augmented reals may go through D in one call on their concatenation (one GN double backward
+instead of two or three: half the kernel launches on a GPU), which gives the same scores and
+gradients; with spectral normalization the power iteration then also advances once per D step
+instead of once per call. It is the default on CUDA; on a CPU, where launches cost nothing and
+the larger batch measured slower, separate calls are. Under GN the G step back-propagates through
 ||grad_x f|| (double backward) unless `fast_g` selects the single-backward path of
 training/gradnorm.py, which is exact for a piecewise-linear D and used by default exactly then.
 In the G step the gradients left in D's parameters are not meaningful (the loop discards them).
+
+Gradient norms are those w.r.t. the image D is defined on: a progressive StyleGAN D works at the
+active resolution but, as in StyleGAN v1, stands for a D of the full-resolution image, and
+declares the exact factor between the two norms (`input_grad_scale`, 1 for every other D); GN's
+norm, R1 and the gradient penalties use the scaled norm.
+
+Precision (`precision`): 'fp32' and 'tf32' run everything in float32 ('tf32' lets CUDA matmuls and
+convolutions use TF32, a process-wide switch made by `set_matmul_precision`); 'bf16' and 'fp16'
+run the forward passes of G and D under torch.autocast (convolutions and matmuls, and so the
+custom ops that follow them, in that dtype), while D's output, the input gradient, GN's norm and
+division, the penalties and the losses are float32. fp16 needs loss scaling: the caller passes
+the scale (e.g. torch.amp.GradScaler's) as `gain` and unscales before the optimizer step.
+Channels-last memory format (`channels_last`) changes the layout of the networks' weights, not
+their values; it makes CPU convolutions faster (oneDNN) and is what tensor cores prefer.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +73,8 @@ from training.gradnorm import generator_backward_fast, normalize_gradient, per_s
 LOSSES = ('hinge', 'ns', 'ns-nosigmoid', 'wasserstein')
 NORMS = ('gn', 'gn1', 'gn0', 'sn', 'gp1', 'gp0', 'r1', 'none')
 GN_ZETAS = {'gn': 'abs', 'gn1': 1, 'gn0': 0}
+PRECISIONS = ('fp32', 'tf32', 'bf16', 'fp16')
+AUTOCAST_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}  # 'fp32' and 'tf32' run without autocast.
 
 
 def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> None:
@@ -85,31 +109,49 @@ def g_loss_terms(loss: str, fake: torch.Tensor) -> torch.Tensor:
     return -fake  # hinge and wasserstein
 
 
-def input_gradient_norm(D: torch.nn.Module, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """Per-sample ||grad_x D(x, c)||, differentiable w.r.t. D's parameters (for gradient penalties)."""
+def input_gradient_norm(D: Callable[..., torch.Tensor], x: torch.Tensor, c: torch.Tensor,
+                        grad_norm_scale: float = 1.0) -> torch.Tensor:
+    """Per-sample ||grad_x D(x, c)|| * grad_norm_scale, differentiable w.r.t. D's parameters (gradient penalties)."""
     x = x.detach().requires_grad_(True)
     f = D(x, c)
     grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
-    return per_sample_norm(grad, f)
+    return per_sample_norm(grad, f) * grad_norm_scale
+
+
+def set_matmul_precision(precision: str) -> None:
+    """Process-wide: may float32 matmuls and convolutions on CUDA use TF32 tensor cores?
+
+    'fp32' (the paper's arithmetic) forbids it; 'tf32' allows it; 'bf16' and 'fp16' allow it
+    too, for what runs in float32 outside autocast. A global torch switch, so the training loop
+    calls this once, before building anything. Without CUDA the flags have no effect.
+    """
+    check_choice('precision', precision, PRECISIONS)
+    torch.backends.cuda.matmul.allow_tf32 = precision != 'fp32'
+    torch.backends.cudnn.allow_tf32 = precision != 'fp32'
 
 #----------------------------------------------------------------------------
+
 
 
 class GANLoss:
     """One D step or one G step of a GAN with a configurable adversarial loss, D constraint and CR."""
 
     def __init__(self,
-        G: torch.nn.Module,             # Generator, called as G(z, c).
-        D: torch.nn.Module,             # Discriminator, called as D(img, c) -> [N, 1].
-        loss: str = 'hinge',            # Adversarial loss: hinge, ns, ns-nosigmoid, wasserstein.
-        norm: str = 'gn',               # D constraint: gn, gn1, gn0, sn, gp1, gp0, r1, none.
-        gp_weight: float = 10.0,        # Weight of the gp1 / gp0 penalties (lambda).
-        r1_gamma: float = 10.0,         # R1 weight gamma (the penalty is gamma / 2 * E||grad||^2).
-        cr: float = 0.0,                # Consistency regularization weight (paper: 5), 0 = off.
-        fast_g: bool | None = None,     # GN generator step by one first-order backward; None = iff D.is_piecewise_linear.
+        G: torch.nn.Module,                 # Generator, called as G(z, c).
+        D: torch.nn.Module,                 # Discriminator, called as D(img, c) -> [N, 1].
+        loss: str = 'hinge',                # Adversarial loss: hinge, ns, ns-nosigmoid, wasserstein.
+        norm: str = 'gn',                   # D constraint: gn, gn1, gn0, sn, gp1, gp0, r1, none.
+        gp_weight: float = 10.0,            # Weight of the gp1 / gp0 penalties (lambda).
+        r1_gamma: float = 10.0,             # R1 weight gamma (the penalty is gamma / 2 * E||grad||^2).
+        cr: float = 0.0,                    # Consistency regularization weight (paper: 5), 0 = off.
+        fast_g: bool | None = None,         # GN generator step by one first-order backward; None = iff D.is_piecewise_linear.
+        fuse_d_calls: bool | None = None,   # Reals, fakes (and CR's copies) in one D call; None = iff D.is_sample_independent, on CUDA.
+        precision: str = 'fp32',            # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
+        channels_last: bool | None = None,  # Convert G's and D's weights to channels-last; None = on a CPU, or with bf16/fp16.
     ) -> None:
         check_choice('loss', loss, LOSSES)
         check_choice('norm', norm, NORMS)
+        check_choice('precision', precision, PRECISIONS)
         self.G = G
         self.D = D
         self.loss = loss
@@ -118,21 +160,53 @@ class GANLoss:
         self.r1_gamma = r1_gamma
         self.cr = cr
         self.fast_g = bool(getattr(D, 'is_piecewise_linear', False)) if fast_g is None else bool(fast_g)
+        self.precision = precision
+        self.autocast_dtype = AUTOCAST_DTYPES.get(precision)
+        param = next(D.parameters(), None)
+        device_type = None if param is None else param.device.type
+        if fuse_d_calls is None:  # On a CPU one call on the concatenation measured slower (docs/benchmarks.md).
+            fuse_d_calls = bool(getattr(D, 'is_sample_independent', False)) and device_type == 'cuda'
+        self.fuse_d_calls = bool(fuse_d_calls)
+        if channels_last is None:
+            channels_last = device_type == 'cpu' or (device_type is not None and self.autocast_dtype is not None)
+        if channels_last:
+            G.to(memory_format=torch.channels_last)
+            D.to(memory_format=torch.channels_last)
+
+    def run_G(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """G(z, c) in the loss's precision; the images come back in float32."""
+        return self._run(self.G, z, c)
+
+    def run_D(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """D(img, c) in the loss's precision; the scores come back in float32."""
+        return self._run(self.D, img, c)
+
+    def _run(self, net: torch.nn.Module, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        if self.autocast_dtype is None:
+            return net(x, c)
+        with torch.autocast(x.device.type, dtype=self.autocast_dtype):
+            out = net(x, c)
+        return out.to(torch.float32)
+
+    def input_grad_scale(self) -> float:
+        """||grad|| w.r.t. the image D is defined on, per unit of ||grad|| w.r.t. its actual input (see module docstring)."""
+        return getattr(self.D, 'input_grad_scale', 1.0)
 
     def scores(self, img: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The score the adversarial loss sees (f_hat under GN, else the raw D output) and, under GN, ||grad_x f||."""
         if self.norm in GN_ZETAS:
-            out = normalize_gradient(self.D, img, c, zeta=GN_ZETAS[self.norm])
+            out = normalize_gradient(self.run_D, img, c, zeta=GN_ZETAS[self.norm], grad_norm_scale=self.input_grad_scale())
             return out.f_hat, out.grad_norm
-        return self.D(img, c), None
+        return self.run_D(img, c), None
 
     def accumulate_gradients(self, phase: str, real_img: torch.Tensor | None, real_c: torch.Tensor | None,
-                             gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float = 1.0) -> None:
-        """Compute this step's loss on the given batch and back-propagate gain * loss (gradients accumulate;
-        gain = 1 / rounds averages accumulation rounds).
+                             gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float | torch.Tensor = 1.0) -> None:
+        """Compute this step's loss on the given batch and call backward() on loss * gain (gradients accumulate).
 
         phase 'D': reals real_img/real_c (float in [-1, 1]; one-hot labels) and fakes G(gen_z, gen_c).
         phase 'G': fakes G(gen_z, gen_c) only; real_img and real_c are unused.
+        gain: 1 / rounds for gradient accumulation over rounds, times the loss scale for fp16 (a
+        tensor, e.g. GradScaler.scale(ones), avoids reading the scale back from the GPU).
         """
         if phase == 'D':
             self._discriminator_step(real_img, real_c, gen_z, gen_c, gain)
@@ -141,12 +215,25 @@ class GANLoss:
         else:
             raise ValueError(f'unknown phase "{phase}"; valid: D, G')
 
+    def _batch_scores(self, imgs: list[torch.Tensor], labels: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """`scores` of several batches: one D call on their concatenation when D allows it, else one call each."""
+        if not self.fuse_d_calls:
+            return [self.scores(img, c) for img, c in zip(imgs, labels)]
+        sizes = [img.shape[0] for img in imgs]
+        scores, grad_norm = self.scores(torch.cat(imgs), torch.cat(labels))
+        grad_norms = [None] * len(imgs) if grad_norm is None else grad_norm.split(sizes)
+        return list(zip(scores.split(sizes), grad_norms))
+
     def _discriminator_step(self, real_img: torch.Tensor, real_c: torch.Tensor, gen_z: torch.Tensor,
-                            gen_c: torch.Tensor, gain: float) -> None:
+                            gen_c: torch.Tensor, gain: float | torch.Tensor) -> None:
         with torch.no_grad():
-            gen_img = self.G(gen_z, gen_c)
-        real_scores, real_grad_norm = self.scores(real_img, real_c)
-        fake_scores, fake_grad_norm = self.scores(gen_img, gen_c)
+            gen_img = self.run_G(gen_z, gen_c)
+        imgs, labels = [real_img, gen_img], [real_c, gen_c]
+        if self.cr > 0:
+            imgs.append(consistency_augment(real_img))
+            labels.append(real_c)  # The augmented copy keeps its real label.
+        results = self._batch_scores(imgs, labels)
+        (real_scores, real_grad_norm), (fake_scores, fake_grad_norm) = results[:2]
         real_terms, fake_terms = d_loss_terms(self.loss, real_scores, fake_scores)
         loss = real_terms.mean() + fake_terms.mean()
         training_stats.report('Loss/scores/real', real_scores)
@@ -157,8 +244,7 @@ class GANLoss:
             training_stats.report('Loss/grad_norm', torch.cat([real_grad_norm, fake_grad_norm]))
 
         if self.cr > 0:
-            augmented_scores, _ = self.scores(consistency_augment(real_img), real_c)
-            cr_terms = (real_scores - augmented_scores).square()
+            cr_terms = (real_scores - results[2][0]).square()
             loss = loss + self.cr * cr_terms.mean()
             training_stats.report('Loss/cr', cr_terms)
 
@@ -169,14 +255,14 @@ class GANLoss:
             alpha = torch.rand([real_img.shape[0]] + [1] * (real_img.ndim - 1),
                                device=real_img.device, dtype=real_img.dtype)
             mixed = alpha * real_img + (1 - alpha) * gen_img
-            grad_norm = input_gradient_norm(self.D, mixed, real_c)  # Interpolates keep the real labels.
+            grad_norm = input_gradient_norm(self.run_D, mixed, real_c, self.input_grad_scale())  # Interpolates keep the real labels.
             center = 1.0 if self.norm == 'gp1' else 0.0
             penalty = self.gp_weight * (grad_norm - center).square()
             loss = loss + penalty.mean()
             training_stats.report('Loss/grad_norm', grad_norm)
             training_stats.report('Loss/penalty', penalty)
         elif self.norm == 'r1':
-            grad_norm = input_gradient_norm(self.D, real_img, real_c)
+            grad_norm = input_gradient_norm(self.run_D, real_img, real_c, self.input_grad_scale())
             penalty = self.r1_gamma / 2 * grad_norm.square()
             loss = loss + penalty.mean()
             training_stats.report('Loss/grad_norm', grad_norm)
@@ -185,12 +271,12 @@ class GANLoss:
         training_stats.report('Loss/D/loss', loss)
         (loss * gain).backward()
 
-    def _generator_step(self, gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float) -> None:
-        gen_img = self.G(gen_z, gen_c)
+    def _generator_step(self, gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float | torch.Tensor) -> None:
+        gen_img = self.run_G(gen_z, gen_c)
         if self.norm in GN_ZETAS and self.fast_g:
-            loss, _ = generator_backward_fast(self.D, gen_img, gen_c, zeta=GN_ZETAS[self.norm],
-                                              loss_fn=lambda s: g_loss_terms(self.loss, s).mean() * gain)
-            loss = loss / gain
+            loss, _ = generator_backward_fast(self.run_D, gen_img, gen_c, zeta=GN_ZETAS[self.norm],
+                                              loss_fn=lambda s: g_loss_terms(self.loss, s).mean(),
+                                              grad_norm_scale=self.input_grad_scale(), gain=gain)
         else:
             loss = g_loss_terms(self.loss, self.scores(gen_img, gen_c)[0]).mean()
             (loss * gain).backward()

@@ -14,7 +14,9 @@ network also works class-conditionally (c_dim > 0): G then uses class-conditiona
 
 Every discriminator here is piecewise linear in its input for fixed weights (ReLU/LeakyReLU,
 convolutions, average pooling, linear layers; spectral normalization only rescales weights),
-which is what the fast generator path of gradient normalization relies on.
+which is what the fast generator path of gradient normalization relies on; and none of them
+mixes samples (no batch norm or minibatch statistics in D), so the loss may run reals and fakes
+through one call.
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ class CNNDiscriminator(nn.Module):
     """SN-GAN's standard CNN discriminator: seven convs with LeakyReLU(0.1), then one linear layer."""
 
     is_piecewise_linear = True
+    is_sample_independent = True  # No layer mixes samples: reals and fakes may share one call (training/loss.py).
 
     def __init__(self,
         c_dim: int,                     # Label dimension, 0 = unconditional.
@@ -260,6 +263,7 @@ class ResidualDiscriminator(nn.Module):
     `sum_pool` picks global sum pooling (BigGAN) instead of the mean (SN-GAN)."""
 
     is_piecewise_linear = True
+    is_sample_independent = True  # No layer mixes samples: reals and fakes may share one call (training/loss.py).
     sum_pool = False
 
     def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -57,6 +57,21 @@ def instance_norm(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return x * (x.square().mean(dim=[2, 3], keepdim=True) + eps).rsqrt()
 
 
+def host_lod(module: nn.Module) -> float:
+    """module.lod as a Python float. It decides which layers run, so it is needed on the host; reading a
+    CUDA buffer would wait for the GPU at every call, so the value set by `set_lod` is kept alongside and
+    the buffer is read only when it changed otherwise (loading, copying: its `_version` tells)."""
+    cached = module.__dict__.get('_host_lod')
+    if cached is None or cached[1] != module.lod._version:
+        cached = module._host_lod = (float(module.lod), module.lod._version)
+    return cached[0]
+
+
+def _set_lod(module: nn.Module, lod: float) -> None:
+    module.lod.fill_(_check_lod(lod, module.img_resolution))
+    module._host_lod = (float(lod), module.lod._version)
+
+
 def _check_lod(lod: float, img_resolution: int) -> float:
     max_lod = int(math.log2(img_resolution)) - 2
     if not 0 <= lod <= max_lod:
@@ -313,11 +328,11 @@ class SynthesisNetwork(nn.Module):
 
     def set_lod(self, lod: float) -> None:
         """Select the active resolution img_resolution / 2**floor(lod), fading in when lod is fractional."""
-        self.lod.fill_(_check_lod(lod, self.img_resolution))
+        _set_lod(self, lod)
 
     def forward(self, ws: torch.Tensor, noise_mode: str = 'random') -> torch.Tensor:
         misc.assert_shape(ws, [None, self.num_ws, self.w_dim])
-        lod = float(self.lod)  # It decides which layers run, so it is read on the host (one device sync).
+        lod = host_lod(self)
         top_log2 = self.img_resolution_log2 - math.floor(lod)
         frac = lod - math.floor(lod)
         x = img = None
@@ -378,7 +393,7 @@ class Generator(nn.Module):
         """
         ws = self.mapping(z, c, truncation_psi=truncation_psi, truncation_cutoff=truncation_cutoff)
         if self.training and self.style_mixing_prob > 0 and torch.rand([]).item() < self.style_mixing_prob:
-            active_ws = self.num_ws - 2 * math.floor(float(self.synthesis.lod))
+            active_ws = self.num_ws - 2 * math.floor(host_lod(self.synthesis))
             cutoff = int(torch.randint(1, active_ws, []))
             ws2 = self.mapping(torch.randn_like(z), c, truncation_psi=truncation_psi,
                                truncation_cutoff=truncation_cutoff, update_w_avg=False)
@@ -478,6 +493,7 @@ class Discriminator(nn.Module):
     """StyleGAN v1 discriminator D(img, c) -> [N, 1] logits, for images at the active resolution of its lod."""
 
     is_piecewise_linear = False  # Minibatch stddev makes D(x) nonlinear in x beyond ReLU-type kinks.
+    is_sample_independent = False  # Minibatch stddev mixes the samples of a group: reals and fakes need separate calls.
 
     def __init__(self,
         c_dim,                  # Conditioning label (c) dimensionality, 0 = no label.
@@ -507,10 +523,28 @@ class Discriminator(nn.Module):
 
     def set_lod(self, lod: float) -> None:
         """Select the active input resolution img_resolution / 2**floor(lod), fading in when lod is fractional."""
-        self.lod.fill_(_check_lod(lod, self.img_resolution))
+        _set_lod(self, lod)
+
+    @property
+    def input_grad_scale(self) -> float:
+        """||grad_x f|| w.r.t. the full-resolution image, per unit of ||grad|| w.r.t. the active-resolution input: 1 / s.
+
+        StyleGAN v1 always feeds D the full-resolution image x (a level below it nearest-upsampled
+        to full size) and D box-averages it down by s = 2**floor(lod) before its first layer in
+        use. This D takes that average x_R = avgpool_s(x) directly, and its output at any lod, a
+        fade-in included, depends on x only through x_R. By the chain rule
+
+            grad_x f = avgpool_s^T(grad_R f) = upsample_nearest_s(grad_R f) / s^2,
+
+        and nearest upsampling copies every element s^2 times, so ||grad_x f|| = ||grad_R f|| / s
+        exactly, per sample. GN (and R1, gradient penalties) must use the norm w.r.t. the image
+        v1's D sees: the raw norm at the active resolution is s times larger and would jump by 2
+        at every fade-in. The loss multiplies its norms by this factor.
+        """
+        return 0.5 ** math.floor(host_lod(self))
 
     def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        lod = float(self.lod)
+        lod = host_lod(self)
         top_log2 = self.img_resolution_log2 - math.floor(lod)
         frac = lod - math.floor(lod)
         misc.assert_shape(img, [None, self.img_channels, 2 ** top_log2, 2 ** top_log2])
