@@ -29,7 +29,7 @@ import copy
 
 import dnnlib
 from training import progressive
-from training.loss import LOSSES, NORMS, check_choice
+from training.loss import LOSSES, NORMS, PRECISIONS, check_choice
 
 #----------------------------------------------------------------------------
 
@@ -107,7 +107,7 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
 def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, label_dim: int, num_gpus: int = 1,
                      batch: int | None = None, batch_gpu: int | None = None, kimg: float | None = None,
                      steps: int | None = None, max_resolution: int | None = None, cmax: int | None = None,
-                     lod_kimg: float | None = None) -> dnnlib.EasyDict:
+                     lod_kimg: float | None = None, precision: str = 'fp32') -> dnnlib.EasyDict:
     """The training loop's network, optimizer, loss and schedule kwargs for preset `cfg` on a dataset of
     `resolution`x`resolution` images with `channels` channels and `label_dim` classes (0: no labels),
     with the command line's overrides applied. Every check of those overrides lives here; a bad
@@ -117,8 +117,10 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
         batch_gpu       cap on the samples one process handles at once (the rest: accumulation rounds)
         kimg, steps     run length in thousands of real images or in G steps (fixed presets only)
         max_resolution, cmax, lod_kimg   gn-stylegan only: final resolution, feature-map cap, phase length
+        precision       arithmetic of the networks (training/loss.py): fp32, tf32, bf16, fp16
     """
     progressive_run = cfg.arch == 'stylegan'
+    check_choice('precision', precision, PRECISIONS)
     if steps is not None and kimg is not None:
         raise ValueError('give --kimg or --steps, not both')
     if cfg.conditional and label_dim == 0:
@@ -131,7 +133,7 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
     if progressive_run and steps is not None:
         raise ValueError(f'--cfg={cfg.name} counts its length in --kimg, not --steps')
     opts = dnnlib.EasyDict(G_opt_kwargs=copy.deepcopy(cfg.G_opt_kwargs), D_opt_kwargs=copy.deepcopy(cfg.D_opt_kwargs),
-                           loss_kwargs=copy.deepcopy(cfg.loss_kwargs))
+                           loss_kwargs=dnnlib.EasyDict(cfg.loss_kwargs, precision=precision))
     common = dict(c_dim=label_dim if cfg.conditional else 0, img_channels=channels)
 
     if progressive_run:

@@ -37,6 +37,7 @@ import torch
 import dnnlib
 from torch_utils import misc, persistence, training_stats
 from training import progressive
+from training.loss import set_matmul_precision
 
 #----------------------------------------------------------------------------
 # Data.
@@ -234,6 +235,7 @@ def training_loop(
     device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else torch.device('cpu')
     if device.type == 'cuda':
         torch.backends.cudnn.benchmark = True
+    set_matmul_precision(loss_kwargs.get('precision', 'fp32'))  # TF32 or strict fp32 matmuls, process-wide.
     misc.set_seed(random_seed * num_gpus + rank)
     label_rng = np.random.default_rng(random_seed * num_gpus + rank)
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
@@ -251,6 +253,7 @@ def training_loop(
     G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **G_opt_kwargs)
     D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **D_opt_kwargs)
     loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D)
+    scaler = torch.amp.GradScaler(device.type, enabled=loss.precision == 'fp16')  # Loss scaling for fp16.
     schedule = dnnlib.util.construct_class_by_name(**schedule_kwargs)
     log(f'G: {sum(p.numel() for p in G.parameters()):,} parameters, D: {sum(p.numel() for p in D.parameters()):,}')
 
@@ -345,7 +348,7 @@ def training_loop(
     last_snapshot = last_grid = None
     if rank == 0 and image_snapshot_ticks is not None and resume_pkl is None:
         save_grid('_init')
-    tick_start_nimg, tick_start_time = cur_nimg, time.time()
+    tick_start_nimg, tick_start_step, tick_start_time = cur_nimg, step, time.time()
     session_start_time, session_start_progress = tick_start_time, schedule.progress(step, cur_nimg)
     maintenance_time = tick_start_time - start_time
     phase = schedule.plan(step, cur_nimg).phase
@@ -359,15 +362,18 @@ def training_loop(
         (reals None for G), in `rounds` accumulation rounds; gradients and buffers (BatchNorm statistics,
         w_avg) averaged over processes."""
         optimizer.zero_grad(set_to_none=True)
+        gain = scaler.scale(torch.ones([], device=device)) / rounds if scaler.is_enabled() else 1 / rounds  # fp16: loss scale.
         for r in range(rounds):
             round_batch = [x if x is None else split_round(x, r, rounds, schedule.group_size) for x in batch]
-            loss.accumulate_gradients('DG'[net], *round_batch, gain=1 / rounds)
+            loss.accumulate_gradients('DG'[net], *round_batch, gain=gain)
         params = [p for p in module.parameters() if p.grad is not None]
         misc.all_reduce_mean_grads(params)
-        # Remember the first step with a NaN/Inf gradient, on the device: the host looks only at the next tick.
-        first_bad_step[net] = torch.where(~torch.isfinite(grad_norm(params)) & (first_bad_step[net] == NEVER), step + 1,
-                                          first_bad_step[net])  # Steps count from 1, as in the progress lines.
-        optimizer.step()
+        if not scaler.is_enabled():  # With fp16 an overflow only skips the step (GradScaler); the losses tell divergence.
+            # Remember the first step with a NaN/Inf gradient, on the device: the host looks only at the next tick.
+            first_bad_step[net] = torch.where(~torch.isfinite(grad_norm(params)) & (first_bad_step[net] == NEVER),
+                                              step + 1, first_bad_step[net])  # Counted from 1, as in the progress lines.
+        scaler.step(optimizer)
+        scaler.update()
         misc.all_reduce_mean_buffers(module)
 
     while not schedule.done(step, cur_nimg):
@@ -418,11 +424,16 @@ def training_loop(
         bad_steps = first_bad_step.tolist()
         stats_collector.update()
         stats = stats_collector.as_dict()
-        if min(bad_steps) != NEVER:
-            net = 'DG'[int(np.argmin(bad_steps))]
-            terms = [name for name in stats_collector.nonfinite_names() if name.startswith(f'Loss/{net}/')]
-            raise TrainingDiverged(f'training diverged at G step {min(bad_steps)}: non-finite gradient of {net}'
-                                   f'{" (loss terms: " + ", ".join(terms) + ")" if terms else ""}; '
+        bad_losses = [name for name in stats_collector.nonfinite_names() if name.startswith(('Loss/D/', 'Loss/G/'))]
+        if min(bad_steps) != NEVER or bad_losses:
+            if min(bad_steps) != NEVER:
+                net = 'DG'[int(np.argmin(bad_steps))]
+                where = f'at G step {min(bad_steps)}: non-finite gradient of {net}'
+            else:
+                net = bad_losses[0].split('/')[1]
+                where = f'between G steps {tick_start_step + 1} and {step}: non-finite loss of {net}'
+            terms = [name for name in bad_losses if name.startswith(f'Loss/{net}/')]
+            raise TrainingDiverged(f'training diverged {where}{" (loss terms: " + ", ".join(terms) + ")" if terms else ""}; '
                                    f'the last snapshot written before it is the last finite one')
 
         # Tick: report progress.
@@ -480,7 +491,7 @@ def training_loop(
                 for name, value in stats.items():
                     tb_writer.add_scalar(name, value.mean, global_step=int(cur_nimg / 1000))
                 tb_writer.flush()
-        tick_start_nimg, tick_start_time = cur_nimg, time.time()
+        tick_start_nimg, tick_start_step, tick_start_time = cur_nimg, step, time.time()
         maintenance_time = tick_start_time - maintenance_start
 
     # Done: say where the results are.
