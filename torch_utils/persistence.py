@@ -137,7 +137,7 @@ def save_snapshot(path: str, data: dict[str, Any]) -> None:
     """Write `data` to `path` as plain data, atomically (temporary file + rename).
 
     A crash mid-write leaves at most a stray temporary file `.<name>.<pid>.<random>.tmp` (see
-    remove_stale_temp_files), never a truncated snapshot. The file gets the permissions of any other
+    remove_stale_temporaries), never a truncated snapshot. The file gets the permissions of any other
     new file (0666 less the umask).
     """
     payload = {'format': _SNAPSHOT_FORMAT, 'version': _SNAPSHOT_VERSION, 'data': _encode(data, 'snapshot')}
@@ -156,11 +156,11 @@ def save_snapshot(path: str, data: dict[str, Any]) -> None:
         raise
 
 
-def remove_stale_temp_files(dirname: str) -> list[str]:
+def remove_stale_temporaries(dirname: str) -> list[str]:
     """Delete the temporary files that save_snapshot left in `dirname` when its process was killed
     (kill -9, power loss) and return their paths. Files of a writer that is still running are kept."""
     removed = []
-    for fname in sorted(os.listdir(dirname)):
+    for fname in sorted(os.listdir(dirname)) if os.path.isdir(dirname) else []:
         m = _TEMP_FILE.fullmatch(fname)
         if m is None or _process_alive(int(m.group('pid'))):
             continue
