@@ -363,4 +363,9 @@ def load_snapshot(path_or_url: str) -> dnnlib.EasyDict:
         if key in data and not isinstance(data[key], types):
             raise UnsafeSnapshotError(f'{path_or_url}: snapshot.{key} is a {type(data[key]).__name__}, '
                                       f'not a {getattr(types, "__name__", "dict")}')
+    if data.get('training_set_kwargs') is not None:  # The tools build the dataset from it.
+        try:
+            dnnlib.util.check_class_kwargs(data.training_set_kwargs, 'snapshot.training_set_kwargs')
+        except dnnlib.util.ConfigError as e:
+            raise UnsafeSnapshotError(f'{path_or_url}: {e}') from None
     return data
