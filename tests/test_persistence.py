@@ -6,6 +6,7 @@ import signal
 import stat
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -132,3 +133,37 @@ def test_remove_stale_temporaries_after_kill(tmp_path):
     assert persistence.remove_stale_temporaries(str(tmp_path)) == [str(tmp_path / stale[0])]
     assert sorted(os.listdir(tmp_path)) == sorted([live.name, other.name])
     assert persistence.remove_stale_temporaries(str(tmp_path / 'missing')) == []
+
+
+def test_object_graph_size_is_bounded(tmp_path, monkeypatch):
+    """The pickled object graph (data.pkl) is capped before it is unpickled: Python objects take several
+    times the bytes of their opcodes."""
+    path = str(tmp_path / 'snap.pkl')
+    persistence.save_snapshot(path, {'progress': {'values': list(range(1000))}})
+    with zipfile.ZipFile(path) as z:
+        pickle_size = next(info.file_size for info in z.infolist() if info.filename.endswith('data.pkl'))
+    monkeypatch.setattr(persistence, '_MAX_PICKLE_BYTES', pickle_size)
+    assert persistence.load_snapshot(path).progress['values'] == list(range(1000))
+    monkeypatch.setattr(persistence, '_MAX_PICKLE_BYTES', pickle_size - 1)
+    with pytest.raises(persistence.UnsafeSnapshotError, match=f'object graph is {pickle_size} bytes'):
+        persistence.load_snapshot(path)
+
+
+def test_networks_are_probed_on_meta_before_being_built(tmp_path, monkeypatch):
+    """A network is first built without storage; kwargs that disagree with the state dict are refused
+    before the real constructor runs."""
+    path = str(tmp_path / 'snap.pkl')
+    persistence.save_snapshot(path, {'G': TinyNet(width=5)})
+    payload = torch.load(path, weights_only=True)
+    payload['data']['G']['init_kwargs']['width'] = 50_000_000  # 50M x 3 + 50M weights: 800 MB if allocated.
+    torch.save(payload, path)
+    built = []
+    real_init = torch.nn.Linear.__init__
+
+    def record(self, *args, **kwargs):
+        built.append(torch.empty(0).device.type)  # The default device where the Linear is built.
+        real_init(self, *args, **kwargs)
+    monkeypatch.setattr(torch.nn.Linear, '__init__', record)
+    with pytest.raises(persistence.UnsafeSnapshotError, match='more than'):
+        persistence.load_snapshot(path)
+    assert built and set(built) == {'meta'}

@@ -231,13 +231,18 @@ class _ShapesOnly(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-@functools.lru_cache(maxsize=64)
-def _shapes_of(class_name: str, kwargs_json: str, max_numel: int) -> dict[str, tuple[int, ...]]:
-    """State dict shapes of the network `class_name`(**kwargs), built on the meta device without storage.
+_shapes_cache: dict[tuple[str, str, int], dict[str, tuple[int, ...]]] = {}  # G and G_ema share one probe.
+
+
+def _shapes_of(cls: type, kwargs: dict, max_numel: int) -> dict[str, tuple[int, ...]]:
+    """State dict shapes of the network cls(**kwargs), built on the meta device without storage.
 
     Building stops as soon as the registered parameters and buffers exceed max_numel elements, so a
     loop asking for millions of layers ends early too.
     """
+    key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_numel)
+    if key in _shapes_cache:
+        return _shapes_cache[key]
     numel, thread = 0, threading.get_ident()
 
     def count(_module: torch.nn.Module, _name: str, tensor: torch.Tensor | None) -> None:
@@ -250,11 +255,12 @@ def _shapes_of(class_name: str, kwargs_json: str, max_numel: int) -> dict[str, t
              torch.nn.modules.module.register_module_buffer_registration_hook(count)]
     try:
         with torch.device('meta'), _ShapesOnly():
-            module = _registry[class_name](**json.loads(kwargs_json))
-        return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+            module = cls(**copy.deepcopy(kwargs))
     finally:
         for hook in hooks:
             hook.remove()
+    _shapes_cache[key] = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    return _shapes_cache[key]
 
 
 def _decode_module(value: dict, where: str) -> torch.nn.Module:
@@ -283,7 +289,7 @@ def _decode_module(value: dict, where: str) -> torch.nn.Module:
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
     max_numel = 2 * sum(v.numel() for v in state.values()) + 2 ** 16
     try:
-        shapes = _shapes_of(name, json.dumps(kwargs, sort_keys=True), max_numel)
+        shapes = _shapes_of(cls, kwargs, max_numel)
     except UnsafeSnapshotError as e:
         raise UnsafeSnapshotError(f'{where}: {name} {e}') from None
     except Exception as e:  # The kwargs come from the file: any failure of the constructor means a bad file.
