@@ -216,9 +216,11 @@ def _first_line(error: BaseException) -> str:
 
 
 class _ShapesOnly(torch.overrides.TorchFunctionMode):
-    """Inside torch.device('meta'): keep tensors moved to an explicit device on meta too, and skip the
-    in-place initializers, whose meta kernels are slow and which cannot change a shape."""
-    _SKIPPED = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, torch.Tensor.zero_, torch.Tensor.copy_}
+    """Inside torch.device('meta'): keep tensors moved to an explicit device on meta too, and skip
+    functions that return their input's shape and whose meta kernels are slow Python references
+    (the in-place initializers; normalize, which spectral norm's power iteration calls)."""
+    _SKIPPED = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, torch.Tensor.zero_, torch.Tensor.copy_,
+                torch.nn.functional.normalize}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -243,11 +245,12 @@ def _shapes_of(cls: type, kwargs: dict, max_numel: int) -> dict[str, tuple[int, 
     key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_numel)
     if key in _shapes_cache:
         return _shapes_cache[key]
-    numel, thread = 0, threading.get_ident()
+    numel, seen, thread = 0, set(), threading.get_ident()
 
     def count(_module: torch.nn.Module, _name: str, tensor: torch.Tensor | None) -> None:
         nonlocal numel
-        if tensor is not None and threading.get_ident() == thread:
+        if tensor is not None and id(tensor) not in seen and threading.get_ident() == thread:
+            seen.add(id(tensor))  # Parametrizations register a tensor again under a new name.
             numel += tensor.numel()
             if numel > max_numel:
                 raise UnsafeSnapshotError(f'asks for a network of more than {max_numel:,} parameters and buffers')
@@ -284,8 +287,8 @@ def _decode_module(value: dict, where: str) -> torch.nn.Module:
         raise UnsafeSnapshotError(str(e)) from None
 
     # Build on the meta device first: kwargs asking for more than the state dict holds are refused
-    # before anything is allocated (shared tensors in the state dict count once per name, and
-    # parametrizations register a tensor again under a new name, hence the factor 2 of the bound).
+    # before anything is allocated. The bound leaves room for what is registered but not saved
+    # (non-persistent buffers such as filters, tensors a parametrization replaces).
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
     max_numel = 2 * sum(v.numel() for v in state.values()) + 2 ** 16
     try:
