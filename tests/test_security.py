@@ -111,6 +111,17 @@ def as_bytes(make_raw):
     return make_raw
 
 
+HUGE_KWARGS = dict(c_dim=0, img_resolution=16, img_channels=3, ch=2048, z_dim=4)  # 11 GB of weights when built.
+
+
+def broadcast_state_dict(kwargs):
+    """The state dict of sngan.CNNGenerator(**kwargs) with every tensor a view of one stored zero: the right
+    shapes, a few bytes in the file."""
+    with torch.device('meta'):
+        shapes = {k: (v.shape, v.dtype) for k, v in sngan.CNNGenerator(**kwargs).state_dict().items()}
+    return {k: torch.zeros((), dtype=dtype).expand(shape) for k, (shape, dtype) in shapes.items()}
+
+
 def touch(ctx):
     return f'touch {ctx["marker"]}'
 
@@ -157,6 +168,8 @@ CRAFTED = {
     # Oversized.
     'huge network via kwargs': (with_network(init_kwargs=dict(c_dim=0, img_resolution=16, img_channels=3, ch=10 ** 6, z_dim=4)), 'more than'),
     'millions of layers via kwargs': (with_network(__persistent_module__='training.networks.stylegan.MappingNetwork', init_kwargs=dict(z_dim=4, c_dim=0, w_dim=4, num_ws=2, num_layers=10 ** 6, layer_features=4)), 'more than'),
+    'huge network over broadcast tensors': (with_network(init_kwargs=dict(HUGE_KWARGS), state_dict=lambda ctx: broadcast_state_dict(HUGE_KWARGS)), 'stored bytes'),
+    'broadcast tensor in progress': (with_data(progress=dict(x=torch.zeros(1).expand(10 ** 12))), 'stored bytes'),
     'zip bomb': (as_bytes(lambda raw, ctx: replace_entry(raw, 'data/0', lambda data: bytes(64 << 20), compress=zipfile.ZIP_DEFLATED)), 'compressed'),
     # Not a snapshot.
     'truncated file': (as_bytes(lambda raw, ctx: raw[:len(raw) // 2]), 'refused'),

@@ -210,6 +210,15 @@ def _check_archive(f: BinaryIO, where: str) -> None:
     f.seek(0)
 
 
+def _check_tensor(t: torch.Tensor, where: str) -> None:
+    """A tensor read from a file must hold the elements it shows: a broadcast view (stride 0) would let
+    a few stored bytes stand for any number of elements, and so for a network of any size."""
+    if t.numel() * t.element_size() > t.untyped_storage().nbytes() or any(
+            stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
+        raise UnsafeSnapshotError(f'{where}: a tensor of shape {list(t.shape)} over only '
+                                  f'{t.untyped_storage().nbytes()} stored bytes')
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else type(error).__name__
@@ -236,24 +245,25 @@ class _ShapesOnly(torch.overrides.TorchFunctionMode):
 _shapes_cache: dict[tuple[str, str, int], dict[str, tuple[int, ...]]] = {}  # G and G_ema share one probe.
 
 
-def _shapes_of(cls: type, kwargs: dict, max_numel: int) -> dict[str, tuple[int, ...]]:
+def _shapes_of(cls: type, kwargs: dict, max_bytes: int) -> dict[str, tuple[int, ...]]:
     """State dict shapes of the network cls(**kwargs), built on the meta device without storage.
 
-    Building stops as soon as the registered parameters and buffers exceed max_numel elements, so a
-    loop asking for millions of layers ends early too.
+    Building stops as soon as the registered parameters and buffers exceed max_bytes, so a loop
+    asking for millions of layers ends early too.
     """
-    key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_numel)
+    key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_bytes)
     if key in _shapes_cache:
         return _shapes_cache[key]
-    numel, seen, thread = 0, set(), threading.get_ident()
+    nbytes, seen, thread = 0, set(), threading.get_ident()
 
     def count(_module: torch.nn.Module, _name: str, tensor: torch.Tensor | None) -> None:
-        nonlocal numel
+        nonlocal nbytes
         if tensor is not None and id(tensor) not in seen and threading.get_ident() == thread:
             seen.add(id(tensor))  # Parametrizations register a tensor again under a new name.
-            numel += tensor.numel()
-            if numel > max_numel:
-                raise UnsafeSnapshotError(f'asks for a network of more than {max_numel:,} parameters and buffers')
+            nbytes += tensor.numel() * tensor.element_size()
+            if nbytes > max_bytes:
+                raise UnsafeSnapshotError(f'asks for a network of more than {max_bytes:,} bytes of parameters and '
+                                          f'buffers, far more than the file holds')
     hooks = [torch.nn.modules.module.register_module_parameter_registration_hook(count),
              torch.nn.modules.module.register_module_buffer_registration_hook(count)]
     try:
@@ -280,6 +290,8 @@ def _decode_module(value: dict, where: str) -> torch.nn.Module:
         raise UnsafeSnapshotError(f'{where}.init_kwargs: expected a dict, got {type(kwargs).__name__}')
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
         raise UnsafeSnapshotError(f'{where}.state_dict: expected a dict of named tensors')
+    for k, v in state.items():
+        _check_tensor(v, f'{where}.state_dict.{k}')
     try:
         dnnlib.util.check_plain(kwargs, f'{where}.init_kwargs')
         dnnlib.util.check_arguments(cls, kwargs, f'{where}.init_kwargs')
@@ -290,9 +302,10 @@ def _decode_module(value: dict, where: str) -> torch.nn.Module:
     # before anything is allocated. The bound leaves room for what is registered but not saved
     # (non-persistent buffers such as filters, tensors a parametrization replaces).
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
-    max_numel = 2 * sum(v.numel() for v in state.values()) + 2 ** 16
+    stored = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}  # Shared once.
+    max_bytes = 2 * sum(stored.values()) + 2 ** 20
     try:
-        shapes = _shapes_of(cls, kwargs, max_numel)
+        shapes = _shapes_of(cls, kwargs, max_bytes)
     except UnsafeSnapshotError as e:
         raise UnsafeSnapshotError(f'{where}: {name} {e}') from None
     except Exception as e:  # The kwargs come from the file: any failure of the constructor means a bad file.
@@ -327,6 +340,9 @@ def _decode(value: Any, where: str, depth: int = 0) -> Any:
             except dnnlib.util.ConfigError as e:
                 raise UnsafeSnapshotError(str(e)) from None
         return decoded
+    if isinstance(value, torch.Tensor):
+        _check_tensor(value, where)
+        return value
     if isinstance(value, list):
         return [_decode(v, f'{where}[{i}]', depth + 1) for i, v in enumerate(value)]
     if isinstance(value, tuple):
