@@ -139,7 +139,7 @@ def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int
 @click.option('--mix-styles', help='Style mixing: layers the rows take from the columns: coarse, middle, fine or a list such as 0-3  '
               '[default: StyleGAN\'s figure, rows split 3:2:1 into coarse (0-3), middle (4-7) and fine (8-)]', metavar='STYLES')
 @click.option('--outdir', help='Where to write the images', metavar='DIR', required=True)
-@click.option('--batch', help='Images per forward pass', type=click.IntRange(min=1), default=16, show_default=True)
+@click.option('--batch', help='Images per forward pass (StyleGAN with random noise: 1, so that an image depends on its seed only)', type=click.IntRange(min=1), default=16, show_default=True)
 def main(network: str, seeds: str, truncation_psi: float, truncation_cutoff: int | None, class_idx: int | None,
          noise_mode: str | None, grid: bool, mix_rows: str | None, mix_cols: str | None, mix_styles: str | None, outdir: str,
          batch: int) -> None:
