@@ -33,8 +33,9 @@ import click
 import numpy as np
 import PIL
 import PIL.Image
-import PIL.ImageMode
 from tqdm import tqdm
+
+from training.dataset import DatasetError, image_channels
 
 CIFAR10_SIZE = 32     # CIFAR-10 images are 32x32 RGB, stored as rows of 3*32*32 bytes (channel, row, column).
 STL10_SIZE = 96       # STL-10 images are 96x96 RGB, stored per channel in column-major order.
@@ -66,19 +67,20 @@ def limit(count: int, max_images: Optional[int]) -> int:
 def image_to_array(image: PIL.Image.Image, name: str) -> np.ndarray:
     """Pixels as uint8 [H, W, C]: grayscale modes become L (C = 1), everything else RGB (C = 3).
 
-    Modes with more than 8 bits per sample would lose precision silently, so they are refused.
+    Modes with more than 8 bits per sample would lose precision silently, so they are refused, by
+    the rule the training loader applies (training.dataset.image_channels).
     """
-    if image.mode in ('I', 'F') or image.mode.startswith('I;16'):
-        raise click.ClickException(f'{name}: {image.mode} images (16-bit or float) are not supported; convert them to 8 bits')
-    mode = 'L' if PIL.ImageMode.getmode(image.mode).basemode == 'L' else 'RGB'
+    try:
+        mode = 'L' if image_channels(image, name) == 1 else 'RGB'
+    except DatasetError as err:
+        raise click.ClickException(str(err)) from err
     pixels = np.asarray(image.convert(mode))
     return pixels[:, :, np.newaxis] if mode == 'L' else pixels
 
 def decode_image(data: bytes, name: str) -> np.ndarray:
     try:
         with PIL.Image.open(io.BytesIO(data)) as image:
-            image.load()
-            return image_to_array(image, name)
+            return image_to_array(image, name)  # Checks the mode before convert() decodes the pixels.
     except PIL.UnidentifiedImageError as err:  # Its own message shows a BytesIO repr instead of the file.
         raise click.ClickException(f'cannot read image {name}: not an image, or a format Pillow cannot read') from err
     except (OSError, SyntaxError, ValueError, EOFError, zlib.error, PIL.Image.DecompressionBombError) as err:
@@ -443,10 +445,12 @@ def open_dest(dest: str) -> Iterator[Callable[[str, bytes], None]]:
     """
     parent = os.path.dirname(os.path.abspath(dest))
     prefix = f'.{os.path.basename(os.path.abspath(dest))}.'
+    made = missing_dirs(parent)  # Made here, so removed again if the dataset is not written.
     try:
         os.makedirs(parent, exist_ok=True)
         tmp = tempfile.mkstemp(dir=parent, prefix=prefix, suffix='.tmp')[1] if is_zip_dest(dest) else tempfile.mkdtemp(dir=parent, prefix=prefix, suffix='.tmp')
     except OSError as err:
+        remove_dirs(made)
         raise click.ClickException(f'cannot write {dest}: {err}') from err
     try:
         if is_zip_dest(dest):
@@ -471,10 +475,26 @@ def open_dest(dest: str) -> Iterator[Callable[[str, bytes], None]]:
             os.rename(tmp, dest)
     except OSError as err:
         remove(tmp)
+        remove_dirs(made)
         raise click.ClickException(f'cannot write {dest}: {err}') from err
     except BaseException:
         remove(tmp)
+        remove_dirs(made)
         raise
+
+def missing_dirs(path: str) -> list[str]:
+    """path and those of its ancestors that do not exist yet, deepest first."""
+    missing = []
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
+
+def remove_dirs(dirs: list[str]) -> None:
+    """Remove the (empty) directories `dirs`, deepest first."""
+    for path in dirs:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
 
 def guard_write(write: Callable[[str, bytes], None], dest: str) -> Callable[[str, bytes], None]:
     """write, with OS errors (disk full, permissions) reported as a one-line error about dest."""

@@ -12,14 +12,17 @@ Examples:
   python generate.py --network=snap.pkl --seeds=0-15 --class=3 --outdir=out
 
 \b
-  # GN-StyleGAN: truncation, and a style-mixing grid (rows take coarse styles 0-3 of the columns).
+  # GN-StyleGAN: truncation (of the first 8 style layers, as in StyleGAN), and StyleGAN's
+  # style-mixing figure (rows take coarse, middle or fine styles from the columns).
   python generate.py --network=snap.pkl --seeds=0-7 --trunc=0.7 --outdir=out
-  python generate.py --network=snap.pkl --mix-rows=0-3 --mix-cols=10-14 --mix-styles=0-3 --outdir=out
+  python generate.py --network=snap.pkl --mix-rows=888,829,1898,1733,1614,845 --mix-cols=639,701,687,615,2268 --outdir=out
 """
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
 
 import click
 import numpy as np
@@ -27,8 +30,16 @@ import torch
 
 import dnnlib
 import legacy
-from torch_utils import persistence
-from torch_utils.misc import save_image_grid
+from torch_utils import misc, persistence
+
+MAX_SEED = 2 ** 32 - 1            # np.random.RandomState takes seeds in [0, 2^32).
+V1_TRUNCATION_CUTOFF = 8          # StyleGAN v1 truncates the first 8 style layers (resolutions 4 to 32).
+
+# StyleGAN's style groups (the paper's section 3.1; NVlabs/stylegan generate_figures.py, figure 3):
+# coarse = styles of 4x4 and 8x8 (layers 0-3), middle = 16x16 and 32x32 (4-7), fine = 64x64 and up (8-).
+# Its figure gives 3 rows coarse, 2 middle and 1 fine styles from the column seed.
+STYLE_GROUPS = {'coarse': (0, 4), 'middle': (4, 8), 'fine': (8, None)}
+V1_ROW_WEIGHTS = {'coarse': 3, 'middle': 2, 'fine': 1}
 
 #----------------------------------------------------------------------------
 
@@ -39,9 +50,26 @@ def _load_generator(network: str, device: torch.device, cfg: str | None = None) 
     except (OSError, persistence.UnsafeSnapshotError, legacy.OfficialCheckpointError) as e:
         raise click.ClickException(f'--network: {e}')
     G = snapshot.get('G_ema', snapshot.get('G'))
-    if G is None:
+    if G is None or not hasattr(G, 'z_dim') or not hasattr(G, 'c_dim'):
         raise click.ClickException(f'--network: {network} holds no generator')
+    bad = misc.find_nonfinite(G)
+    if bad is not None:
+        raise click.ClickException(f'--network: {network} has non-finite weights ({bad} holds NaN or Inf); '
+                                   f'the run diverged before this snapshot')
     return G.to(device)
+
+
+def _parse_seeds(text: str, option: str) -> list[int]:
+    try:
+        seeds = dnnlib.util.parse_int_list(text)
+    except ValueError as e:
+        raise click.ClickException(f'{option}: {e}')
+    if not seeds:
+        raise click.ClickException(f'{option}: no seeds given')
+    bad = next((s for s in seeds if not 0 <= s <= MAX_SEED), None)
+    if bad is not None:
+        raise click.ClickException(f'{option}: seed {bad} is outside 0..{MAX_SEED}')
+    return seeds
 
 
 def _labels(G: torch.nn.Module, class_idx: int | None, n: int, device: torch.device) -> torch.Tensor:
@@ -63,8 +91,37 @@ def _z(G: torch.nn.Module, seeds: list[int], device: torch.device) -> torch.Tens
     return torch.from_numpy(np.stack([np.random.RandomState(s).randn(G.z_dim) for s in seeds])).float().to(device)
 
 
-def _save_png(img: torch.Tensor, path: str) -> None:
-    save_image_grid(img[None], path, grid_size=(1, 1))
+def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int]]:
+    """The style layers each row of the mixing figure takes from the column seed.
+
+    spec: None = StyleGAN's figure (rows split 3:2:1 into coarse, middle and fine, among the groups
+    this network has); a group name for every row; or a layer list such as '0-3'.
+    """
+    groups = {name: list(range(lo, num_ws if hi is None else min(hi, num_ws))) for name, (lo, hi) in STYLE_GROUPS.items()}
+    if spec is None:
+        weights = [(name, w) for name, w in V1_ROW_WEIGHTS.items() if groups[name]]
+        total = sum(w for _, w in weights)
+        rows = []
+        for row in range(num_rows):
+            # Row r takes the group whose share of [0, 1) holds the row's centre (r + 1/2) / R.
+            cum = 0
+            for name, w in weights:
+                cum += w
+                if (2 * row + 1) * total < 2 * num_rows * cum:
+                    rows.append(groups[name])
+                    break
+        return rows
+    if spec in groups:
+        if not groups[spec]:
+            raise click.ClickException(f'--mix-styles={spec}: this network has only {num_ws} style layers, none of them {spec}')
+        return [groups[spec]] * num_rows
+    try:
+        layers = dnnlib.util.parse_int_list(spec)
+    except ValueError as e:
+        raise click.ClickException(f'--mix-styles: {e}')
+    if not layers or any(not 0 <= s < num_ws for s in layers):
+        raise click.ClickException(f'--mix-styles must lie in 0..{num_ws - 1} (or be coarse, middle, fine)')
+    return [layers] * num_rows
 
 #----------------------------------------------------------------------------
 
@@ -72,87 +129,115 @@ def _save_png(img: torch.Tensor, path: str) -> None:
 @click.command(help=__doc__)
 @click.option('--network', 'network', help='Network snapshot file or URL', metavar='PKL_OR_URL', required=True)
 @click.option('--cfg', help='Preset of an official GN-GAN checkpoint given as --network', type=click.Choice(legacy.official_cfgs()))
-@click.option('--seeds', help='Seeds, e.g. 0-63 or 1,5,9', default='0-7', show_default=True)
+@click.option('--seeds', help='Seeds in 0..2^32-1, e.g. 0-63 or 1,5,9', default='0-7', show_default=True)
 @click.option('--trunc', 'truncation_psi', help='Truncation psi (StyleGAN networks; 1 = off)', type=float, default=1, show_default=True)
-@click.option('--trunc-cutoff', 'truncation_cutoff', help='Truncate only the first N style layers (StyleGAN)', type=click.IntRange(min=0))
+@click.option('--trunc-cutoff', 'truncation_cutoff', help='Truncate only the first N style layers (StyleGAN)  [default: 8, as StyleGAN]', type=click.IntRange(min=0))
 @click.option('--class', 'class_idx', help='Class label (conditional networks)', type=click.IntRange(min=0))
-@click.option('--noise-mode', help='Per-layer noise (StyleGAN)', type=click.Choice(['const', 'random', 'none']), default='const', show_default=True)
+@click.option('--noise-mode', help='Per-layer noise (StyleGAN)  [default: random, seeded by the image\'s seed; const in the style-mixing figure, as StyleGAN]',
+              type=click.Choice(['const', 'random', 'none']))
 @click.option('--grid', help='Also write all seeds as one image grid.png', is_flag=True)
 @click.option('--mix-rows', help='Style mixing: seeds giving the rows (StyleGAN)', metavar='SEEDS')
 @click.option('--mix-cols', help='Style mixing: seeds giving the columns (StyleGAN)', metavar='SEEDS')
-@click.option('--mix-styles', help='Style mixing: layers the rows take from the columns', default='0-6', show_default=True)
+@click.option('--mix-styles', help='Style mixing: layers the rows take from the columns: coarse, middle, fine or a list such as 0-3  '
+              '[default: StyleGAN\'s figure, rows split 3:2:1 into coarse (0-3), middle (4-7) and fine (8-)]', metavar='STYLES')
 @click.option('--outdir', help='Where to write the images', metavar='DIR', required=True)
-@click.option('--batch', help='Images per forward pass', type=click.IntRange(min=1), default=16, show_default=True)
+@click.option('--batch', help='Images per forward pass (StyleGAN with random noise: 1, so that an image depends on its seed only)', type=click.IntRange(min=1), default=16, show_default=True)
 def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, truncation_cutoff: int | None, class_idx: int | None,
-         noise_mode: str, grid: bool, mix_rows: str | None, mix_cols: str | None, mix_styles: str, outdir: str,
+         noise_mode: str | None, grid: bool, mix_rows: str | None, mix_cols: str | None, mix_styles: str | None, outdir: str,
          batch: int) -> None:
-    device = torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
-    try:
-        seed_list = dnnlib.util.parse_int_list(seeds)
-        mix = [dnnlib.util.parse_int_list(v) if v is not None else None for v in (mix_rows, mix_cols)]
-        style_list = dnnlib.util.parse_int_list(mix_styles)
-    except ValueError as e:
-        raise click.ClickException(str(e))
-    if (mix[0] is None) != (mix[1] is None):
+    # Everything that can be checked is checked before the output directory is made.
+    if not math.isfinite(truncation_psi):
+        raise click.ClickException(f'--trunc must be a finite number, not {truncation_psi}')
+    if (mix_rows is None) != (mix_cols is None):
         raise click.ClickException('--mix-rows and --mix-cols go together')
+    mixing = mix_rows is not None
+    if mixing:
+        row_seeds, col_seeds = _parse_seeds(mix_rows, '--mix-rows'), _parse_seeds(mix_cols, '--mix-cols')
+    else:
+        seed_list = _parse_seeds(seeds, '--seeds')
+    if os.path.exists(outdir) and not os.path.isdir(outdir):
+        raise click.ClickException(f'--outdir: {outdir} exists and is not a directory')
 
+    device = torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
     G = _load_generator(network, device, cfg)
     is_stylegan = hasattr(G, 'mapping') and hasattr(G, 'synthesis')
-    style_kwargs = {}
-    if is_stylegan:
-        style_kwargs = dict(truncation_psi=truncation_psi, truncation_cutoff=truncation_cutoff, noise_mode=noise_mode)
-    elif truncation_psi != 1 or truncation_cutoff is not None or mix[0] is not None:
-        raise click.ClickException('--trunc, --trunc-cutoff and style mixing need a StyleGAN snapshot')
-    os.makedirs(outdir, exist_ok=True)
+    if not is_stylegan and (truncation_psi != 1 or truncation_cutoff is not None or noise_mode is not None or mixing):
+        raise click.ClickException('--trunc, --trunc-cutoff, --noise-mode and style mixing need a StyleGAN snapshot')
+    if is_stylegan and truncation_cutoff is None and truncation_psi != 1:
+        truncation_cutoff = V1_TRUNCATION_CUTOFF
+    trunc = dict(truncation_psi=truncation_psi, truncation_cutoff=truncation_cutoff)
+    styles = _style_ranges(mix_styles, len(row_seeds), G.num_ws) if mixing else None
+    c = _labels(G, class_idx, 1, device)
 
-    if mix[0] is not None:
-        _style_mixing_grid(G, mix[0], mix[1], style_list, class_idx, truncation_psi, truncation_cutoff, noise_mode,
-                           device, outdir)
-        return
+    created = not os.path.isdir(outdir)
+    try:
+        os.makedirs(outdir, exist_ok=True)
+        if mixing:
+            path = _style_mixing_figure(G, row_seeds, col_seeds, styles, c, trunc, noise_mode or 'const', device, outdir)
+            print(f'Wrote {path}')
+        else:
+            images = _generate(G, seed_list, c, trunc if is_stylegan else {}, (noise_mode or 'random') if is_stylegan else None,
+                               batch, device, outdir)
+            print(f'Wrote {len(seed_list)} images to {outdir}')
+            if grid:
+                path = os.path.join(outdir, 'grid.png')
+                gw = int(np.ceil(np.sqrt(len(seed_list))))
+                gh = int(np.ceil(len(seed_list) / gw))
+                images = torch.cat([images, -torch.ones(gw * gh - len(seed_list), *images.shape[1:])])  # Black padding.
+                misc.save_image_grid(images, path, (gw, gh))
+                print(f'Wrote {path}')
+    except OSError as e:
+        if created:  # Nothing of a failed run stays in a directory it made.
+            shutil.rmtree(outdir, ignore_errors=True)
+        raise click.ClickException(f'--outdir: cannot write to {outdir}: {e.strerror or e}')
 
+
+def _generate(G: torch.nn.Module, seeds: list[int], c: torch.Tensor, trunc: dict, noise_mode: str | None, batch: int,
+              device: torch.device, outdir: str) -> torch.Tensor:
+    """seed<seed>.png for every seed; returns the images [N, C, H, W] in [-1, 1] on the CPU.
+
+    Random noise is drawn from a generator seeded with the image's seed, one image per pass, so that
+    an image depends on its seed only (not on --batch or on the other seeds).
+    """
+    style = {} if noise_mode is None else dict(trunc, noise_mode=noise_mode)
+    chunks = [seeds[i:i + batch] for i in range(0, len(seeds), batch)] if noise_mode != 'random' else [[s] for s in seeds]
     images = []
     with torch.no_grad():
-        for i in range(0, len(seed_list), batch):
-            chunk = seed_list[i:i + batch]
-            img = G(_z(G, chunk, device), _labels(G, class_idx, len(chunk), device), **style_kwargs).cpu()
+        for chunk in chunks:
+            with torch.random.fork_rng(devices=[device] if device.type == 'cuda' else []):
+                torch.manual_seed(chunk[0])
+                img = G(_z(G, chunk, device), c.expand(len(chunk), -1), **style).cpu()
             for seed, im in zip(chunk, img):
-                _save_png(im, os.path.join(outdir, f'seed{seed:04d}.png'))
+                misc.save_image_grid(im[None], os.path.join(outdir, f'seed{seed:04d}.png'), grid_size=(1, 1))
             images.append(img)
-    print(f'Wrote {len(seed_list)} images to {outdir}')
-    if grid:
-        gw = int(np.ceil(np.sqrt(len(seed_list))))
-        gh = int(np.ceil(len(seed_list) / gw))
-        images = torch.cat(images)
-        images = torch.cat([images, -torch.ones(gw * gh - len(seed_list), *images.shape[1:])])  # Black padding.
-        save_image_grid(images, os.path.join(outdir, 'grid.png'), (gw, gh))
-        print(f'Wrote {os.path.join(outdir, "grid.png")}')
+    return torch.cat(images)
 
 
-def _style_mixing_grid(G, row_seeds, col_seeds, styles, class_idx, psi, cutoff, noise_mode, device, outdir) -> None:
-    """StyleGAN's figure: top row = column seeds, left column = row seeds, cells = row seed with the
-    listed style layers taken from the column seed."""
-    if any(not 0 <= s < G.num_ws for s in styles):
-        raise click.ClickException(f'--mix-styles must lie in 0..{G.num_ws - 1}')
+def _style_mixing_figure(G: torch.nn.Module, row_seeds: list[int], col_seeds: list[int], styles: list[list[int]],
+                         c: torch.Tensor, trunc: dict, noise_mode: str, device: torch.device, outdir: str) -> str:
+    """StyleGAN's figure: top row = column seeds, left column = row seeds, cell (r, c) = row seed r with
+    the style layers styles[r] taken from column seed c. Writes stylemix.png and returns its path."""
     seeds = list(dict.fromkeys(row_seeds + col_seeds))
     with torch.no_grad():
-        ws = G.mapping(_z(G, seeds, device), _labels(G, class_idx, len(seeds), device),
-                       truncation_psi=psi, truncation_cutoff=cutoff)
+        ws = G.mapping(_z(G, seeds, device), c.expand(len(seeds), -1), **trunc)
         w_of = dict(zip(seeds, ws))
         cells = []
-        for row in [None] + row_seeds:
+        for r, row in enumerate([None] + row_seeds):
             for col in [None] + col_seeds:
                 if row is None and col is None:
                     cells.append(None)
                     continue
                 w = w_of[row if row is not None else col].clone()
                 if row is not None and col is not None:
-                    w[styles] = w_of[col][styles]
-                cells.append(G.synthesis(w[None], noise_mode=noise_mode)[0].cpu())
+                    w[styles[r - 1]] = w_of[col][styles[r - 1]]
+                with torch.random.fork_rng(devices=[device] if device.type == 'cuda' else []):
+                    torch.manual_seed(row if row is not None else col)
+                    cells.append(G.synthesis(w[None], noise_mode=noise_mode)[0].cpu())
     blank = -torch.ones_like(next(c for c in cells if c is not None))
     cells = torch.stack([blank if c is None else c for c in cells])
     path = os.path.join(outdir, 'stylemix.png')
-    save_image_grid(cells, path, (len(col_seeds) + 1, len(row_seeds) + 1))
-    print(f'Wrote {path}')
+    misc.save_image_grid(cells, path, (len(col_seeds) + 1, len(row_seeds) + 1))
+    return path
 
 
 if __name__ == '__main__':

@@ -84,6 +84,7 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
         raise click.ClickException(f'--data: no such file or folder: {data}')
     try:
         dataset = ImageFolderDataset(path=os.path.abspath(data), use_labels=use_labels)  # Snapshots work from any folder.
+        dataset.validate()  # Every image's header (size, channels, bit depth), before a run directory exists.
     except (OSError, ValueError) as e:
         raise click.ClickException(f'--data: {e}')
     return dnnlib.EasyDict(dataset.init_kwargs), dataset

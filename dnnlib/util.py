@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import io
 import os
 import re
@@ -44,42 +45,117 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 #----------------------------------------------------------------------------
-# Building objects from config dicts.
+# Plain data and building objects from config dicts.
+#
+# Class names also come from files (a snapshot holds the kwargs of its dataset and its preset), and a
+# name that could pick any importable callable would let a file choose code: 'logging.basicConfig'
+# truncates a file, 'torch.hub.load' runs a directory's hubconf.py. So construct_class_by_name builds
+# only the classes of an allow-list, and a kwargs dict read from a file is checked against the class
+# (check_class_kwargs) before anything is imported from or built for it.
+
+PLAIN_SCALARS = (bool, int, float, str, type(None))
+MAX_PLAIN_DEPTH = 32  # Nesting of plain data; configs need a handful of levels, and a cap keeps recursion bounded.
+
+# Top-level packages of this project: a class name is imported only from these.
+PROJECT_PACKAGES = ('training', 'metrics', 'torch_utils', 'ops')
+
+# What may be built by name besides the networks, which register themselves (torch_utils.persistence).
+ALLOWED_CLASS_NAMES = ('torch.optim.Adam', 'training.loss.GANLoss', 'training.dataset.ImageFolderDataset',
+                       'training.schedule.FixedSchedule', 'training.schedule.ProgressiveSchedule')
+
+_registered_classes: dict[str, type] = {}  # 'module.QualName' -> class.
+
+_DOTTED_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+')
 
 
-def get_obj_by_name(name: str) -> Any:
-    """Resolve a dotted name such as 'torch.optim.Adam' or 'training.loss.GANLoss' to the object."""
-    parts = name.split('.')
-    # Try the longest importable module prefix, then walk attributes.
-    for i in range(len(parts) - 1, 0, -1):
-        module_name = '.'.join(parts[:i])
+class ConfigError(ValueError):
+    """A class name or kwargs dict (typically read from a file) that this project will not build."""
+
+
+def check_plain(value: Any, where: str, depth: int = 0) -> None:
+    """Raise ConfigError unless `value` is plain data: bool/int/float/str/None, and lists, tuples and
+    str-keyed dicts of them, nested at most MAX_PLAIN_DEPTH deep."""
+    if depth > MAX_PLAIN_DEPTH:
+        raise ConfigError(f'{where}: nested deeper than {MAX_PLAIN_DEPTH} levels')
+    if isinstance(value, PLAIN_SCALARS):
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_plain(v, f'{where}[{i}]', depth + 1)
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f'{where}: dict keys must be str, got {type(k).__name__}')
+            check_plain(v, f'{where}.{k}', depth + 1)
+        return
+    raise ConfigError(f'{where}: must be plain data (int/float/str/bool/None/list/tuple/dict), got {type(value).__name__}')
+
+
+def register_class(cls: type) -> type:
+    """Allow `cls` to be built by name (torch_utils.persistence does this for every network)."""
+    _registered_classes[f'{cls.__module__}.{cls.__qualname__}'] = cls
+    return cls
+
+
+def get_class(name: Any) -> type:
+    """The class called `name` ('training.dataset.ImageFolderDataset'), if this project may build it by name.
+
+    Only modules of PROJECT_PACKAGES and those of ALLOWED_CLASS_NAMES are ever imported, so a name
+    refused here has run nothing.
+    """
+    if not isinstance(name, str):
+        raise ConfigError(f'class name must be a string, got {type(name).__name__}')
+    if name not in _registered_classes and _DOTTED_NAME.fullmatch(name) and name.split('.')[0] in PROJECT_PACKAGES:
+        parts = name.split('.')  # A network registers itself when its module is first imported.
+        for i in range(len(parts) - 1, 0, -1):
+            try:
+                importlib.import_module('.'.join(parts[:i]))
+                break
+            except ImportError:
+                continue
+    if name in _registered_classes:
+        return _registered_classes[name]
+    if name in ALLOWED_CLASS_NAMES:
+        module_name, attr = name.rsplit('.', 1)
         try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name is not None and not module_name.startswith(e.name):
-                raise  # A real import error inside an existing module.
-            continue
-        obj = module
-        try:
-            for attr in parts[i:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            continue
-        return obj
-    raise ValueError(f'Cannot find "{name}"')
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f'class {name} is not available: {e}') from None
+    raise ConfigError(f'"{name[:200]}" is not a class this project builds by name (its networks, '
+                      f'{", ".join(ALLOWED_CLASS_NAMES)})')
 
 
-def call_func_by_name(*args: Any, func_name: str, **kwargs: Any) -> Any:
-    """Call the function (or class) named by its dotted path."""
-    func = get_obj_by_name(func_name)
-    if not callable(func):
-        raise TypeError(f'"{func_name}" is not callable')
-    return func(*args, **kwargs)
+def check_arguments(cls: type, names: Any, where: str) -> None:
+    """Raise ConfigError unless every name in `names` is a keyword argument of cls's constructor."""
+    params = inspect.signature(cls).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return  # Forwarded further; the callee checks them.
+    accepted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    unknown = [name for name in names if name not in accepted]
+    if unknown:
+        raise ConfigError(f'{where}: {cls.__name__} takes no argument "{str(unknown[0])[:100]}"')
+
+
+def check_class_kwargs(kwargs: Any, where: str) -> EasyDict:
+    """Validate a {'class_name': ..., **kwargs} dict read from a file and return it as an EasyDict.
+
+    The class must be one construct_class_by_name builds, the other keys its constructor's keyword
+    arguments, and every value plain data, so that the dict chooses no code.
+    """
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f'{where}: expected a dict with a class_name, got {type(kwargs).__name__}')
+    check_plain(kwargs, where)
+    cls = get_class(kwargs.get('class_name'))
+    check_arguments(cls, [k for k in kwargs if k != 'class_name'], where)
+    return EasyDict(kwargs)
 
 
 def construct_class_by_name(*args: Any, class_name: str, **kwargs: Any) -> Any:
-    """Instantiate the class named by its dotted path: the way EasyDict configs become objects."""
-    return call_func_by_name(*args, func_name=class_name, **kwargs)
+    """Instantiate the allowed class named by its dotted path: the way EasyDict configs become objects."""
+    cls = get_class(class_name)
+    check_arguments(cls, kwargs, class_name)
+    return cls(*args, **kwargs)
 
 #----------------------------------------------------------------------------
 # Formatting and parsing.

@@ -10,7 +10,9 @@ import io
 import json
 import os
 import pickle
+import re
 import zipfile
+import zlib
 
 import numpy as np
 import PIL.Image
@@ -243,3 +245,77 @@ def test_embedded_digits_rebuild_byte_identical(tmp_path):
     assert runner.invoke(dataset_tool.main, [f'--source={tmp_path / "digits"}', f'--dest={tmp_path / "digits32.zip"}']).exit_code == 0
     with open(DIGITS_ZIP, 'rb') as f:
         assert (tmp_path / 'digits32.zip').read_bytes() == f.read()
+
+def png16_bytes(size: int, channels: int) -> bytes:
+    """A 16-bit PNG (gray or RGB), written by hand from the PNG specification (PIL cannot write 16-bit RGB)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, 'big') + kind + data + zlib.crc32(kind + data).to_bytes(4, 'big')
+    color_type = {1: 0, 3: 2}[channels]
+    rows = b''.join(b'\x00' + (b'\xff\xff' * channels * size) for _ in range(size))  # Filter 0, all samples 65535.
+    header = size.to_bytes(4, 'big') * 2 + bytes([16, color_type, 0, 0, 0])
+    return b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(rows)) + chunk(b'IEND', b'')
+
+def palette_png_bytes(size: int, rgb: tuple) -> bytes:
+    image = PIL.Image.new('P', (size, size), 1)
+    image.putpalette([0, 0, 0, *rgb] + [0] * (256 - 2) * 3)
+    buffer = io.BytesIO()
+    image.save(buffer, format='png')
+    return buffer.getvalue()
+
+BAD_IMAGES = {
+    'corrupt': (b'\x89PNG\r\n\x1a\n garbage', 'cannot decode 00000/img00000003.png'),
+    'not an image': (b'hello', 'cannot decode 00000/img00000003.png'),
+    'other size': (png_bytes(np.zeros([8, 8, 3], dtype=np.uint8)), '00000/img00000003.png in dataset'),
+    'not square': (png_bytes(np.zeros([4, 8, 3], dtype=np.uint8)), 'is 8x4 with 3 channel(s)'),
+    'gray among RGB': (png_bytes(np.zeros([4, 4, 1], dtype=np.uint8)), 'is 4x4 with 1 channel(s), unlike the first image'),
+    '16-bit RGB': (png16_bytes(4, 3), '16-bit'),
+    '16-bit gray': (png16_bytes(4, 1), '16-bit'),
+}
+
+@pytest.mark.parametrize('container', ['data.zip', 'data'])
+@pytest.mark.parametrize('case', list(BAD_IMAGES))
+def test_validate_names_the_bad_image(tmp_path, container, case):
+    data, message = BAD_IMAGES[case]
+    path = str(tmp_path / container)
+    make_dataset(path, random_images(6), replace={'00000/img00000003.png': data})
+    dataset = ImageFolderDataset(path=path)
+    with pytest.raises(DatasetError, match=re.escape(message)) as info:
+        dataset.validate()
+    assert '\n' not in str(info.value) and '00000/img00000003.png' in str(info.value)
+    # The same image, read in training, is an error naming it too.
+    with pytest.raises(DatasetError, match='00000/img00000003.png'):
+        dataset[3]
+    dataset[2]  # The others are fine.
+
+def test_validate_accepts_a_good_dataset_and_checks_only_the_subset_used(tmp_path):
+    path = str(tmp_path / 'data.zip')
+    make_dataset(path, random_images(6), replace={'00000/img00000005.png': b'garbage'})
+    seed = next(s for s in range(100) if 5 not in ImageFolderDataset(path=path, max_size=5, random_seed=s)._raw_idx)
+    ImageFolderDataset(path=path, max_size=5, random_seed=seed, xflip=True).validate()
+    with pytest.raises(DatasetError, match='img00000005'):
+        ImageFolderDataset(path=path).validate()
+
+def test_16_bit_first_image_is_refused(tmp_path):
+    path = str(tmp_path / 'data')
+    make_dataset(path, random_images(2), replace={'00000/img00000000.png': png16_bytes(4, 1)})
+    with pytest.raises(DatasetError, match='16-bit'):
+        ImageFolderDataset(path=path)
+
+def test_palette_images_are_color(tmp_path):
+    """A palette PNG is a color image: it has 3 channels, and its pixels are the palette's colors."""
+    path = str(tmp_path / 'data.zip')
+    make_dataset(path, random_images(2), replace={'00000/img00000001.png': palette_png_bytes(4, (200, 30, 7))})
+    dataset = ImageFolderDataset(path=path)
+    dataset.validate()
+    assert np.array_equal(dataset[1][0], np.broadcast_to(np.array([200, 30, 7], dtype=np.uint8)[:, None, None], [3, 4, 4]))
+
+def test_bad_image_in_a_worker_is_one_line(tmp_path):
+    path = str(tmp_path / 'data.zip')
+    make_dataset(path, random_images(4), replace={'00000/img00000002.png': b'\x89PNG\r\n\x1a\n garbage'})
+    dataset = ImageFolderDataset(path=path)
+    with pytest.raises(DatasetError) as direct:
+        dataset[2]
+    assert str(direct.value).startswith(f'cannot decode 00000/img00000002.png in dataset {path}: ')
+    with pytest.raises(DatasetError) as info:
+        list(torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=1))
+    assert str(info.value) == str(direct.value)  # Not torch's "Caught DatasetError in DataLoader worker..." traceback.

@@ -5,6 +5,7 @@ numpy slicing, or from block averages; the written datasets are read back both
 directly (zipfile + PIL) and through training.dataset.ImageFolderDataset.
 """
 
+import errno
 import io
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 import dataset_tool
+from tests.test_dataset import png16_bytes
 from training.dataset import ImageFolderDataset
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -354,12 +356,17 @@ def write_bad_folder(root: str, case: str) -> str:
         make_image_folder(root, good)
         write_file(os.path.join(root, 'dataset.json'), b'{"labels": [["0.png", "cat"]]}')
         return 'dataset.json'
+    if case in ('16-bit-rgb', '16-bit-gray'):
+        make_image_folder(root, good)
+        write_file(os.path.join(root, '1.png'), png16_bytes(8, 3 if case == '16-bit-rgb' else 1))
+        return '1.png: 16-bit'
     if case == 'no-images':
         write_file(os.path.join(root, 'notes.txt'), b'hello')
         return 'no images'
     raise ValueError(case)
 
-BAD_FOLDER_CASES = ['corrupt', 'truncated', 'mixed-sizes', 'mixed-channels', 'non-square', 'missing-label', 'bad-dataset-json', 'no-images']
+BAD_FOLDER_CASES = ['corrupt', 'truncated', 'mixed-sizes', 'mixed-channels', 'non-square', 'missing-label', 'bad-dataset-json', 'no-images',
+                    '16-bit-rgb', '16-bit-gray']
 
 def assert_clean_failure(result, message: str, out_dir) -> None:
     assert result.exit_code not in (0, None), result.output
@@ -427,3 +434,53 @@ def test_error_from_a_real_process(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.splitlines() == [f'Error: cannot read image {tmp_path / "src" / "1.png"}: not an image, or a format Pillow cannot read']
     assert os.listdir(tmp_path / 'out') == []
+
+def test_16_bit_rgb_png_is_refused_not_truncated(tmp_path):
+    """Pillow opens a 16-bit RGB PNG as 8-bit RGB (dropping the low byte); the tool refuses it as it refuses 16-bit gray."""
+    write_file(str(tmp_path / 'src' / '0.png'), png16_bytes(4, 3))
+    assert PIL.Image.open(tmp_path / 'src' / '0.png').mode == 'RGB'
+    (tmp_path / 'out').mkdir()
+    assert_clean_failure(run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}'), '16-bit', tmp_path / 'out')
+
+def fail_after(func, count: int):
+    """func, failing with ENOSPC (disk full) from its (count+1)-th call on, before writing anything."""
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(args)
+        if len(calls) > count:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return func(*args, **kwargs)
+    return wrapper
+
+@pytest.mark.parametrize('dest_name', ['ds.zip', 'ds'])
+@pytest.mark.parametrize('after', [0, 2])
+def test_full_disk_leaves_nothing(tmp_path, monkeypatch, dest_name, after):
+    """Disk full while writing (simulated: the zip writer, or the folder writer's open(), fails with
+    ENOSPC): one line, and neither the dataset, its temporary file, nor the directories made for it remain."""
+    if dest_name.endswith('.zip'):
+        monkeypatch.setattr(zipfile.ZipFile, 'writestr', fail_after(zipfile.ZipFile.writestr, after))
+    else:
+        monkeypatch.setattr(dataset_tool, 'open', fail_after(open, after), raising=False)
+    make_image_folder(str(tmp_path / 'src'), {f'{i}.png': np.zeros([4, 4, 3], np.uint8) for i in range(4)})
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "new" / "sub" / dest_name}')
+    assert_clean_failure(result, 'No space left on device', tmp_path / 'out')
+
+def test_destination_inside_a_file(tmp_path):
+    make_image_folder(str(tmp_path / 'src'), {'0.png': np.zeros([4, 4, 3], np.uint8)})
+    write_file(str(tmp_path / 'out' / 'file'), b'precious')
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "file" / "ds.zip"}')
+    assert result.exit_code != 0 and len(result.output.strip().splitlines()) == 1 and 'cannot write' in result.output
+    assert os.listdir(tmp_path / 'out') == ['file'] and (tmp_path / 'out' / 'file').read_bytes() == b'precious'
+
+@pytest.mark.parametrize('error', [errno.EACCES, errno.EROFS])
+def test_unwritable_destination(tmp_path, monkeypatch, error):
+    """A read-only directory or file system (simulated, since root may write anywhere): one line, nothing made."""
+    def refuse(*args, **kwargs):
+        raise OSError(error, os.strerror(error))
+    monkeypatch.setattr(dataset_tool.tempfile, 'mkstemp', refuse)
+    make_image_folder(str(tmp_path / 'src'), {'0.png': np.zeros([4, 4, 3], np.uint8)})
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "new" / "ds.zip"}')
+    assert_clean_failure(result, os.strerror(error), tmp_path / 'out')

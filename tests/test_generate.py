@@ -1,5 +1,8 @@
 """generate.py: StyleGAN truncation, noise modes and style-mixing grids, and its one-line errors."""
 
+import errno
+import os
+
 import numpy as np
 import PIL.Image
 import pytest
@@ -45,12 +48,22 @@ def test_truncation_psi_zero_gives_one_image(stylegan_pkl, tmp_path):
 
 
 def test_noise_modes(stylegan_pkl, tmp_path):
-    for run in ('a', 'b'):
-        for mode in ('const', 'random'):
-            assert invoke(f'--network={stylegan_pkl}', '--seeds=5', f'--noise-mode={mode}',
-                          f'--outdir={tmp_path / run / mode}').exit_code == 0
-    assert np.array_equal(read(tmp_path / 'a' / 'const' / 'seed0005.png'), read(tmp_path / 'b' / 'const' / 'seed0005.png'))
-    assert not np.array_equal(read(tmp_path / 'a' / 'random' / 'seed0005.png'), read(tmp_path / 'b' / 'random' / 'seed0005.png'))
+    """Random noise is the default; it is drawn from the image's seed, so an image depends on its seed only."""
+    runs = {'default': ['--seeds=5'], 'again': ['--seeds=5'], 'batched': ['--seeds=3-7', '--batch=2'],
+            'const': ['--seeds=5', '--noise-mode=const'], 'random': ['--seeds=5', '--noise-mode=random']}
+    for run, args in runs.items():
+        result = invoke(f'--network={stylegan_pkl}', *args, f'--outdir={tmp_path / run}')
+        assert result.exit_code == 0, result.output
+    images = {run: read(tmp_path / run / 'seed0005.png') for run in runs}
+    for run in ('again', 'batched', 'random'):
+        assert np.array_equal(images[run], images['default']), run
+    assert not np.array_equal(images['const'], images['default'])
+    # Independently: seed 5's latent, torch's RNG seeded with 5 for the noise, quantized as a PNG.
+    G = persistence.load_snapshot(stylegan_pkl).G_ema
+    torch.manual_seed(5)
+    img = G(torch.from_numpy(np.random.RandomState(5).randn(1, G.z_dim)).float(), torch.zeros(1, 0), noise_mode='random')
+    expected = (img[0].permute(1, 2, 0) * 127.5 + 128).clamp(0, 255).to(torch.uint8).numpy()
+    assert np.array_equal(images['default'], expected)
 
 
 def test_style_mixing_grid(stylegan_pkl, tmp_path):
@@ -80,3 +93,149 @@ def test_errors_are_one_line(stylegan_pkl, tmp_path):
         result = invoke(*args, f'--outdir={tmp_path / "out"}')
         assert result.exit_code != 0 and message in result.output, (args, result.output)
         assert isinstance(result.exception, SystemExit)  # A click error, not a traceback.
+
+
+@pytest.fixture(scope='module')
+def stylegan64_pkl(tmp_path_factory):
+    """64x64: 10 style layers, so StyleGAN's cutoff of 8 and its fine styles (8-9) both exist."""
+    torch.manual_seed(1)
+    G = stylegan.Generator(c_dim=0, img_resolution=64, img_channels=3, z_dim=8, w_dim=8, fmap_max=4,
+                           mapping_kwargs=dict(num_layers=2))
+    with torch.no_grad():
+        G.mapping.w_avg.normal_()
+        for name, p in G.named_parameters():
+            if 'noise_strength' in name:
+                p.fill_(0.3)
+    path = str(tmp_path_factory.mktemp('snap64') / 'stylegan64.pkl')
+    persistence.save_snapshot(path, {'G_ema': G})
+    return path
+
+
+def to_png_pixels(img):
+    return (img.permute(1, 2, 0) * 127.5 + 128).clamp(0, 255).to(torch.uint8).numpy().astype(np.int32)
+
+
+def test_truncation_cutoff_defaults_to_stylegan_8(stylegan64_pkl, tmp_path):
+    assert invoke(f'--network={stylegan64_pkl}', '--seeds=3', '--trunc=0.5', '--noise-mode=const',
+                  f'--outdir={tmp_path / "default"}').exit_code == 0
+    assert invoke(f'--network={stylegan64_pkl}', '--seeds=3', '--trunc=0.5', '--trunc-cutoff=10', '--noise-mode=const',
+                  f'--outdir={tmp_path / "all"}').exit_code == 0
+    G = persistence.load_snapshot(stylegan64_pkl).G_ema
+    assert G.num_ws == 10
+    z = torch.from_numpy(np.random.RandomState(3).randn(1, G.z_dim)).float()
+    w = G.mapping(z, torch.zeros(1, 0))  # Untruncated.
+    w_trunc = w.clone()
+    w_trunc[:, :8] = G.mapping.w_avg + 0.5 * (w[:, :8] - G.mapping.w_avg)  # psi = 0.5 on layers 0-7 only.
+    assert np.array_equal(read(tmp_path / 'default' / 'seed0003.png'), to_png_pixels(G.synthesis(w_trunc, noise_mode='const')[0]))
+    assert not np.array_equal(read(tmp_path / 'default' / 'seed0003.png'), read(tmp_path / 'all' / 'seed0003.png'))
+
+
+def test_style_mixing_defaults_to_stylegan_figure(stylegan64_pkl, tmp_path):
+    """Six rows: coarse styles (0-3) for rows 0-2, middle (4-7) for rows 3-4, fine (8-9) for row 5,
+    the ranges of NVlabs/stylegan's figure 3; constant noise as there."""
+    rows, cols = [11, 12, 13, 14, 15, 16], [21, 22]
+    result = invoke(f'--network={stylegan64_pkl}', f'--mix-rows={",".join(map(str, rows))}',
+                    f'--mix-cols={",".join(map(str, cols))}', f'--outdir={tmp_path}')
+    assert result.exit_code == 0, result.output
+    figure = read(tmp_path / 'stylemix.png')
+    G = persistence.load_snapshot(stylegan64_pkl).G_ema
+    w = {s: G.mapping(torch.from_numpy(np.random.RandomState(s).randn(1, G.z_dim)).float(), torch.zeros(1, 0)) for s in rows + cols}
+    v1_ranges = [range(0, 4)] * 3 + [range(4, 8)] * 2 + [range(8, 10)]
+    for r, (row, styles) in enumerate(zip(rows, v1_ranges)):
+        for c, col in enumerate(cols):
+            mixed = w[row].clone()
+            mixed[:, list(styles)] = w[col][:, list(styles)]
+            cell = figure[(r + 1) * 64:(r + 2) * 64, (c + 1) * 64:(c + 2) * 64]
+            # Up to 1 of 255: the figure maps all seeds in one batch, here one at a time.
+            assert np.abs(cell - to_png_pixels(G.synthesis(mixed, noise_mode='const')[0])).max() <= 1, (r, c)
+            other = w[row].clone()
+            other[:, list(v1_ranges[(r + 3) % 6])] = w[col][:, list(v1_ranges[(r + 3) % 6])]  # Another group.
+            assert np.abs(cell - to_png_pixels(G.synthesis(other, noise_mode='const')[0])).max() > 8, (r, c)
+
+
+def test_style_ranges_of_smaller_networks():
+    # 8 style layers (32x32) have no fine styles: rows split 3:2 into coarse and middle.
+    assert generate._style_ranges(None, 5, 8) == [[0, 1, 2, 3]] * 3 + [[4, 5, 6, 7]] * 2
+    assert generate._style_ranges(None, 3, 18) == [list(range(0, 4)), list(range(4, 8)), list(range(8, 18))]
+    assert generate._style_ranges('fine', 2, 18) == [list(range(8, 18))] * 2
+    assert generate._style_ranges('1,3', 1, 8) == [[1, 3]]
+
+
+def assert_one_line_error(result, message):
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.output
+    assert 'Traceback' not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert message in result.output, result.output
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--seeds=-1'], 'seed -1 is outside 0..4294967295'),
+    (['--seeds=4294967296'], 'seed 4294967296 is outside'),
+    (['--seeds='], '--seeds: no seeds given'),
+    (['--seeds=0-2', '--trunc=nan'], '--trunc must be a finite number'),
+    (['--seeds=0-2', '--trunc=inf'], '--trunc must be a finite number'),
+    (['--mix-rows=', '--mix-cols=1'], '--mix-rows: no seeds given'),
+    (['--mix-rows=0', '--mix-cols=1', '--mix-styles=fine'], 'none of them fine'),
+])
+def test_bad_arguments_leave_nothing(stylegan_pkl, tmp_path, args, message):
+    result = invoke(f'--network={stylegan_pkl}', *args, f'--outdir={tmp_path / "out"}')
+    assert_one_line_error(result, message)
+    assert not (tmp_path / 'out').exists()
+
+
+def test_outdir_is_a_file(stylegan_pkl, tmp_path):
+    (tmp_path / 'out').write_text('x')
+    assert_one_line_error(invoke(f'--network={stylegan_pkl}', f'--outdir={tmp_path / "out"}'), 'is not a directory')
+    assert (tmp_path / 'out').read_text() == 'x'
+    assert_one_line_error(invoke(f'--network={stylegan_pkl}', f'--outdir={tmp_path / "out" / "sub"}'), 'cannot write')
+
+
+def failing_save(error, after):
+    """PIL's save, failing with `error` from the (after+1)-th image on, having written a partial file."""
+    saved = []
+    real_save = PIL.Image.Image.save
+
+    def save(self, fp, *args, **kwargs):
+        if len(saved) >= after:
+            with open(fp, 'wb') as f:
+                f.write(b'\x89PNG partial')
+            raise OSError(error, os.strerror(error))
+        saved.append(fp)
+        return real_save(self, fp, *args, **kwargs)
+    return save
+
+
+@pytest.mark.parametrize('error,after', [(errno.ENOSPC, 0), (errno.ENOSPC, 2), (errno.EACCES, 0), (errno.EROFS, 0)])
+def test_write_errors_leave_no_directory(stylegan_pkl, tmp_path, monkeypatch, error, after):
+    """A full disk or an unwritable --outdir: one line, and the directory the run made is gone."""
+    monkeypatch.setattr(PIL.Image.Image, 'save', failing_save(error, after))
+    result = invoke(f'--network={stylegan_pkl}', '--seeds=0-3', f'--outdir={tmp_path / "out"}')
+    assert_one_line_error(result, os.strerror(error))
+    assert not (tmp_path / 'out').exists()
+
+
+def test_write_error_in_existing_directory_leaves_only_complete_images(stylegan_pkl, tmp_path, monkeypatch):
+    (tmp_path / 'out').mkdir()
+    (tmp_path / 'out' / 'mine.txt').write_text('x')
+    monkeypatch.setattr(PIL.Image.Image, 'save', failing_save(errno.ENOSPC, 2))
+    assert_one_line_error(invoke(f'--network={stylegan_pkl}', '--seeds=0-3', f'--outdir={tmp_path / "out"}'), 'No space left')
+    assert sorted(os.listdir(tmp_path / 'out')) == ['mine.txt', 'seed0000.png', 'seed0001.png']
+    PIL.Image.open(tmp_path / 'out' / 'seed0001.png').load()  # Complete.
+
+
+def test_read_only_outdir(stylegan_pkl, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip('root writes into read-only directories; covered by EACCES above')
+    (tmp_path / 'ro').mkdir(mode=0o555)
+    assert_one_line_error(invoke(f'--network={stylegan_pkl}', f'--outdir={tmp_path / "ro" / "out"}'), 'Permission denied')
+    assert os.listdir(tmp_path / 'ro') == []
+
+
+def test_non_finite_weights_are_refused(tmp_path):
+    G = sngan.CNNGenerator(c_dim=0, img_resolution=16, img_channels=3, ch=4)
+    with torch.no_grad():
+        next(G.parameters()).view(-1)[0] = float('nan')
+    path = str(tmp_path / 'nan.pkl')
+    persistence.save_snapshot(path, {'G_ema': G})
+    result = invoke(f'--network={path}', f'--outdir={tmp_path / "out"}')
+    assert_one_line_error(result, 'non-finite weights')
+    assert not (tmp_path / 'out').exists()

@@ -47,3 +47,28 @@ def test_save_image_grid_layout(tmp_path):
         row, col = divmod(i, 3)
         tile = out[row * 2:(row + 1) * 2, col * 4:(col + 1) * 4]
         assert np.all(np.abs(tile.astype(int) - expected[i]) <= 1)
+
+
+def test_find_nonfinite():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))
+    assert misc.find_nonfinite(net) is None
+    with torch.no_grad():
+        net[2].bias.fill_(float('inf'))
+        net[1].running_var[1] = float('nan')
+    # Parameters come first (in registration order), then buffers.
+    assert misc.find_nonfinite(net) == '2.bias'
+    with torch.no_grad():
+        net[2].bias.zero_()
+    assert misc.find_nonfinite(net) == '1.running_var'
+    assert misc.find_nonfinite(torch.nn.ReLU()) is None
+
+
+def test_save_image_grid_leaves_no_partial_file(tmp_path, monkeypatch):
+    def full_disk(self, fp, *args, **kwargs):
+        with open(fp, 'wb') as f:
+            f.write(b'\x89PNG partial')
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(PIL.Image.Image, 'save', full_disk)
+    with pytest.raises(OSError, match='No space'):
+        misc.save_image_grid(torch.zeros(1, 3, 2, 2), str(tmp_path / 'grid.png'), (1, 1))
+    assert list(tmp_path.iterdir()) == []

@@ -2,6 +2,11 @@
 
 import os
 import pickle
+import signal
+import stat
+import subprocess
+import sys
+import zipfile
 
 import pytest
 import torch
@@ -93,3 +98,72 @@ def test_not_a_snapshot(tmp_path):
     torch.save({'weights': torch.zeros(2)}, path)
     with pytest.raises(persistence.UnsafeSnapshotError, match='not a GN-GAN snapshot'):
         persistence.load_snapshot(path)
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o077, 0o002])
+def test_snapshot_permissions_follow_umask(tmp_path, umask):
+    """A snapshot gets the permissions of any other new file, not mkstemp's 0600."""
+    old = os.umask(umask)
+    try:
+        persistence.save_snapshot(str(tmp_path / 'snap.pkl'), {'G': TinyNet()})
+        with open(tmp_path / 'other.txt', 'w'):
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / 'snap.pkl').st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(os.stat(tmp_path / 'snap.pkl').st_mode) == stat.S_IMODE(os.stat(tmp_path / 'other.txt').st_mode)
+
+
+def test_remove_stale_temporaries_after_kill(tmp_path):
+    """A writer killed (SIGKILL) between writing and renaming leaves its temporary file; it is removed
+    afterwards, while a live writer's temporary file and other files stay."""
+    script = ('import os, signal, sys, torch\n'
+              'sys.path.insert(0, os.getcwd())\n'
+              'from torch_utils import persistence\n'
+              'os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n'
+              f'persistence.save_snapshot({str(tmp_path / "network-snapshot-000001.pkl")!r}, {{"x": torch.zeros(3)}})\n')
+    proc = subprocess.run([sys.executable, '-c', script], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == -signal.SIGKILL
+    stale = [f for f in os.listdir(tmp_path) if f.startswith('.network-snapshot-000001.pkl.')]
+    assert len(stale) == 1 and stale[0].endswith('.tmp')
+    live = tmp_path / f'.network-snapshot-000002.pkl.{os.getpid()}.0123abcd.tmp'
+    other = tmp_path / '.keep.tmp'
+    live.touch()
+    other.touch()
+    assert persistence.remove_stale_temporaries(str(tmp_path)) == [str(tmp_path / stale[0])]
+    assert sorted(os.listdir(tmp_path)) == sorted([live.name, other.name])
+    assert persistence.remove_stale_temporaries(str(tmp_path / 'missing')) == []
+
+
+def test_object_graph_size_is_bounded(tmp_path, monkeypatch):
+    """The pickled object graph (data.pkl) is capped before it is unpickled: Python objects take several
+    times the bytes of their opcodes."""
+    path = str(tmp_path / 'snap.pkl')
+    persistence.save_snapshot(path, {'progress': {'values': list(range(1000))}})
+    with zipfile.ZipFile(path) as z:
+        pickle_size = next(info.file_size for info in z.infolist() if info.filename.endswith('data.pkl'))
+    monkeypatch.setattr(persistence, '_MAX_PICKLE_BYTES', pickle_size)
+    assert persistence.load_snapshot(path).progress['values'] == list(range(1000))
+    monkeypatch.setattr(persistence, '_MAX_PICKLE_BYTES', pickle_size - 1)
+    with pytest.raises(persistence.UnsafeSnapshotError, match=f'object graph is {pickle_size} bytes'):
+        persistence.load_snapshot(path)
+
+
+def test_networks_are_probed_on_meta_before_being_built(tmp_path, monkeypatch):
+    """A network is first built without storage; kwargs that disagree with the state dict are refused
+    before the real constructor runs."""
+    path = str(tmp_path / 'snap.pkl')
+    persistence.save_snapshot(path, {'G': TinyNet(width=5)})
+    payload = torch.load(path, weights_only=True)
+    payload['data']['G']['init_kwargs']['width'] = 50_000_000  # 50M x 3 + 50M weights: 800 MB if allocated.
+    torch.save(payload, path)
+    built = []
+    real_init = torch.nn.Linear.__init__
+
+    def record(self, *args, **kwargs):
+        built.append(torch.empty(0).device.type)  # The default device where the Linear is built.
+        real_init(self, *args, **kwargs)
+    monkeypatch.setattr(torch.nn.Linear, '__init__', record)
+    with pytest.raises(persistence.UnsafeSnapshotError, match='more than'):
+        persistence.load_snapshot(path)
+    assert built and set(built) == {'meta'}

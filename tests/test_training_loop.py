@@ -289,7 +289,10 @@ def test_resume_continues_bit_for_bit(tmp_path):
         return run_dir, losses
 
     full_dir, full_losses = run('full')
+    stale = full_dir / '.network-snapshot-000000.012.pkl.4194305.0123abcd.tmp'  # A writer killed mid-write (no such pid).
+    stale.write_bytes(b'partial')
     _, resumed_losses = run('resumed', resume_pkl=str(full_dir / 'network-snapshot-000000.008.pkl'))
+    assert not stale.exists()  # Resuming cleans up after the interrupted run.
     assert resumed_losses == full_losses[2:]  # Ticks of 2 steps: the resumed run starts at the third.
     a = persistence.load_snapshot(str(full_dir / 'network-snapshot-000000.016.pkl'))
     b = persistence.load_snapshot(str(tmp_path / 'resumed' / 'network-snapshot-000000.016.pkl'))

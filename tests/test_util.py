@@ -1,10 +1,11 @@
-"""dnnlib.util: EasyDict, construct_class_by_name, parse_int_list, format_time, open_url."""
+"""dnnlib.util: EasyDict, the allow-list of construct_class_by_name, parse_int_list, format_time, open_url."""
 
 import http.server
 import os
 import threading
 
 import pytest
+import torch
 
 import dnnlib
 from dnnlib import util
@@ -26,12 +27,63 @@ def test_to_plain_strips_easydict():
     assert plain == {'a': {'b': [{'c': 1}]}, 't': (1, 2)}
 
 
-def test_construct_class_by_name():
-    od = util.construct_class_by_name([('x', 1)], class_name='collections.OrderedDict')
-    assert dict(od) == {'x': 1}
-    assert util.get_obj_by_name('os.path.join') is os.path.join
-    with pytest.raises(ValueError):
-        util.get_obj_by_name('collections.NoSuchThing')
+def test_construct_class_by_name_builds_allowed_classes():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = util.construct_class_by_name([p], class_name='torch.optim.Adam', lr=0.5, betas=(0.0, 0.9))
+    assert type(opt) is torch.optim.Adam and opt.defaults['lr'] == 0.5 and opt.defaults['betas'] == (0.0, 0.9)
+    G = util.construct_class_by_name(class_name='training.networks.sngan.CNNGenerator', c_dim=0, img_resolution=32,
+                                     img_channels=3, ch=4, z_dim=2)
+    assert type(G).__name__ == 'CNNGenerator' and G.init_kwargs.ch == 4
+
+
+@pytest.mark.parametrize('name', ['collections.OrderedDict', 'logging.basicConfig', 'torch.hub.load', 'os.system',
+                                  'training.dataset.os.system', 'training.training_loop.training_loop',
+                                  'builtins.eval', 'subprocess.Popen', 'training', '', 'torch.optim.SGD'])
+def test_construct_class_by_name_refuses_everything_else(name, tmp_path):
+    with pytest.raises(util.ConfigError, match='not a class this project builds'):
+        util.construct_class_by_name(class_name=name, filename=str(tmp_path / 'marker'))
+    assert not (tmp_path / 'marker').exists()
+
+
+def test_refused_name_imports_nothing(tmp_path, monkeypatch):
+    """A module that would run code on import is never imported for a name outside the allow-list."""
+    marker = tmp_path / 'marker'
+    (tmp_path / 'evilmod.py').write_text(f'open({str(marker)!r}, "w").close()\nclass X: pass\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ('evilmod.X', 'training.evilmod.X'):
+        with pytest.raises(util.ConfigError):
+            util.construct_class_by_name(class_name=name)
+    assert not marker.exists()
+
+
+def test_unknown_kwargs_are_refused():
+    with pytest.raises(util.ConfigError, match='Adam takes no argument "bogus"'):
+        util.construct_class_by_name([torch.nn.Parameter(torch.zeros(1))], class_name='torch.optim.Adam', bogus=1)
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    ('not a dict', 'expected a dict'),
+    ({'class_name': 5}, 'class name must be a string'),
+    ({'path': 'x'}, 'class name must be a string'),
+    ({'class_name': 'logging.basicConfig', 'filename': 'x'}, 'not a class this project builds'),
+    ({'class_name': 'training.dataset.ImageFolderDataset', 'path': 'x', 'filemode': 'w'}, 'takes no argument "filemode"'),
+    ({'class_name': 'training.dataset.ImageFolderDataset', 'path': object()}, 'plain data'),
+    ({'class_name': 'training.dataset.ImageFolderDataset', 'path': {1: 'x'}}, 'keys must be str'),
+])
+def test_check_class_kwargs_refuses(kwargs, message):
+    with pytest.raises(util.ConfigError, match=message):
+        util.check_class_kwargs(kwargs, 'training_set_kwargs')
+
+
+def test_check_plain_bounds_nesting():
+    deep = []
+    for _ in range(util.MAX_PLAIN_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(util.ConfigError, match='nested deeper'):
+        util.check_plain(deep, 'x')
+    util.check_plain({'a': [1, 2.5, None, 'b', (True,)]}, 'x')  # Plain data passes.
+    kwargs = util.check_class_kwargs({'class_name': 'training.dataset.ImageFolderDataset', 'path': 'x', 'xflip': True}, 'x')
+    assert isinstance(kwargs, dnnlib.EasyDict) and kwargs.xflip is True
 
 
 @pytest.mark.parametrize('text,expected', [('0-3,7', [0, 1, 2, 3, 7]), ('5', [5]), ('1, 3-4', [1, 3, 4])])

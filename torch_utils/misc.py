@@ -116,6 +116,24 @@ def copy_params_and_buffers(src: torch.nn.Module, dst: torch.nn.Module, require_
         elif require_all:
             raise KeyError(f'{name} missing from the source module')
 
+
+
+@torch.no_grad()
+def find_nonfinite(module: torch.nn.Module) -> str | None:
+    """Name of the first parameter or floating-point buffer of `module` holding a NaN or an Inf, else None.
+
+    One device synchronization however many tensors there are (the per-tensor flags are stacked and
+    read once), so the training loop can afford it at every tick.
+    """
+    named = [(name, t) for name, t in list(module.named_parameters()) + list(module.named_buffers())
+             if t.is_floating_point() or t.is_complex()]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(t).all().to(named[0][1].device) for _, t in named])
+    if bool(finite.all()):
+        return None
+    return named[int(finite.logical_not().nonzero()[0, 0])][0]
+
 #----------------------------------------------------------------------------
 
 
@@ -128,5 +146,10 @@ def save_image_grid(img: np.ndarray | torch.Tensor, path: str, grid_size: tuple[
     img = img[:gw * gh].reshape(gh, gw, c, h, w).transpose(0, 3, 1, 4, 2).reshape(gh * h, gw * w, c)
     image = PIL.Image.fromarray(img[:, :, 0] if c == 1 else img, 'L' if c == 1 else 'RGB')
     tmp = path + '.tmp.png'
-    image.save(tmp)
-    os.replace(tmp, path)
+    try:
+        image.save(tmp)
+        os.replace(tmp, path)
+    except BaseException:  # Disk full, interrupt: leave no partial file.
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

@@ -11,7 +11,8 @@ import json
 import os
 import posixpath
 import zipfile
-from typing import Optional
+import zlib
+from typing import BinaryIO, Optional
 
 import numpy as np
 import PIL.Image
@@ -19,7 +20,31 @@ import PIL.ImageMode
 import torch
 
 class DatasetError(ValueError):
-    """A dataset that cannot be used as asked; the message says why in one line, for the user."""
+    """A dataset that cannot be used as asked; the message says why in one line, for the user.
+
+    Raised in a DataLoader worker, it comes back to the main process as a DatasetError whose message
+    torch has made the worker's whole traceback; the constructor keeps only the original line.
+    """
+
+    def __init__(self, message: str) -> None:
+        if '\nOriginal Traceback' in message:
+            last = message.rstrip().splitlines()[-1]
+            message = last.partition('DatasetError: ')[2] or last
+        super().__init__(message)
+
+
+def image_channels(image: PIL.Image.Image, name: str) -> int:
+    """Channels of the uint8 array an image becomes: 1 for grayscale modes, 3 for all others (alpha
+    dropped, palettes expanded). Reads the header only (PIL opens images lazily).
+
+    More than 8 bits per sample would be clipped or truncated silently, so 16-bit (PNG keeps 16-bit
+    RGB as mode RGB; its raw mode says ;16) and float images are refused, by the tool and the loader alike.
+    """
+    raw_modes = [str(tile.args) for tile in image.tile]
+    if image.mode in ('I', 'F') or image.mode.startswith('I;16') or any(';16' in raw for raw in raw_modes):
+        raise DatasetError(f'{name}: 16-bit or float images ({image.mode}, raw {"/".join(raw_modes) or "-"}) '
+                           f'are not supported; convert them to 8 bits')
+    return 1 if PIL.ImageMode.getmode(image.mode).basemode == 'L' else 3
 
 #----------------------------------------------------------------------------
 
@@ -117,8 +142,9 @@ class Dataset(torch.utils.data.Dataset):
 class ImageFolderDataset(Dataset):
     """Images of a zip archive or a folder (searched recursively), labels from its dataset.json.
 
-    Images must be square and all of one size (checked for the first image when
-    the dataset opens, and for each image when it is read). The zip archive is
+    Images must be square and all of one size, all grayscale or all color, with 8
+    bits per sample (checked for the first image when the dataset opens, for every
+    image's header by validate(), and for each image when it is read). The zip archive is
     opened lazily by each process that reads it and never pickled: a handle
     inherited through fork would share its file offset with the parent's, and
     concurrent DataLoader workers would then read each other's bytes.
@@ -198,21 +224,62 @@ class ImageFolderDataset(Dataset):
         except Exception:  # The interpreter may be shutting down; nothing left to release.
             pass
 
+    def _describe(self, fname: str) -> str:
+        return f'{fname} in dataset {self._path}'
+
     def _decode(self, fname: str) -> np.ndarray:
         """uint8 [C, H, W] with C = 1 for grayscale images and 3 for all others."""
         try:
             with PIL.Image.open(io.BytesIO(self._read(fname))) as image:
-                mode = 'L' if PIL.ImageMode.getmode(image.mode).basemode == 'L' else 'RGB'
+                mode = 'L' if image_channels(image, self._describe(fname)) == 1 else 'RGB'
                 pixels = np.array(image.convert(mode))  # A writable copy (torch warns about read-only arrays).
-        except (OSError, SyntaxError, ValueError, EOFError, PIL.Image.DecompressionBombError) as err:
-            raise DatasetError(f'cannot decode {fname} in dataset {self._path}: {err}') from err
+        except DatasetError:
+            raise
+        except PIL.UnidentifiedImageError as err:  # Its own message names a BytesIO, not the file.
+            raise DatasetError(f'cannot decode {self._describe(fname)}: not an image Pillow can read') from err
+        except (OSError, SyntaxError, ValueError, EOFError, zlib.error, PIL.Image.DecompressionBombError) as err:
+            raise DatasetError(f'cannot decode {self._describe(fname)}: {err}') from err
         return pixels[np.newaxis] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+    def validate(self) -> None:
+        """Check every image this dataset uses against the first one, from headers only: readable, same
+        size, same channel count, 8 bits per sample. Raises DatasetError naming the first bad file.
+
+        Call it once before training: it opens each image without decoding its pixels, so a bad file
+        is reported up front rather than hours into a run. Damage inside the pixel data shows only
+        when an image is decoded; __getitem__ then raises DatasetError naming the file.
+        """
+        expected = self.image_shape
+        try:
+            for raw_idx in np.unique(self._raw_idx):
+                fname = self._image_fnames[raw_idx]
+                try:
+                    with self._open(fname) as f, PIL.Image.open(f) as image:
+                        width, height = image.size
+                        channels = image_channels(image, self._describe(fname))
+                except DatasetError:
+                    raise
+                except PIL.UnidentifiedImageError as err:
+                    raise DatasetError(f'cannot decode {self._describe(fname)}: not an image Pillow can read') from err
+                except (OSError, SyntaxError, ValueError, EOFError, zlib.error, zipfile.BadZipFile, PIL.Image.DecompressionBombError) as err:
+                    raise DatasetError(f'cannot decode {self._describe(fname)}: {err}') from err
+                if [channels, height, width] != expected:
+                    raise DatasetError(f'{self._describe(fname)} is {width}x{height} with {channels} channel(s), unlike '
+                                       f'the first image, {self._image_fnames[0]}: {expected[2]}x{expected[1]} with {expected[0]}')
+        finally:
+            self.close()
+
+    def _open(self, fname: str) -> BinaryIO:
+        """A file object for one image, from which PIL reads only as far as it needs."""
+        if self._kind == 'dir':
+            return open(os.path.join(self._path, *fname.split('/')), 'rb')
+        return self._get_zipfile().open(fname)
 
     def _load_raw_image(self, raw_idx: int) -> np.ndarray:
         fname = self._image_fnames[raw_idx]
         pixels = self._decode(fname)
         if list(pixels.shape) != self.image_shape:
-            raise DatasetError(f'{fname} in dataset {self._path} has shape {list(pixels.shape)} [C, H, W], unlike the first image: {self.image_shape}')
+            raise DatasetError(f'{self._describe(fname)} has shape {list(pixels.shape)} [C, H, W], unlike the first image: {self.image_shape}')
         return pixels
 
     def _load_raw_labels(self) -> Optional[np.ndarray]:

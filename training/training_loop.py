@@ -239,7 +239,6 @@ def training_loop(
     misc.set_seed(random_seed * num_gpus + rank)
     label_rng = np.random.default_rng(random_seed * num_gpus + rank)
     log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
-    persistence.remove_stale_temporaries(run_dir)
 
     # Load dataset.
     training_set = dnnlib.util.construct_class_by_name(**training_set_kwargs)
@@ -262,6 +261,7 @@ def training_loop(
     best = None  # Lowest value of best_metric so far.
     if resume_pkl is not None:
         log(f'Resuming from "{resume_pkl}"')
+        persistence.remove_stale_temporaries(os.path.dirname(os.path.abspath(resume_pkl)))  # Left by a killed writer.
         snapshot = persistence.load_snapshot(resume_pkl)
         for name, module in [('G', G), ('D', D), ('G_ema', G_ema)]:
             misc.copy_params_and_buffers(snapshot[name], module, require_all=True)
