@@ -213,7 +213,7 @@ def load_network(path_or_url: str, cfg: str | None = None) -> dnnlib.EasyDict:
     except persistence.UnsafeSnapshotError as e:
         try:
             official = _is_official_checkpoint(_read_checkpoint(path_or_url))
-        except OfficialCheckpointError:
+        except (OfficialCheckpointError, OSError, RuntimeError, ValueError):  # Only a hint: any failure means no.
             official = False
         if official:
             raise OfficialCheckpointError(f'{path_or_url} is a checkpoint of the official GN-GAN code: give its '
