@@ -51,7 +51,7 @@ def test_cuda_source_compiles(source, tmp_path):
 # ----------------------------------------------------------------------------
 # Host build of the kernel arithmetic. Each wrapper includes the .cu verbatim
 # and exposes its per-element function over plain double arrays; the element
-# type (float, double, c10::Half) is chosen per call.
+# type (float, double, c10::Half, c10::BFloat16) is chosen per call.
 
 _HOST_WRAPPERS = {
     'bias_act': r'''
@@ -75,6 +75,7 @@ extern "C" void host_bias_act(int dtype, const double* x, const double* b, const
     if (dtype == 0) run<float>(p, x, b, dy, out);
     if (dtype == 1) run<double>(p, x, b, dy, out);
     if (dtype == 2) run<c10::Half>(p, x, b, dy, out);
+    if (dtype == 3) run<c10::BFloat16>(p, x, b, dy, out);
 }
 ''',
     'upfirdn2d': r'''
@@ -102,10 +103,11 @@ extern "C" void host_upfirdn2d(int dtype, const double* x, const double* f, doub
     if (dtype == 0) run<float>(p, x, f, out);
     if (dtype == 1) run<double>(p, x, f, out);
     if (dtype == 2) run<c10::Half>(p, x, f, out);
+    if (dtype == 3) run<c10::BFloat16>(p, x, f, out);
 }
 ''',
 }
-_DTYPE_IDS = {torch.float32: 0, torch.float64: 1, torch.float16: 2}
+_DTYPE_IDS = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
 
 @pytest.fixture(scope='module')
@@ -131,7 +133,7 @@ def _pointer(array):
 
 
 def _as_float64(tensor):
-    return None if tensor.numel() == 0 else np.ascontiguousarray(tensor.detach().cpu().numpy(), dtype=np.float64)
+    return None if tensor.numel() == 0 else np.ascontiguousarray(tensor.detach().cpu().double().numpy())
 
 
 class _HostPlugin:
@@ -229,7 +231,7 @@ def test_host_bias_act_kernel_matches_reference(host_plugin, act):
         _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float16])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
 def test_host_bias_act_kernel_low_precision(host_plugin, dtype):
     torch.manual_seed(0)
     x = torch.randn([3, 5, 7]).to(dtype)
@@ -238,7 +240,9 @@ def test_host_bias_act_kernel_low_precision(host_plugin, dtype):
     y = bias_act._BiasActCuda.apply(x, b, cfg)
     expected = bias_act._bias_act_ref(x.double(), b.double(), 2, bias_act.activation_funcs['swish'], 0.0, 1.5, 0.9)
     assert y.dtype == dtype
-    torch.testing.assert_close(y.double(), expected, rtol=1e-3 if dtype == torch.float16 else 1e-6, atol=1e-3)
+    # The kernel computes in float32 and rounds once: half an ulp of the output's dtype.
+    rtol = {torch.float32: 1e-6, torch.float16: 2 ** -11, torch.bfloat16: 2 ** -8}[dtype]
+    torch.testing.assert_close(y.double(), expected, rtol=rtol, atol=1e-6)
 
 
 _UPFIRDN2D_CASES = [  # (filter taps or 2-D shape, up, down, padding, flip_filter, gain)
@@ -266,14 +270,17 @@ def test_host_upfirdn2d_kernel_matches_reference(host_plugin, case):
     _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
 
 
-def test_host_upfirdn2d_kernel_half(host_plugin):
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_host_upfirdn2d_kernel_low_precision(host_plugin, dtype):
     torch.manual_seed(0)
-    x = torch.randn([1, 2, 8, 8])
+    x = torch.randn([1, 2, 8, 8]).to(dtype)
     f = upfirdn2d.setup_filter([1, 3, 3, 1])
     cfg = upfirdn2d._Config(up=(2, 2), down=(1, 1), padding=(2, 1, 2, 1), flip_filter=False, gain=4.0)
-    y = upfirdn2d._UpFirDn2dCuda.apply(x.half(), f, cfg)
-    assert y.dtype == torch.float16
-    torch.testing.assert_close(y.float(), upfirdn2d._upfirdn2d_ref(x, f, cfg), rtol=2e-3, atol=2e-3)
+    y = upfirdn2d._UpFirDn2dCuda.apply(x, f, cfg)
+    assert y.dtype == dtype
+    # float32 accumulation, one rounding to the output's dtype: half an ulp.
+    rtol = {torch.float16: 2 ** -11, torch.bfloat16: 2 ** -8}[dtype]
+    torch.testing.assert_close(y.double(), upfirdn2d._upfirdn2d_ref(x.double(), f, cfg), rtol=rtol, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------
