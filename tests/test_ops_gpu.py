@@ -10,6 +10,7 @@ float16/bfloat16 is held to the precision of its dtype, not to another low-preci
 
 import collections
 import contextlib
+import copy
 import warnings
 
 import pytest
@@ -103,10 +104,10 @@ def _leaf(x, dtype, requires_grad=True):
 
 
 def _compare_op(op, inputs, dtype):
-    """op's kernel path in dtype against its reference path in float64, on the same input values."""
+    """op's kernel path in dtype against its reference path in float64, on the same (dtype-rounded) input values."""
     low = [_leaf(x, dtype) for x in inputs]
     with reference_ops():
-        expected = _derivatives(op, [_leaf(x, torch.float64) for x in inputs])
+        expected = _derivatives(op, [_leaf(x, torch.float64) for x in low])
     actual = _derivatives(op, low)
     _assert_matches_float64(actual, expected, dtype)
     return actual
@@ -155,27 +156,28 @@ def test_bias_act(kernel_calls, act, dtype):
 @pytest.mark.parametrize('act', list(bias_act.activation_funcs))
 def test_bias_act_channels_last_and_sliced(kernel_calls, act, layout, dtype):
     torch.manual_seed(0)
-    big = torch.randn([4, 20, 9, 12], device='cuda') * 2
-    x = big[:, 2:18, :, 1:10]
+    big = (torch.randn([4, 20, 9, 12], device='cuda') * 2).to(dtype)
+    x = big[:, 2:18, :, 1:10]  # sliced: strided in channels and width
     if layout == 'channels_last':
         x = x.contiguous(memory_format=torch.channels_last)
-    low = x.to(dtype).requires_grad_()  # .to() keeps the layout of x
-    if layout == 'sliced':
-        low = big.to(dtype)[:, 2:18, :, 1:10].requires_grad_()
-    b = torch.randn([16], device='cuda')
+    x.requires_grad_()
+    b = _leaf(torch.randn([16], device='cuda'), dtype)
     with reference_ops():
         expected = _derivatives(lambda x, b: bias_act.bias_act(x, b, act=act), [_leaf(x, torch.float64),
                                                                                  _leaf(b, torch.float64)])
-    actual = _derivatives(lambda x, b: bias_act.bias_act(x, b, act=act), [low, _leaf(b, dtype)])
+    actual = _derivatives(lambda x, b: bias_act.bias_act(x, b, act=act), [x, b])
     _assert_matches_float64(actual, expected, dtype)
     assert kernel_calls['bias_act'] >= 2
     assert actual[0].is_contiguous(memory_format=torch.channels_last) == (layout == 'channels_last')
+    assert actual[0].is_contiguous() == (layout == 'sliced')
 
 
-def test_bias_act_beyond_2_to_the_32_elements(kernel_calls):
-    """2^32 + 2^20 float16 elements: flat indices past 2^31 (signed) and 2^32 (the 64-bit index path)."""
-    channels, inner = 4, 2 ** 30 + 2 ** 18
-    numel = channels * inner
+@pytest.mark.parametrize('numel', [3 * 2 ** 30, 2 ** 32 + 2 ** 20], ids=['32-bit-index', '64-bit-index'])
+def test_bias_act_beyond_2_to_the_31_elements(kernel_calls, numel):
+    """float16 tensors with flat indices past 2^31: 3 * 2^30 elements stay on the kernel's unsigned 32-bit
+    index path, 2^32 + 2^20 take the 64-bit one. Checked on slices at the start, middle and end of each channel."""
+    channels = 4
+    inner = numel // channels
     needed = 4 * numel * 2 + 2 ** 30  # x, y, dy, dx in float16, plus room for the comparison slices
     if torch.cuda.mem_get_info()[0] < needed:
         pytest.skip(f'needs {needed / 2 ** 30:.0f} GiB of free GPU memory')
@@ -183,16 +185,16 @@ def test_bias_act_beyond_2_to_the_32_elements(kernel_calls):
     x = pattern.repeat(numel // 1021 + 1)[:numel].view(channels, inner).requires_grad_()
     b = torch.tensor([0.5, -1.0, 2.0, -0.25], device='cuda', dtype=torch.float16)
     y = bias_act.bias_act(x, b, dim=0, act='swish', gain=1.0)
-    dy = torch.full_like(y, 0.5)
-    dx, = torch.autograd.grad(y, x, dy)
+    dx, = torch.autograd.grad(y, x, torch.full_like(y, 0.5))
     assert kernel_calls['bias_act'] == 2  # forward and first-order kernels over the whole tensor
-    for channel, start in [(0, 0), (1, 2 ** 29 - 7), (2, 2 ** 30 - 3), (3, 2 ** 30 - 999), (3, inner - 4096)]:
-        piece = x.detach()[channel, start:start + 4096].double().requires_grad_()
-        expected = bias_act.bias_act(piece, b[channel:channel + 1].double().expand(4096), dim=0, act='swish',
-                                     gain=1.0, impl='ref')
-        expected_dx, = torch.autograd.grad(expected, piece, torch.full_like(expected, 0.5))
-        torch.testing.assert_close(y[channel, start:start + 4096].double(), expected, rtol=2e-3, atol=2e-3)
-        torch.testing.assert_close(dx[channel, start:start + 4096].double(), expected_dx, rtol=2e-3, atol=2e-3)
+    for channel in range(channels):
+        for start in (0, inner // 2 - 7, inner - 4096):
+            piece = x.detach()[channel, start:start + 4096].double().requires_grad_()
+            expected = bias_act.bias_act(piece, b[channel:channel + 1].double().expand(4096), dim=0, act='swish',
+                                         gain=1.0, impl='ref')
+            expected_dx, = torch.autograd.grad(expected, piece, torch.full_like(expected, 0.5))
+            torch.testing.assert_close(y[channel, start:start + 4096].double(), expected, rtol=2e-3, atol=2e-3)
+            torch.testing.assert_close(dx[channel, start:start + 4096].double(), expected_dx, rtol=2e-3, atol=2e-3)
 
 # ----------------------------------------------------------------------------
 # upfirdn2d and the resampling the networks use.
@@ -288,13 +290,15 @@ def _tiny_networks(family):
 
 
 def _discriminator_step(G, D, c_dim, device):
-    """D's parameter gradients after one GN hinge D step (training/loss.GANLoss) on a fixed batch."""
-    G, D = G.to(device), D.to(device)
+    """D's parameter gradients after one GN hinge D step (training/loss.GANLoss) on a fixed batch.
+
+    Works on copies: a step changes state besides the gradients (BigGAN G's spectral-norm vectors).
+    """
+    G, D = copy.deepcopy(G).to(device), copy.deepcopy(D).to(device)
     generator = torch.Generator().manual_seed(1)
     real = (torch.rand([8, 3, D.img_resolution, D.img_resolution], generator=generator) * 2 - 1).to(device)
     z = torch.randn([8, G.z_dim], generator=generator).to(device)
     c = torch.eye(max(c_dim, 1))[torch.randint(max(c_dim, 1), [8], generator=generator)][:, :c_dim].to(device)
-    D.zero_grad(set_to_none=True)
     torch.manual_seed(2)  # G's noise inputs (zero strength at init) and anything else drawn in the step
     GANLoss(G, D, loss='hinge', norm='gn').accumulate_gradients('D', real, c, z, c)
     return {name: p.grad.detach().double().cpu() for name, p in D.named_parameters() if p.grad is not None}
