@@ -188,6 +188,7 @@ def cpu_kernel_path(monkeypatch):
             monkeypatch.setattr(op._plugin, 'module', plugin)
             monkeypatch.setattr(op._plugin, 'failed', False)
             monkeypatch.setattr(op._plugin, 'verdicts', {})
+            monkeypatch.setattr(op._plugin, 'check_results', {})
         return plugin
     monkeypatch.delenv(custom_ops.SELF_CHECK_ENV, raising=False)
     return install

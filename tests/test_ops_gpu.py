@@ -120,7 +120,10 @@ def test_plugins_build_and_pass_their_self_check(plugins, monkeypatch):
     """With the self-check on, the configurations the networks use run silently and keep the kernels."""
     monkeypatch.delenv(custom_ops.SELF_CHECK_ENV, raising=False)
     for plugin in plugins.values():
-        monkeypatch.setattr(plugin, 'verdicts', {})
+        for attribute in ('verdicts', 'check_results'):
+            monkeypatch.setattr(plugin, attribute, {})
+        for attribute in ('module', 'failed'):  # restored after the test even if a check disables the kernel
+            monkeypatch.setattr(plugin, attribute, getattr(plugin, attribute))
     x = torch.randn([4, 8, 16, 16], device='cuda')
     blur, box = upfirdn2d.setup_filter([1, 2, 1], device='cuda'), upfirdn2d.setup_filter([1, 1], device='cuda')
     with warnings.catch_warnings():
@@ -133,8 +136,11 @@ def test_plugins_build_and_pass_their_self_check(plugins, monkeypatch):
                 upfirdn2d.downsample2d(x.to(dtype), f)
             upfirdn2d.filter2d(x.to(dtype), blur)
     assert all(plugin.get() is not None for plugin in plugins.values())
-    assert len(plugins['bias_act'].verdicts) == len(DTYPES) * len(bias_act.activation_funcs)
-    assert len(plugins['upfirdn2d'].verdicts) == len(DTYPES) * 5
+    assert len(plugins['bias_act'].check_results) == len(DTYPES) * len(bias_act.activation_funcs)
+    assert len(plugins['upfirdn2d'].check_results) == len(DTYPES) * 5
+    for plugin in plugins.values():
+        for config, result in plugin.check_results.items():
+            assert result['error'] <= result['tolerance'], config
 
 # ----------------------------------------------------------------------------
 # bias_act.

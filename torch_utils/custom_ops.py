@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import warnings
 from typing import Any, Callable, Dict, Hashable, Iterator, List, Optional, Sequence, Tuple
 
@@ -369,7 +370,8 @@ class LazyPlugin:
                                 **build_kwargs)
         self.module = None  # the loaded extension, once built
         self.failed = False  # set after a failed build or self-check, so we never retry or warn twice
-        self.verdicts: Dict[Hashable, bool] = {}  # configuration -> passed its self-check
+        self.verdicts: Dict[Hashable, bool] = {}  # configuration -> passed its self-check (or was not checked)
+        self.check_results: Dict[Hashable, dict] = {}  # configuration -> error, where, tolerance, milliseconds
 
     def get(self):
         if self.module is None and not self.failed:
@@ -400,10 +402,13 @@ class LazyPlugin:
         if verdict is None:
             verdict = True
             if _flag(SELF_CHECK_ENV, '1'):
+                start = time.perf_counter()
                 with torch.inference_mode(False), torch.enable_grad(), \
                         torch.autocast(self.device_type, enabled=False):
-                    error, where = check()
+                    error, where = check()  # ends in .item(): the time includes the device's work
                 tolerance = SELF_CHECK_TOLERANCE.get(dtype, 1e-1)
+                self.check_results[config] = dict(error=error, where=where, tolerance=tolerance,
+                                                  ms=(time.perf_counter() - start) * 1e3)
                 if not error <= tolerance:
                     verdict = False
                     self.module, self.failed = None, True
