@@ -168,7 +168,8 @@ def _step_status(result: Optional[dict]) -> str:
         return 'not run: no GPU'
     if 'skipped_because' in result:
         return f'not run: {result["skipped_because"]}'
-    return f'`{result["command"]}`: exit status {result["returncode"]}, {result["seconds"]:.0f} s (log: {result["log"]})'
+    return (f'`{result["command"]}`: exit status {result["returncode"]}, {result["seconds"]:.0f} s '
+            f'(log: {result["log"]})')
 
 
 def markdown(report: dict) -> str:

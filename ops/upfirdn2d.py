@@ -121,7 +121,7 @@ def upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 1, down:
                          f'down {cfg.down}, padding {cfg.padding} leaves an empty output')
     if impl == 'cuda' and _plugin.usable(x.device):
         config = (x.device, x.dtype, cfg, tuple(f.shape))
-        if _plugin.trusted(config, lambda: _self_check(x.device, x.dtype, cfg, f.detach()), x.dtype):
+        if _plugin.trusted(config, lambda: _self_check(x.device, x.dtype, cfg, f.detach().to(x.device)), x.dtype):
             # The kernel works on NCHW planes; a channels_last x gets a channels_last result.
             y = _UpFirDn2dCuda.apply(x.contiguous(), f, cfg)
             channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
