@@ -449,6 +449,8 @@ FAILED: bias_act.cuda.o
 /b/bias_act.cu(27): error: identifier "tanhh" is undefined
             S t = tanhh(s);
                   ^
+          detected during:
+            instantiation of "cudaError_t launch_bias_act_kernel<T>(const BiasActParams &, cudaStream_t) [with T=float]"
 
 1 error detected in the compilation of "/b/bias_act.cu".
 [2/3] c++ -MMD -MF bias_act.o.d -DTORCH_EXTENSION_NAME=gngan_bias_act_plugin -c /b/bias_act.cpp -o bias_act.o

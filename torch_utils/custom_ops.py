@@ -219,7 +219,7 @@ def _toolkit(cuda_home: str, arch_list: str):
                 os.environ[name] = value
 
 
-_ERROR_LINE = re.compile(r'error|undefined reference|undefined symbol|cannot find|no such file', re.IGNORECASE)
+_ERROR_LINE = re.compile(r'\berrors?\b|undefined reference|undefined symbol|cannot find|no such file', re.IGNORECASE)
 _NINJA_LINE = re.compile(r'^(\[\d+/\d+\] |FAILED: |ninja: |Error building extension)')
 
 
