@@ -12,7 +12,7 @@ discriminator layer).
 import dataclasses
 import math
 import os
-from typing import Callable, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +56,8 @@ def bias_act(x: torch.Tensor, b: Optional[torch.Tensor] = None, dim: int = 1, ac
     'softplus', 'swish'). alpha, gain: None means the activation's default (lrelu: alpha 0.2,
     gain sqrt(2)). clamp: None or a non-negative bound on the output magnitude.
     impl: 'cuda' uses the fused kernel for CUDA tensors (the reference for CPU tensors, or when
-    the kernel cannot be built); 'ref' always uses plain PyTorch ops.
+    the kernel cannot be built or fails its self-check); 'ref' always uses plain PyTorch ops.
+    The output has the memory layout of x (channels_last in, channels_last out).
     """
     if impl not in ('cuda', 'ref'):
         raise ValueError(f'bias_act: impl must be "cuda" or "ref", got {impl!r}')
@@ -74,10 +75,32 @@ def bias_act(x: torch.Tensor, b: Optional[torch.Tensor] = None, dim: int = 1, ac
     alpha = float(spec.def_alpha if alpha is None else alpha)
     gain = float(spec.def_gain if gain is None else gain)
     clamp = float(-1 if clamp is None else clamp)  # negative: no clamping
-    if impl == 'cuda' and x.device.type == 'cuda' and _plugin.get() is not None:
-        cfg = _CudaConfig(dim=dim, act=act, alpha=alpha, gain=gain, clamp=clamp)
-        return _BiasActCuda.apply(x, b, cfg)
+    if impl == 'cuda' and _plugin.usable(x.device):
+        # The kernel reads x in memory order: a dense x in any layout (channels_last
+        # included) is passed as the contiguous tensor it is a permutation of, and the
+        # result is permuted back, so y has the layout of x. Anything else is copied
+        # first. Both happen outside the autograd Function, with differentiable ops,
+        # so the x saved for the backward pass is linked to the caller's x (second-
+        # order gradients flow back to it).
+        order = _memory_order(x)
+        if order is None:
+            x, order = x.contiguous(), list(range(x.ndim))
+        cfg = _CudaConfig(dim=order.index(dim), act=act, alpha=alpha, gain=gain, clamp=clamp)
+        config = (x.device, x.dtype, cfg, b is not None, x.ndim)
+        if _plugin.trusted(config, lambda: _self_check(*config), x.dtype):
+            if order == sorted(order):
+                return _BiasActCuda.apply(x, b, cfg)
+            return _BiasActCuda.apply(x.permute(order), b, cfg).permute([order.index(i) for i in range(x.ndim)])
     return _bias_act_ref(x, b, dim, spec, alpha, gain, clamp)
+
+
+def _memory_order(x: torch.Tensor) -> Optional[List[int]]:
+    """Dimensions of x from outermost to innermost in memory, if x is a permuted contiguous tensor, else None.
+
+    [0, 1, 2, 3] for a contiguous NCHW tensor, [0, 2, 3, 1] for channels_last.
+    """
+    order = sorted(range(x.ndim), key=lambda i: -x.stride(i))  # stable: ties (size-1 dimensions) keep their order
+    return order if x.permute(order).is_contiguous() else None
 
 
 def _bias_act_ref(x: torch.Tensor, b: Optional[torch.Tensor], dim: int, spec: ActivationSpec, alpha: float,
@@ -123,9 +146,10 @@ def _bias_grad(dx: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class _BiasActCuda(torch.autograd.Function):
+    """y = bias_act(x, b) for a contiguous x; x itself is saved, so gradients of every order reach the caller's x."""
+
     @staticmethod
     def forward(ctx, x, b, cfg):  # pylint: disable=arguments-differ
-        x = x.contiguous()
         ctx.cfg = cfg
         ctx.save_for_backward(x, b)
         return _run_kernel(0, x, b, None, cfg)
@@ -163,3 +187,17 @@ class _BiasActCudaGrad(torch.autograd.Function):
             if ctx.needs_input_grad[2]:
                 d_b = _bias_grad(d_x, cfg.dim).to(b.dtype)
         return d_dy, d_x, d_b, None
+
+
+def _self_check(device: torch.device, dtype: torch.dtype, cfg: _CudaConfig, has_bias: bool,
+                ndim: int) -> Tuple[float, str]:
+    """The kernel against the reference for one configuration, on a small random tensor (see custom_ops)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    shape = [2] * ndim
+    shape[cfg.dim] = 4
+    x = (torch.randn(shape, generator=generator, device=device, dtype=torch.float64) * 2).to(dtype)
+    b = torch.randn([4], generator=generator, device=device, dtype=torch.float64).to(dtype) if has_bias else None
+    spec = activation_funcs[cfg.act]
+    return custom_ops.compare_to_reference(
+        lambda x, b: _BiasActCuda.apply(x, b, cfg),
+        lambda x, b: _bias_act_ref(x, b, cfg.dim, spec, cfg.alpha, cfg.gain, cfg.clamp), [x, b], ['x', 'b'])

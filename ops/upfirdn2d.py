@@ -101,6 +101,7 @@ def upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 1, down:
     or 2-D [height, width], or None (identity). up, down: int or [x, y]. padding: int, [x, y]
     or [x0, x1, y0, y1], in samples of the upsampled signal. flip_filter: False = convolution,
     True = correlation. gain: overall scale of the output. impl: 'cuda' or 'ref' (see bias_act).
+    The output has the memory format of x (channels_last in, channels_last out).
     """
     if impl not in ('cuda', 'ref'):
         raise ValueError(f'upfirdn2d: impl must be "cuda" or "ref", got {impl!r}')
@@ -118,8 +119,13 @@ def upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 1, down:
     if out_w < 1 or out_h < 1:
         raise ValueError(f'upfirdn2d: input {list(x.shape)} with filter {list(f.shape)}, up {cfg.up}, '
                          f'down {cfg.down}, padding {cfg.padding} leaves an empty output')
-    if impl == 'cuda' and x.device.type == 'cuda' and _plugin.get() is not None:
-        return _UpFirDn2dCuda.apply(x, f, cfg)
+    if impl == 'cuda' and _plugin.usable(x.device):
+        config = (x.device, x.dtype, cfg, tuple(f.shape))
+        if _plugin.trusted(config, lambda: _self_check(x.device, x.dtype, cfg, f.detach().to(x.device)), x.dtype):
+            # The kernel works on NCHW planes; a channels_last x gets a channels_last result.
+            y = _UpFirDn2dCuda.apply(x.contiguous(), f, cfg)
+            channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+            return y.contiguous(memory_format=torch.channels_last) if channels_last else y
     return _upfirdn2d_ref(x, f, cfg)
 
 
@@ -191,7 +197,7 @@ def _run_kernel(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tensor:
     if not cfg.flip_filter:
         taps = taps.flip(list(range(taps.ndim)))
     (upx, upy), (downx, downy), (px0, px1, py0, py1) = cfg.up, cfg.down, cfg.padding
-    x = x.contiguous()
+    x = x.contiguous()  # the incoming gradient of the backward pass can have any layout; x itself is not saved
     if taps.ndim == 2:
         return _plugin.get().upfirdn2d(x, (taps * cfg.gain).contiguous(), upx, upy, downx, downy, px0, px1, py0, py1)
     x = _plugin.get().upfirdn2d(x, (taps * cfg.gain).reshape(1, -1).contiguous(), upx, 1, downx, 1, px0, px1, 0, 0)
@@ -214,6 +220,20 @@ class _UpFirDn2dCuda(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             dx = _UpFirDn2dCuda.apply(dy, f, ctx.cfg.adjoint(*ctx.sizes))
         return dx, None, None
+
+
+def _self_check(device: torch.device, dtype: torch.dtype, cfg: _Config, f: torch.Tensor) -> Tuple[float, str]:
+    """The kernel against the reference for one configuration and filter, on small random images (see custom_ops)."""
+    f_w, f_h = _get_filter_size(f)
+    in_w, in_h = 6, 5
+    while cfg.output_size(in_w, in_h, f_w, f_h)[0] < 3:
+        in_w += 1
+    while cfg.output_size(in_w, in_h, f_w, f_h)[1] < 3:
+        in_h += 1
+    generator = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn([2, 3, in_h, in_w], generator=generator, device=device, dtype=torch.float64).to(dtype)
+    return custom_ops.compare_to_reference(lambda x: _UpFirDn2dCuda.apply(x, f, cfg),
+                                           lambda x: _upfirdn2d_ref(x, f, cfg), [x], ['x'])
 
 
 # ----------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """conv2d_resample against a direct numpy evaluation of its definition, on every code path."""
 
 import itertools
+import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -27,16 +29,36 @@ def _depthwise(u, f):
     return _correlate_valid(u, np.tile(f[np.newaxis, np.newaxis], [channels, 1, 1, 1]), channels)
 
 
+def _centering_padding(k, up, down):
+    """(front, back) zero padding that one filter stage of length k needs, derived from pixel geometry.
+
+    Pixel i of a signal covers [i, i + 1) and stands for its center i + 1/2, in units of that
+    signal's pixels. Sample m of the full convolution with a length-k filter stands for the center
+    of its support, input sample m - (k - 1) / 2. In 'valid' mode after front padding p, output j
+    is full sample j * step + k - 1 - p (step: 1 for the upsampling filter, `down` when decimating).
+      up:   zero-inserted sample n stands for original position n / up + 1/2; upsampled pixel j is
+            centered at (j + 1/2) / up. So full sample m = j + (k - up) / 2 is wanted.
+      down: input sample n stands for n + 1/2; output pixel j is centered at (j + 1/2) * down.
+            So full sample m = j * down + (k + down) / 2 - 1 is wanted.
+    Where that lands halfway between two samples, the earlier one is taken (StyleGAN's convention).
+    The back padding makes the stage map L samples onto L * up, resp. L / down for L a multiple of down.
+    """
+    if up > 1:
+        delay = math.floor(Fraction(k - up, 2))
+        front = k - 1 - delay
+        return front, k - 1 - front
+    delay = math.floor(Fraction(k + down, 2) - 1)
+    front = k - 1 - delay
+    return front, k - down - front
+
+
 def _definition(x, w, f, up, down, padding, groups, flip_weight, flip_filter):
-    """The composition in the module docstring, step by step."""
+    """The composition in the module docstring, step by step, each filter stage padded to stay centered."""
     fh, fw = f.shape
     px0, px1, py0, py1 = padding
-    if up > 1:
-        px0, px1 = px0 + (fw + up - 1) // 2, px1 + (fw - up) // 2
-        py0, py1 = py0 + (fh + up - 1) // 2, py1 + (fh - up) // 2
-    if down > 1:
-        px0, px1 = px0 + (fw - down + 1) // 2, px1 + (fw - down) // 2
-        py0, py1 = py0 + (fh - down + 1) // 2, py1 + (fh - down) // 2
+    for stage_up, stage_down in ([(up, 1)] if up > 1 else []) + ([(1, down)] if down > 1 else []):
+        (ax, bx), (ay, by) = _centering_padding(fw, stage_up, stage_down), _centering_padding(fh, stage_up, stage_down)
+        px0, px1, py0, py1 = px0 + ax, px1 + bx, py0 + ay, py1 + by
     n, c, h, wd = x.shape
     u = np.zeros([n, c, h * up, wd * up])
     u[:, :, ::up, ::up] = x

@@ -1,0 +1,288 @@
+"""One command for whoever has a GPU: build, self-check, GPU tests, op and training benchmarks, one report.
+
+    python bench/gpu_report.py                          # writes gpu-report/report.md and gpu-report/report.json
+    python bench/gpu_report.py --outdir=h100-report --quick
+
+Steps, each recorded in the report (with its log under --outdir):
+  1. environment   torch and CUDA versions, the GPUs, the CUDA toolkit that custom_ops finds and
+                   the architectures it would build for;
+  2. build         both plugins through torch_utils/custom_ops.py, timed (a fresh build needs an
+                   empty TORCH_EXTENSIONS_DIR; otherwise this is the time to load the cached one);
+  3. self-check    the kernels' first-use self-check, run for the configurations the networks use
+                   (every activation of bias_act; the [1,2,1], box and [1,3,3,1] resampling of
+                   upfirdn2d) in float32, float16 and bfloat16: measured error against the float64
+                   reference, tolerance and milliseconds per check;
+  4. GPU tests     python -m pytest tests/test_ops_gpu.py, in a subprocess;
+  5. op benchmark  bench/ops.py (kernels against references, each case checked before timing);
+  6. training      bench/train_speed.py --out=..., if the file exists (else the report says so).
+Without a GPU the report says "no GPU" for 3-6 and still records 1 and 2 (with a CUDA build of
+torch, 2 is the real build). The Markdown is meant to be pasted into docs/benchmarks.md; the
+JSON holds the same data. Exit status 1 if anything that ran failed.
+"""
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from typing import List, Optional
+
+import click
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
+from torch_utils import custom_ops  # noqa: E402  pylint: disable=wrong-import-position
+
+PLUGINS = {'bias_act': bias_act._plugin, 'upfirdn2d': upfirdn2d._plugin}  # pylint: disable=protected-access
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _has_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def environment() -> dict:
+    cuda_home, tried = custom_ops.find_cuda_home()
+    arch_list = None  # n/a without a CUDA build of torch or a toolkit
+    if cuda_home is not None and torch.version.cuda is not None:
+        try:
+            arch_list = custom_ops.cuda_arch_list(os.path.join(cuda_home, 'bin', 'nvcc'))
+        except custom_ops.BuildError as err:
+            arch_list = f'none ({err.cause})'
+    gpus = []
+    if _has_gpu():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            gpus.append(dict(name=props.name, capability=f'{props.major}.{props.minor}',
+                             memory_gib=round(props.total_memory / 2 ** 30, 1)))
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+                platform=platform.platform(), python=platform.python_version(), torch=torch.__version__,
+                torch_cuda=torch.version.cuda, gpus=gpus, cuda_home=cuda_home, cuda_home_rejected=tried,
+                arch_list=arch_list)
+
+
+def build() -> dict:
+    results = {}
+    for name, plugin in PLUGINS.items():
+        start = time.perf_counter()
+        try:
+            module = custom_ops.get_plugin(**plugin.plugin_args)
+        except custom_ops.BuildError as err:
+            results[name] = dict(ok=False, seconds=time.perf_counter() - start, cause=err.cause, details=err.details)
+            continue
+        plugin.module, plugin.failed = module, False
+        results[name] = dict(ok=True, seconds=time.perf_counter() - start, library=module.__file__)
+    return results
+
+
+def self_check() -> List[dict]:
+    """Run the ops once per network configuration with fresh self-check state; collect what the checks measured."""
+    os.environ[custom_ops.SELF_CHECK_ENV] = '1'
+    for plugin in PLUGINS.values():
+        plugin.verdicts, plugin.check_results = {}, {}
+    device = torch.device('cuda')
+    filters = {name: upfirdn2d.setup_filter(taps, device=device)
+               for name, taps in [('[1,2,1]', [1, 2, 1]), ('box', [1, 1]), ('[1,3,3,1]', [1, 3, 3, 1])]}
+    calls = []  # (name, dtype, plugin, call)
+    for dtype in DTYPES:
+        x = torch.randn([2, 8, 16, 16], device=device).to(dtype)
+        for act in bias_act.activation_funcs:
+            calls.append((f'bias_act {act}', dtype, PLUGINS['bias_act'], lambda x=x, act=act: bias_act.bias_act(
+                x, torch.zeros([8], device=device), act=act)))
+        resampling = [('filter2d [1,2,1]', lambda x=x: upfirdn2d.filter2d(x, filters['[1,2,1]']))]
+        for fname, f in filters.items():
+            resampling.append((f'upsample2d {fname}', lambda x=x, f=f: upfirdn2d.upsample2d(x, f)))
+            resampling.append((f'downsample2d {fname}', lambda x=x, f=f: upfirdn2d.downsample2d(x, f)))
+        calls += [(name, dtype, PLUGINS['upfirdn2d'], call) for name, call in resampling]
+    rows = []
+    for name, dtype, plugin, call in calls:
+        before = set(plugin.check_results)
+        call()
+        for config in set(plugin.check_results) - before:
+            result = plugin.check_results[config]
+            rows.append(dict(op=name, dtype=str(dtype).replace('torch.', ''), **result,
+                             ok=result['error'] <= result['tolerance']))
+    return rows
+
+
+def _run(command: List[str], log_path: str, timeout: int) -> dict:
+    """Run a subprocess from the repository root, its output into log_path; returns status and seconds."""
+    start = time.perf_counter()
+    with open(log_path, 'w') as log:
+        try:
+            rc = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 'timeout'
+    return dict(command=' '.join(command), returncode=rc, seconds=time.perf_counter() - start,
+                log=os.path.abspath(log_path))
+
+
+def gpu_tests(outdir: str, timeout: int) -> dict:
+    xml_path = os.path.join(outdir, 'gpu-tests.xml')
+    result = _run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests/test_ops_gpu.py',
+                   f'--junitxml={xml_path}'], os.path.join(outdir, 'gpu-tests.log'), timeout)
+    if os.path.isfile(xml_path):
+        suite = ET.parse(xml_path).getroot()
+        suite = suite if suite.tag == 'testsuite' else suite.find('testsuite')
+        counts = {key: int(suite.get(key, 0)) for key in ('tests', 'failures', 'errors', 'skipped')}
+        failed = []
+        for case in suite.iter('testcase'):
+            for problem in list(case.findall('failure')) + list(case.findall('error')):
+                failed.append(dict(test=case.get('name'), message=(problem.get('message') or '')[:300]))
+        result.update(counts, passed=counts['tests'] - counts['failures'] - counts['errors'] - counts['skipped'],
+                      failed=failed)
+        os.remove(xml_path)
+    return result
+
+
+def _json_bench(script: str, extra: List[str], outdir: str, name: str, timeout: int) -> dict:
+    json_path = os.path.join(outdir, f'{name}.json')
+    result = _run([sys.executable, script, f'--out={json_path}', *extra], os.path.join(outdir, f'{name}.log'),
+                  timeout)
+    if os.path.isfile(json_path):
+        with open(json_path) as f:
+            result['data'] = json.load(f)
+    return result
+
+
+# ----------------------------------------------------------------------------
+# Markdown.
+
+def _table(rows: List[dict], columns: List[str]) -> List[str]:
+    def cell(value):
+        if isinstance(value, float):
+            return f'{value:.3g}'
+        return 'x'.join(map(str, value)) if isinstance(value, list) else str(value)
+    lines = ['| ' + ' | '.join(columns) + ' |', '|' + '---|' * len(columns)]
+    lines += ['| ' + ' | '.join(cell(row.get(c, '')) for c in columns) + ' |' for row in rows]
+    return lines
+
+
+def _step_status(result: Optional[dict]) -> str:
+    if result is None:
+        return 'not run: no GPU'
+    if 'skipped_because' in result:
+        return f'not run: {result["skipped_because"]}'
+    return (f'`{result["command"]}`: exit status {result["returncode"]}, {result["seconds"]:.0f} s '
+            f'(log: {result["log"]})')
+
+
+def markdown(report: dict) -> str:
+    env = report['environment']
+    gpus = ', '.join(f'{g["name"]} (sm {g["capability"]}, {g["memory_gib"]} GiB)' for g in env['gpus']) or 'no GPU'
+    lines = [f'## GPU report, {env["date"]}', '',
+             f'- Device: {gpus}',
+             f'- torch {env["torch"]} (CUDA {env["torch_cuda"]}), Python {env["python"]}, {env["platform"]}',
+             f'- CUDA toolkit found by custom_ops: {env["cuda_home"]}; TORCH_CUDA_ARCH_LIST {env["arch_list"]}',
+             f'- Command: `python bench/gpu_report.py{" --quick" if report["quick"] else ""}`', '',
+             '### Build (torch_utils/custom_ops.py)', '']
+    if report['build'] is None:
+        lines.append(f'Not run: this torch ({env["torch"]}) has no CUDA support.')
+    else:
+        for name, result in report['build'].items():
+            if result['ok']:
+                lines.append(f'- {name}: built/loaded in {result["seconds"]:.1f} s ({result["library"]})')
+            else:
+                lines.append(f'- {name}: **FAILED** after {result["seconds"]:.1f} s: {result["cause"]}')
+                lines += [f'    - `{line}`' for line in result['details']]
+    lines += ['', '### Self-check (first use of each configuration)', '']
+    if report['self_check'] is None:
+        lines.append('Not run: no GPU.' if not env['gpus'] else 'Not run: the plugins did not build.')
+    else:
+        rows = report['self_check']
+        lines += _table(rows, ['op', 'dtype', 'error', 'tolerance', 'where', 'ms', 'ok'])
+        lines += ['', f'{len(rows)} checks, {sum(r["ms"] for r in rows):.0f} ms in all; error is '
+                      'max|CUDA - float64 reference| / max|reference| over value, 1st and 2nd order gradients.']
+    lines += ['', '### GPU tests (tests/test_ops_gpu.py)', '', _step_status(report['gpu_tests'])]
+    tests = report['gpu_tests']
+    if tests is not None and 'tests' in tests:
+        lines.append(f'{tests["passed"]} passed, {tests["failures"]} failed, {tests["errors"]} errors, '
+                     f'{tests["skipped"]} skipped')
+        lines += [f'- FAILED {f["test"]}: {f["message"]}' for f in tests['failed']]
+    lines += ['', '### Ops (bench/ops.py)', '', _step_status(report['bench_ops'])]
+    data = (report['bench_ops'] or {}).get('data')
+    if data:
+        lines += [''] + _table(data['results'], ['op', 'shape', 'dtype', 'pass_name', 'ref_ms', 'cuda_ms', 'speedup'])
+        bad = [c for c in data['checks'] if not c['ok']]
+        lines += ['', f'CUDA against the float64 reference before timing: {len(data["checks"]) - len(bad)} of '
+                      f'{len(data["checks"])} cases within tolerance.']
+        lines += [f'- FAIL {c["op"]} {c["shape"]} {c["dtype"]}: {c["where"]} off by {c["max_relative_error"]:.2g}'
+                  for c in bad]
+    lines += ['', '### Training speed (bench/train_speed.py)', '', _step_status(report['train_speed'])]
+    data = (report['train_speed'] or {}).get('data')
+    if data:
+        rows = data.get('results') if isinstance(data, dict) else None
+        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+            lines += [''] + _table(rows, list(dict.fromkeys(k for r in rows for k in r)))
+        else:
+            lines += ['', '```json', json.dumps(data, indent=2)[:20000], '```']
+    return '\n'.join(lines) + '\n'
+
+
+def _write(path: str, text: str) -> None:
+    with open(path + '.tmp', 'w') as f:
+        f.write(text)
+    os.replace(path + '.tmp', path)
+
+
+@click.command()
+@click.option('--outdir', default='gpu-report', show_default=True, type=click.Path(file_okay=False),
+              help='Where report.md, report.json and the step logs go.')
+@click.option('--quick', is_flag=True, help='Fewer benchmark repeats and configurations (minutes, not tens of).')
+@click.option('--timeout', type=click.IntRange(min=60), default=3600, show_default=True,
+              help='Seconds allowed to each subprocess step.')
+def main(outdir: str, quick: bool, timeout: int) -> None:
+    """Build, self-check, test and benchmark the CUDA ops; write a Markdown + JSON report."""
+    if os.path.exists(outdir) and not os.path.isdir(outdir):
+        raise click.ClickException(f'--outdir: {outdir} exists and is not a directory')
+    created = not os.path.exists(outdir)
+    os.makedirs(outdir, exist_ok=True)
+    try:
+        report = dict(quick=quick, environment=environment(), build=None, self_check=None, gpu_tests=None,
+                      bench_ops=None, train_speed=None)
+        gpu = _has_gpu()
+        click.echo(f'GPU: {", ".join(g["name"] for g in report["environment"]["gpus"]) or "no GPU"}')
+        if torch.version.cuda is not None:
+            click.echo('Building the plugins...')
+            report['build'] = build()
+        built = report['build'] is not None and all(r['ok'] for r in report['build'].values())
+        if gpu and built:
+            click.echo('Self-check...')
+            report['self_check'] = self_check()
+        if not os.path.isfile(os.path.join(ROOT, 'bench', 'train_speed.py')):
+            report['train_speed'] = dict(skipped_because='bench/train_speed.py is missing in this checkout')
+        if gpu:
+            click.echo('GPU tests...')
+            report['gpu_tests'] = gpu_tests(outdir, timeout)
+            click.echo('bench/ops.py...')
+            ops_args = ['--repeats=5', '--warmup=2', '--sizes=8,32'] if quick else []
+            report['bench_ops'] = _json_bench('bench/ops.py', ops_args, outdir, 'bench-ops', timeout)
+            if report['train_speed'] is None:
+                click.echo('bench/train_speed.py...')
+                speed_args = ['--rounds=2'] if quick else []
+                report['train_speed'] = _json_bench('bench/train_speed.py', speed_args, outdir, 'train-speed', timeout)
+        text = markdown(report)
+        _write(os.path.join(outdir, 'report.json'), json.dumps(report, indent=2, default=str))
+        _write(os.path.join(outdir, 'report.md'), text)
+    except BaseException:
+        if created and not os.listdir(outdir):
+            os.rmdir(outdir)
+        raise
+    click.echo(text)
+    click.echo(f'Wrote {os.path.join(outdir, "report.md")} and report.json')
+    failures = [name for name, r in (report['build'] or {}).items() if not r['ok']]
+    failures += [f'self-check {r["op"]} {r["dtype"]}' for r in report['self_check'] or [] if not r['ok']]
+    failures += [name for name in ('gpu_tests', 'bench_ops', 'train_speed')
+                 if report[name] is not None and report[name].get('returncode', 0) != 0]
+    if failures:
+        click.echo(f'Failed: {", ".join(failures)}', err=True)
+        sys.exit(1)
+
+
+if __name__ == '__main__':
+    main()  # pylint: disable=no-value-for-parameter
