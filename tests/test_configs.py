@@ -1,4 +1,4 @@
-"""--cfg presets: the paper's settings (DESIGN section 5), the overrides, and networks that build from them."""
+"""--cfg presets: the paper's settings (GN-GAN paper, appendix; the authors' release), the overrides, and networks that build from them."""
 
 import pytest
 import torch

@@ -5,7 +5,7 @@ resnet.py and biggan.py of basiclab/GNGAN-PyTorch define them), filled with rand
 their forward pass is computed by a functional transcription of the official modules (eval mode:
 batch norm on running statistics, spectral norm with the stored u and v). The converted networks,
 saved as a snapshot and loaded back, must give the same outputs; the official parameter counts
-must be those of the paper's released models (DESIGN.md section 4).
+must be those of the paper's released models (the GN-GAN release's checkpoints, basiclab/GNGAN-PyTorch).
 """
 
 import io
@@ -260,7 +260,7 @@ def official_checkpoint(cfg: str, seed: int = 0, n_classes: int = 10) -> dict:
             'best_IS': np.float64(7.5), 'best_FID': np.float64(12.25), 'step': 10}
 
 
-PARAM_COUNTS = {  # DESIGN.md section 4: the paper's released models.
+PARAM_COUNTS = {  # Parameter counts of the models of the GN-GAN release (basiclab/GNGAN-PyTorch).
     'cifar10-cnn': (3813379, 5860865), 'stl10-cnn': (5134339, 5871105),
     'cifar10-resnet': (4276739, 1053825), 'stl10-resnet': (4878083, 4859073),
     'celebahq128-resnet': (32150787, 38419137), 'church256-resnet': (37135107, 43401409),

@@ -234,3 +234,35 @@ def test_resume_of_a_snapshot_without_training_state_is_refused(tmp_path):
                                                   f'D_opt_state, progress, rng_states; only snapshots written by '
                                                   f'train.py (network-snapshot-*.pkl) can be resumed']
     assert not os.path.exists(tmp_path / 'runs')
+
+
+def test_bad_images_are_refused_before_a_run_directory_exists(tmp_path):
+    """Every image's header is checked up front: a later image of another size, a gray/RGB mix, a corrupt PNG."""
+    cases = {'size': lambda d: PIL.Image.fromarray(np.zeros([16, 16, 3], dtype=np.uint8)).save(d / 'b.png'),
+             'gray': lambda d: PIL.Image.fromarray(np.zeros([32, 32], dtype=np.uint8)).save(d / 'b.png'),
+             'corrupt': lambda d: (d / 'b.png').write_bytes(b'\x89PNG\r\n\x1a\n' + b'\0' * 40)}
+    for name, make_bad in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        for i in range(3):
+            PIL.Image.fromarray(np.full([32, 32, 3], 40 * i, dtype=np.uint8)).save(folder / f'a{i}.png')
+        make_bad(folder)
+        result = run_cli('train.py', f'--outdir={tmp_path / "runs"}', f'--data={folder}', check=False)
+        assert result.returncode != 0 and 'Traceback' not in result.stderr, name
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith('Error: --data:') and 'b.png' in lines[0], (name, lines)
+        assert not os.path.exists(tmp_path / 'runs')
+
+
+def test_full_disk_ends_the_run_with_one_line(tmp_path, monkeypatch):
+    import errno
+    from click.testing import CliRunner
+    import train
+
+    def no_space(path, data):
+        raise OSError(errno.ENOSPC, 'No space left on device', path)
+    monkeypatch.setattr(persistence, 'save_snapshot', no_space)
+    result = CliRunner().invoke(train.main, [f'--outdir={tmp_path}', '--steps=2', '--batch=4', '--workers=0'])
+    assert result.exit_code == 1 and 'Traceback' not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith('Error:')]
+    assert len(errors) == 1 and 'No space left on device' in errors[0] and 'network-snapshot-' in errors[0]
