@@ -339,3 +339,23 @@ def test_precision_choices():
             set_matmul_precision('fp8')
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+@pytest.mark.parametrize('norm', ['gn', 'gp1', 'r1'])
+def test_steps_never_sync_the_gpu(norm):
+    device = torch.device('cuda')
+    torch.manual_seed(0)
+    G = CNNGenerator(c_dim=3, img_resolution=8, img_channels=3, z_dim=8, ch=2).to(device)
+    D = CNNDiscriminator(c_dim=3, img_resolution=8, img_channels=3, ch=2).to(device)
+    gan_loss = GANLoss(G=G, D=D, norm=norm, cr=1.0, precision='bf16')
+    real, z = torch.rand(4, 3, 8, 8, device=device) * 2 - 1, torch.randn(4, 8, device=device)
+    c = torch.eye(3, device=device)[torch.tensor([0, 1, 2, 0], device=device)]
+    gan_loss.accumulate_gradients('D', real, c, z, c)  # First calls may initialize CUDA libraries.
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        for phase in ['D', 'G']:
+            gan_loss.accumulate_gradients(phase, real, c, z, c, gain=torch.ones([], device=device))
+    finally:
+        torch.cuda.set_sync_debug_mode('default')
