@@ -18,7 +18,8 @@ relative to float64:
 precision's own.
 'tf32' only differs from 'fp32' on a CUDA GPU with TF32 tensor cores (elsewhere its row repeats
 fp32's); fp16 rounds to the same 10-bit mantissa as TF32 and more (activations too), so on a CPU it
-bounds TF32's error from above. Several seeds (--seeds) give the spread. Prints a table; --out writes JSON.
+bounds TF32's error from above. fp16 gradients are loss-scaled as a GradScaler would (2^16,
+halved while they overflow). Several seeds (--seeds) give the spread. Prints a table; --out writes JSON.
 """
 
 from __future__ import annotations
@@ -53,9 +54,15 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_name: str, norm: str,
     out = {}
     for phase, module, z, c in [('D', D, z_D, real_c), ('G', G, z_G, c_G)]:
         module.requires_grad_(True)
-        torch.manual_seed(seed)  # StyleGAN's noise and style mixing draw the same numbers in every run.
-        loss.accumulate_gradients(phase, real, real_c, z, c)
-        out[phase] = torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None]).double()
+        scale = 2.0 ** 16 if precision == 'fp16' else 1.0  # Loss scaling as torch.amp.GradScaler does it:
+        while True:                                          # start at 2^16, halve while gradients overflow.
+            module.zero_grad(set_to_none=True)
+            loss.accumulate_gradients(phase, real, real_c, z, c, gain=scale)
+            grad = torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None]).double() / scale
+            if scale <= 1 or torch.isfinite(grad).all():
+                break
+            scale /= 2
+        out[phase] = grad
         module.requires_grad_(False)
         module.zero_grad(set_to_none=True)
     D.requires_grad_(True)
