@@ -132,7 +132,6 @@ def set_matmul_precision(precision: str) -> None:
 #----------------------------------------------------------------------------
 
 
-
 class GANLoss:
     """One D step or one G step of a GAN with a configurable adversarial loss, D constraint and CR."""
 
