@@ -328,6 +328,10 @@ def test_gain_multiplies_gradients(norm, fast_g):
 def test_precision_choices():
     with pytest.raises(ValueError, match='bf16'):
         GANLoss(G=nn.Identity(), D=nn.Identity(), precision='half')
+    D = StyleGANDiscriminator(c_dim=0, img_resolution=8, img_channels=3, fmap_base=16, fmap_max=4)
+    with pytest.raises(ValueError, match='does not support'):  # Its float32 internals fail under autocast.
+        GANLoss(G=nn.Identity(), D=D, precision='bf16')
+    assert GANLoss(G=nn.Identity(), D=D, precision='tf32').autocast_dtype is None
     flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     before = flags()
     try:
