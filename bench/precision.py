@@ -1,10 +1,10 @@
 """How far GN training gradients move from float64 under each --precision, for the presets' networks.
 
     python bench/precision.py                                           # the 32x32 and 48x48 presets, batch 8
-    python bench/precision.py --cfg=cifar10-resnet,gn-stylegan --precisions=fp32,bf16,fp16 --out=precision.json
+    python bench/precision.py --cfg=cifar10-resnet,cifar10-biggan --precisions=fp32,bf16,fp16 --out=precision.json
 
-For each preset it builds G and D from training/configs.get_config at their real widths (gn-stylegan
-at --stylegan-resolution and --cmax, lod 0), copies both to float64, and runs one D step and one G step of
+For each fixed-resolution preset it builds G and D from training/configs.get_config at their real
+widths, copies both to float64, and runs one D step and one G step of
 GANLoss (each of --norms, the preset's loss) on the same reals, latents and labels: once in
 float64 (the reference) and once per precision on the float32 networks. Reported per precision,
 relative to float64:
@@ -18,7 +18,8 @@ relative to float64:
 precision's own.
 'tf32' only differs from 'fp32' on a CUDA GPU with TF32 tensor cores (elsewhere its row repeats
 fp32's); fp16 rounds to the same 10-bit mantissa as TF32 and more (activations too), so on a CPU it
-bounds TF32's error from above. Several seeds (--seeds) give the spread. Prints a table; --out writes JSON.
+bounds TF32's error from above. fp16 gradients are loss-scaled as a GradScaler would (2^16,
+halved while they overflow). Several seeds (--seeds) give the spread. Prints a table; --out writes JSON.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from training import configs, loss as loss_lib  # noqa: E402
 
 #----------------------------------------------------------------------------
 
+# gn-stylegan is left out: its mapping network and D cast to float32 inside, so it has no float64 reference.
+FLOAT64_PRESETS = tuple(name for name, preset in configs.PRESETS.items() if preset['resolution'] is not None)
+
 
 def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_name: str, norm: str, precision: str, batch: dict,
               seed: int) -> dict[str, torch.Tensor]:
@@ -50,9 +54,15 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_name: str, norm: str,
     out = {}
     for phase, module, z, c in [('D', D, z_D, real_c), ('G', G, z_G, c_G)]:
         module.requires_grad_(True)
-        torch.manual_seed(seed)  # StyleGAN's noise and style mixing draw the same numbers in every run.
-        loss.accumulate_gradients(phase, real, real_c, z, c)
-        out[phase] = torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None]).double()
+        scale = 2.0 ** 16 if precision == 'fp16' else 1.0  # Loss scaling as torch.amp.GradScaler does it:
+        while True:                                          # start at 2^16, halve while gradients overflow.
+            module.zero_grad(set_to_none=True)
+            loss.accumulate_gradients(phase, real, real_c, z, c, gain=scale)
+            grad = torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None]).double() / scale
+            if scale <= 1 or torch.isfinite(grad).all():
+                break
+            scale /= 2
+        out[phase] = grad
         module.requires_grad_(False)
         module.zero_grad(set_to_none=True)
     D.requires_grad_(True)
@@ -63,12 +73,9 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_name: str, norm: str,
     return out
 
 
-def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, stylegan_resolution: int,
-            cmax: int | None, seed: int) -> list[dict]:
+def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, seed: int) -> list[dict]:
     cfg = configs.get_config(cfg_name)
-    resolution = stylegan_resolution if cfg.get('progressive') is not None else cfg.resolution
-    if cfg.get('progressive') is not None and cmax is not None:
-        cfg.G_kwargs.fmap_max = cfg.D_kwargs.fmap_max = cmax
+    resolution = cfg.resolution
     c_dim = 10 if cfg.conditional else 0
     common = dict(c_dim=c_dim, img_resolution=resolution, img_channels=3)
     torch.manual_seed(seed)
@@ -76,7 +83,7 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, st
     D = dnnlib.util.construct_class_by_name(**cfg.D_kwargs, **common).train().requires_grad_(False)
     labels = lambda n: (torch.nn.functional.one_hot(torch.randint(c_dim, [n]), c_dim).float() if c_dim
                         else torch.zeros([n, 0]))
-    batch_G = batch_size * cfg.batch_G // cfg.batch_D if cfg.batch_D else batch_size
+    batch_G = batch_size * cfg.batch_G // cfg.batch_D
     batch = dict(real=torch.rand([batch_size, 3, resolution, resolution]) * 2 - 1, real_c=labels(batch_size),
                  z_D=torch.randn([batch_size, G.z_dim]), z_G=torch.randn([batch_G, G.z_dim]), c_G=labels(batch_G))
     reference = gradients(copy.deepcopy(G).double(), copy.deepcopy(D).double(), cfg.loss_kwargs.loss, norm, 'fp32', batch, seed)
@@ -98,19 +105,15 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, st
 @click.command()
 @click.option('--cfg', 'cfg_names', help='Presets, comma-separated',
               default='cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-biggan', show_default=True,
-              callback=parse_list(tuple(configs.PRESETS)))
+              callback=parse_list(FLOAT64_PRESETS))
 @click.option('--precisions', help='Precisions, comma-separated', default='fp32,bf16,fp16', show_default=True,
               callback=parse_list(loss_lib.PRECISIONS))
 @click.option('--norms', help='Discriminator constraints, comma-separated (none: the unnormalized baseline)',
               default='gn,none', show_default=True, callback=parse_list(loss_lib.NORMS))
 @click.option('--batch', help='D batch (G gets the preset\'s ratio)', type=click.IntRange(min=2), default=8, show_default=True)
-@click.option('--stylegan-resolution', help='gn-stylegan: resolution of the networks (lod 0)', type=click.IntRange(min=8),
-              default=32, show_default=True)
-@click.option('--cmax', help='gn-stylegan: maximum feature maps per layer  [default: 512]', type=click.IntRange(min=1))
 @click.option('--seeds', help='Number of seeds (networks and batches)', type=click.IntRange(min=1), default=2, show_default=True)
 @click.option('--out', help='JSON file for the results', metavar='PATH')
-def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, stylegan_resolution: int, cmax: int | None,
-         seeds: int, out: str | None) -> None:
+def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, seeds: int, out: str | None) -> None:
     """Relative error of GN training gradients against float64, per preset and precision."""
     rows = []
     print(f'{"cfg":<20} {"norm":<5} {"seed":>4} {"prec":<5} {"D grad":>9} {"G grad":>9} {"score":>9} {"||grad||":>9}',
@@ -118,7 +121,7 @@ def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: i
     for name in cfg_names:
         for norm in norms:
             for seed in range(seeds):
-                for r in compare(name, norm, precisions, batch, stylegan_resolution, cmax, seed):
+                for r in compare(name, norm, precisions, batch, seed):
                     rows.append(r)
                     norm_err = '' if r['grad_norm_max_rel_err'] is None else f'{r["grad_norm_max_rel_err"]:.2e}'
                     print(f'{r["cfg"]:<20} {norm:<5} {seed:>4} {r["precision"]:<5} {r["D_grad_rel_err"]:>9.2e} '

@@ -5,10 +5,10 @@
     python bench/train_speed.py --cfg=gn-stylegan --resolution=64 --batch=8
 
 For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; only meaningful for
-the GN variants), one or separate D calls per D step (--fuse-d) and precision (--precisions), it builds G, D, GANLoss and the two Adam optimizers
-from training/configs.get_config, exactly as the training loop does, and times one D step
-(zero_grad, GANLoss.accumulate_gradients('D', ...), optimizer step) and one G step, on random
-images and latents (the data pipeline is not part of the measurement). Runs alternate between the
+the GN variants), one or separate D calls per D step (--fuse-d) and precision (--precisions), it
+builds G, D, GANLoss and the two Adam optimizers from training/configs.get_config, as the training
+loop does, and times one D step (zero_grad, GANLoss.accumulate_gradients('D', ...), optimizer
+step) and one G step, on random images and latents (the data pipeline is not part of the measurement). Runs alternate between the
 configurations, one D step and one G step of each per round, so that a change in the machine's
 load hits all of them alike; every figure is the median over --rounds rounds after --warmup
 untimed ones. A full iteration of a preset is n_dis D steps plus one G step.

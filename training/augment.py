@@ -43,6 +43,7 @@ def consistency_augment(images: torch.Tensor, max_translation: float = 0.2, fill
     """
     N, _, H, W = images.shape
     flip = torch.rand(N, device=images.device) < 0.5
-    limits = torch.tensor([int(max_translation * H), int(max_translation * W)], device=images.device)
-    shift = (torch.rand(N, 2, device=images.device) * (2 * limits + 1)).floor().long() - limits
+    limits = [int(max_translation * H), int(max_translation * W)]  # Python numbers: no host-to-device copy, no sync.
+    u = torch.rand(N, 2, device=images.device)
+    shift = torch.stack([(u[:, i] * (2 * limit + 1)).floor().long() - limit for i, limit in enumerate(limits)], dim=1)
     return flip_translate(images, flip, shift, fill)

@@ -132,7 +132,6 @@ def set_matmul_precision(precision: str) -> None:
 #----------------------------------------------------------------------------
 
 
-
 class GANLoss:
     """One D step or one G step of a GAN with a configurable adversarial loss, D constraint and CR."""
 
@@ -162,6 +161,10 @@ class GANLoss:
         self.fast_g = bool(getattr(D, 'is_piecewise_linear', False)) if fast_g is None else bool(fast_g)
         self.precision = precision
         self.autocast_dtype = AUTOCAST_DTYPES.get(precision)
+        for name, net in [('G', G), ('D', D)]:
+            if self.autocast_dtype is not None and not getattr(net, 'supports_autocast', True):
+                raise ValueError(f'precision {precision} needs autocast, which the {name} network '
+                                 f'({type(net).__name__}) does not support; use fp32 or tf32')
         param = next(D.parameters(), None)
         device_type = None if param is None else param.device.type
         if fuse_d_calls is None:  # On a CPU one call on the concatenation measured slower (docs/benchmarks.md).

@@ -357,6 +357,8 @@ class Generator(nn.Module):
     the default). Training mode also updates w_avg; the training loop keeps G in training mode.
     """
 
+    supports_autocast = False  # The w_avg update and the resampling filters assume float32: no bf16/fp16 autocast yet.
+
     def __init__(self,
         c_dim,                  # Conditioning label (c) dimensionality, 0 = no label.
         img_resolution,         # Final output resolution.
@@ -494,6 +496,7 @@ class Discriminator(nn.Module):
 
     is_piecewise_linear = False  # Minibatch stddev makes D(x) nonlinear in x beyond ReLU-type kinks.
     is_sample_independent = False  # Minibatch stddev mixes the samples of a group: reals and fakes need separate calls.
+    supports_autocast = False  # Float32 inside (input cast, resampling filters): no bf16/fp16 autocast yet.
 
     def __init__(self,
         c_dim,                  # Conditioning label (c) dimensionality, 0 = no label.
