@@ -145,7 +145,7 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--norm', help='Discriminator constraint  [default: gn]', type=click.Choice(['gn', 'gn1', 'gn0', 'sn', 'gp1', 'gp0', 'r1', 'none']))
 @click.option('--loss', help='Adversarial loss  [default: the preset\'s]', type=click.Choice(['hinge', 'ns', 'ns-nosigmoid', 'wasserstein']))
 @click.option('--cr', help='Consistency regularization weight (paper: 5)  [default: 0]', type=click.FloatRange(min=0))
-@click.option('--precision', help='Arithmetic of the networks: fp32 (the paper\'s), tf32, bf16 or fp16 (autocast; GN\'s norm and the losses stay fp32); see docs/precision.md', type=click.Choice(['fp32', 'tf32', 'bf16', 'fp16']), default='fp32', show_default=True)
+@click.option('--precision', help='Arithmetic of the networks: tf32 (float32 with TF32 tensor-core matmuls on CUDA; the same as fp32 on a CPU), fp32 (strict, the paper\'s), bf16 or fp16 (autocast; GN\'s norm and the losses stay float32); evidence in docs/precision.md', type=click.Choice(['tf32', 'fp32', 'bf16', 'fp16']), default='tf32', show_default=True)
 @click.option('--resolution', help='gn-stylegan: final resolution of progressive growing (default: the data\'s)', type=int)
 @click.option('--cmax', help='gn-stylegan: maximum feature maps per layer (512 in the paper)', type=click.IntRange(min=1))
 @click.option('--lod-kimg', help='gn-stylegan: thousands of images per resolution phase and per fade-in  [default: 600]', type=click.FloatRange(min=0, min_open=True))

@@ -107,7 +107,7 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
 def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, label_dim: int, num_gpus: int = 1,
                      batch: int | None = None, batch_gpu: int | None = None, kimg: float | None = None,
                      steps: int | None = None, max_resolution: int | None = None, cmax: int | None = None,
-                     lod_kimg: float | None = None, precision: str = 'fp32') -> dnnlib.EasyDict:
+                     lod_kimg: float | None = None, precision: str = 'tf32') -> dnnlib.EasyDict:
     """The training loop's network, optimizer, loss and schedule kwargs for preset `cfg` on a dataset of
     `resolution`x`resolution` images with `channels` channels and `label_dim` classes (0: no labels),
     with the command line's overrides applied. Every check of those overrides lives here; a bad
@@ -132,6 +132,11 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
                          f'but the dataset holds {resolution}x{resolution}')
     if progressive_run and steps is not None:
         raise ValueError(f'--cfg={cfg.name} counts its length in --kimg, not --steps')
+    if precision in ('bf16', 'fp16'):
+        for kwargs in (cfg.G_kwargs, cfg.D_kwargs):
+            if not getattr(dnnlib.util.get_class(kwargs.class_name), 'supports_autocast', True):
+                raise ValueError(f'--precision={precision}: the networks of --cfg={cfg.name} do not run under autocast yet; '
+                                 f'use fp32 or tf32')
     opts = dnnlib.EasyDict(G_opt_kwargs=copy.deepcopy(cfg.G_opt_kwargs), D_opt_kwargs=copy.deepcopy(cfg.D_opt_kwargs),
                            loss_kwargs=dnnlib.EasyDict(cfg.loss_kwargs, precision=precision))
     common = dict(c_dim=label_dim if cfg.conditional else 0, img_channels=channels)

@@ -252,7 +252,7 @@ def training_loop(
     G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **G_opt_kwargs)
     D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **D_opt_kwargs)
     loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D)
-    scaler = torch.amp.GradScaler(device.type, enabled=loss.precision == 'fp16')  # Loss scaling for fp16.
+    scalers = [torch.amp.GradScaler(device.type, enabled=loss.precision == 'fp16') for _ in 'DG']  # fp16 loss scaling.
     schedule = dnnlib.util.construct_class_by_name(**schedule_kwargs)
     log(f'G: {sum(p.numel() for p in G.parameters()):,} parameters, D: {sum(p.numel() for p in D.parameters()):,}')
 
@@ -361,6 +361,7 @@ def training_loop(
         """One optimizer step of D (net 0) or G (net 1) on this process's batch [real_img, real_c, gen_z, gen_c]
         (reals None for G), in `rounds` accumulation rounds; gradients and buffers (BatchNorm statistics,
         w_avg) averaged over processes."""
+        scaler = scalers[net]
         optimizer.zero_grad(set_to_none=True)
         gain = scaler.scale(torch.ones([], device=device)) / rounds if scaler.is_enabled() else 1 / rounds  # fp16: loss scale.
         for r in range(rounds):
@@ -418,20 +419,21 @@ def training_loop(
         if not done and cur_nimg < tick_start_nimg + kimg_per_tick * 1000:
             continue
 
-        # Tick: stop on a non-finite loss or gradient, before anything is written.
+        # Tick: stop on a non-finite gradient (or, with fp16, weight) before anything is written.
         if num_gpus > 1:
             torch.distributed.all_reduce(first_bad_step, op=torch.distributed.ReduceOp.MIN)
         bad_steps = first_bad_step.tolist()
         stats_collector.update()
         stats = stats_collector.as_dict()
         bad_losses = [name for name in stats_collector.nonfinite_names() if name.startswith(('Loss/D/', 'Loss/G/'))]
-        if min(bad_steps) != NEVER or bad_losses:
-            if min(bad_steps) != NEVER:
-                net = 'DG'[int(np.argmin(bad_steps))]
-                where = f'at G step {min(bad_steps)}: non-finite gradient of {net}'
-            else:
-                net = bad_losses[0].split('/')[1]
-                where = f'between G steps {tick_start_step + 1} and {step}: non-finite loss of {net}'
+        bad_weights = [f'{name}.{t}' for name, net in (('D', D), ('G', G)) if (t := misc.find_nonfinite(net)) is not None]
+        if min(bad_steps) != NEVER:
+            net = 'DG'[int(np.argmin(bad_steps))]
+            where = f'at G step {min(bad_steps)}: non-finite gradient of {net}'
+        elif bad_weights:  # fp16: overflowing steps are skipped (their losses may be NaN); broken weights are not.
+            net = bad_weights[0][0]
+            where = f'between G steps {tick_start_step + 1} and {step}: non-finite weight {bad_weights[0]}'
+        if min(bad_steps) != NEVER or bad_weights:
             terms = [name for name in bad_losses if name.startswith(f'Loss/{net}/')]
             raise TrainingDiverged(f'training diverged {where}{" (loss terms: " + ", ".join(terms) + ")" if terms else ""}; '
                                    f'the last snapshot written before it is the last finite one')
