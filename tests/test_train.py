@@ -112,6 +112,9 @@ def test_conditional_biggan(dataset_zip, tmp_path):
 @pytest.mark.parametrize('launcher', [['train.py', '--gpus=2'],
                                       ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']])
 def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
+    """Both launchers start two gloo processes that train together and only rank 0 writes. That the gradients are
+    averaged (not summed) cannot show here, Adam being nearly scale-invariant: tests/test_misc.py checks
+    misc.all_reduce_mean_grads against a mean computed separately."""
     outdir = str(tmp_path / 'runs')
     result = run_cli(*launcher, f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=2',
                      '--batch=4', '--workers=0')
