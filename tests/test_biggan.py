@@ -63,9 +63,24 @@ def test_discriminator_uses_sum_pooling_and_projection():
 
 
 def test_unconditional_variant():
-    G = BigGANGenerator(c_dim=0, img_resolution=32, img_channels=3, ch=8)
+    # Without labels BigGAN at 32x32 is SN-GAN's 32x32 ResNet: G loses the class-conditional BN gains and biases of
+    # its 6 block BNs (2 x 10 x 256 each) for plain affine ones (2 x 256) and so has the released SN-GAN ResNet-32
+    # count; D loses the 10 x 256 projection embedding, and its output is the linear read-out of sum-pooled features.
+    with torch.device('meta'):
+        G = BigGANGenerator(c_dim=0, img_resolution=32, img_channels=3)
+        D = BigGANDiscriminator(c_dim=0, img_resolution=32, img_channels=3)
+    assert count(G) == 4_304_387 - 6 * 2 * 10 * 256 + 6 * 2 * 256 == 4_276_739
+    assert count(D) == 4_207_361 - 10 * 256
+    torch.manual_seed(0)
     D = BigGANDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=8)
-    assert D(G(torch.randn(2, 128), torch.zeros(2, 0)), torch.zeros(2, 0)).shape == (2, 1)
+    with torch.no_grad():
+        D.fc.bias.fill_(0.3)
+    x = torch.randn(2, 3, 32, 32)
+    features = {}
+    D.blocks[-1].register_forward_hook(lambda m, i, o: features.setdefault('last', o))
+    f = D(x, torch.zeros(2, 0)).detach().numpy()
+    h = np.maximum(features['last'].detach().numpy(), 0).sum(axis=(2, 3))
+    np.testing.assert_allclose(f, h @ D.fc.weight.detach().numpy().T + 0.3, rtol=1e-5)
 
 
 def test_snapshot_round_trip(tmp_path):

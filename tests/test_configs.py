@@ -1,4 +1,4 @@
-"""--cfg presets: the paper's settings (GN-GAN paper, appendix; the authors' release), the overrides, and networks that build from them."""
+"""--cfg presets: the GN-GAN authors' released training flags, the overrides, and networks that build from them."""
 
 import pytest
 import torch
@@ -9,49 +9,80 @@ from training.loss import GANLoss
 
 KEYS = {'name', 'description', 'G_kwargs', 'D_kwargs', 'loss_kwargs', 'G_opt_kwargs', 'D_opt_kwargs', 'n_dis',
         'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim', 'conditional', 'resolution',
-        'arch'}
+        'arch', 'xflip'}
 
-# name: (loss, lr_G, lr_D, betas, n_dis, batch_D, batch_G, total_steps, lr_decay, ema_beta, resolution, G params, D params)
-EXPECTED = {
-    'cifar10-cnn':        ('ns',    2e-4, 2e-4, [0.0, 0.9],   1, 64, 128, 200_000, 'none',   None,   32,  3_813_379,  5_860_865),
-    'cifar10-resnet':     ('hinge', 2e-4, 4e-4, [0.0, 0.9],   5, 64, 128, 200_000, 'linear', None,   32,  4_276_739,  1_053_825),
-    'stl10-cnn':          ('ns',    2e-4, 2e-4, [0.0, 0.9],   1, 64, 128, 200_000, 'none',   None,   48,  5_134_339,  5_871_105),
-    'stl10-resnet':       ('hinge', 2e-4, 4e-4, [0.0, 0.9],   5, 64, 128, 200_000, 'linear', None,   48,  4_878_083,  4_859_073),
-    'cifar10-biggan':     ('hinge', 1e-4, 2e-4, [0.0, 0.999], 4, 50, 50,  125_000, 'none',   0.9999, 32,  4_304_387,  4_207_361),
-    'celebahq128-resnet': ('hinge', 2e-4, 2e-4, [0.0, 0.9],   5, 64, 128, 100_000, 'linear', 0.9999, 128, 32_150_787, 38_419_137),
-    'celebahq256-resnet': ('hinge', 2e-4, 2e-4, [0.0, 0.9],   5, 64, 128, 100_000, 'linear', 0.9999, 256, 37_135_107, 43_401_409),
-    'church256-resnet':   ('hinge', 2e-4, 2e-4, [0.0, 0.9],   5, 64, 128, 100_000, 'linear', 0.9999, 256, 37_135_107, 43_401_409),
+# The training flags of the authors' release (basiclab/GNGAN-PyTorch, config/GN-GAN_<name>.txt), quoted verbatim
+# without the data-loading, logging and evaluation flags. Flags a file leaves out take the defaults of the release's train.py:
+# --loss=hinge --lr_decay_start=0 --betas=0.0 --betas=0.9 --n_classes=1 (lr decays linearly to 0 from
+# lr_decay_start to total_steps, so lr_decay_start=total_steps means no decay).
+RELEASE = {
+    'cifar10-cnn':        ('CIFAR10_CNN', '--dataset=cifar10.32 --arch=dcgan.32 --loss=bce --total_steps=200000 --lr_decay_start=200000 '
+                           '--batch_size_D=64 --batch_size_G=128 --lr_D=0.0002 --lr_G=0.0002 --n_dis=1 --z_dim=128 --cr=0 '
+                           '--n_classes=1 --ema_decay=0.9999 --ema_start=0'),
+    'cifar10-resnet':     ('CIFAR10_RES', '--dataset=cifar10.32 --arch=resnet.32 --loss=hinge --total_steps=200000 --lr_decay_start=0 '
+                           '--batch_size_D=64 --batch_size_G=128 --lr_D=0.0004 --lr_G=0.0002 --n_dis=5 --z_dim=128 --cr=0 '
+                           '--n_classes=1 --ema_decay=0.9999 --ema_start=0'),
+    'stl10-cnn':          ('STL10_CNN', '--dataset=stl10.48 --arch=dcgan.48 --loss=bce --total_steps=200000 --lr_decay_start=200000 '
+                           '--batch_size_D=64 --batch_size_G=128 --lr_D=0.0002 --lr_G=0.0002 --n_dis=1 --z_dim=128 --cr=0 '
+                           '--n_classes=1 --ema_decay=0.9999 --ema_start=0'),
+    'stl10-resnet':       ('STL10_RES', '--dataset=stl10.48 --arch=resnet.48 --loss=hinge --total_steps=200000 --lr_decay_start=0 '
+                           '--batch_size_D=64 --batch_size_G=128 --lr_D=0.0004 --lr_G=0.0002 --n_dis=5 --z_dim=128 --cr=0 '
+                           '--n_classes=1 --ema_decay=0.9999 --ema_start=0'),
+    'cifar10-biggan':     ('CIFAR10_BIGGAN', '--dataset=cifar10.32 --arch=biggan.32 --loss=hinge --total_steps=125000 '
+                           '--lr_decay_start=125000 --batch_size_D=50 --batch_size_G=50 --lr_D=0.0002 --lr_G=0.0001 --betas=0.0 '
+                           '--betas=0.999 --n_dis=4 --z_dim=128 --cr=0 --n_classes=10 --ema_decay=0.9999 --ema_start=1000'),
+    'celebahq128-resnet': ('CELEBAHQ128_RES', '--dataset=celebahq.128 --arch=resnet.128 --total_steps=100000 --batch_size_D=64 '
+                           '--batch_size_G=128 --lr_D=0.0002 --lr_G=0.0002 --n_dis=5 --z_dim=128 --ema_decay=0.9999 --ema_start=10000'),
+    'celebahq256-resnet': ('CELEBAHQ256_RES', '--dataset=celebahq.256 --arch=resnet.256 --total_steps=100000 --batch_size_D=64 '
+                           '--batch_size_G=128 --lr_D=0.0002 --lr_G=0.0002 --n_dis=5 --z_dim=128 --ema_decay=0.9999 --ema_start=10000'),
+    'church256-resnet':   ('CHURCH256_RES', '--dataset=lsun_church.256 --arch=resnet.256 --total_steps=100000 --batch_size_D=64 '
+                           '--batch_size_G=128 --lr_D=0.0002 --lr_G=0.0002 --n_dis=5 --z_dim=128 --ema_decay=0.9999 --ema_start=20000'),
 }
+RELEASE_DEFAULTS = dict(loss=['hinge'], lr_decay_start=['0'], betas=['0.0', '0.9'], n_classes=['1'])
+RELEASE_ARCHS = {'dcgan': 'training.networks.sngan.CNN', 'resnet': 'training.networks.sngan.ResNet',
+                 'biggan': 'training.networks.biggan.BigGAN'}
+RELEASE_LOSSES = {'bce': 'ns', 'hinge': 'hinge'}
 
 
-@pytest.mark.parametrize('name', list(EXPECTED))
-def test_preset_matches_paper(name):
-    loss, lr_G, lr_D, betas, n_dis, batch_D, batch_G, steps, decay, ema, res, G_count, D_count = EXPECTED[name]
+def parse_flags(text):
+    flags = {}
+    for item in text.split():
+        key, value = item[2:].split('=')
+        flags.setdefault(key, []).append(value)
+    return dict(RELEASE_DEFAULTS, **flags)
+
+
+@pytest.mark.parametrize('name', list(RELEASE))
+def test_preset_matches_release(name):
+    flags = parse_flags(RELEASE[name][1])
+    one = lambda key: flags[key][0]
     cfg = get_config(name)
     assert isinstance(cfg, dnnlib.EasyDict) and set(cfg) == KEYS
     assert cfg.name == name and cfg.description and '\n' not in cfg.description
-    assert cfg.loss_kwargs == dict(class_name='training.loss.GANLoss', loss=loss, norm='gn', cr=0.0)
-    assert cfg.G_opt_kwargs == dict(class_name='torch.optim.Adam', lr=lr_G, betas=betas, eps=1e-8)
-    assert cfg.D_opt_kwargs == dict(class_name='torch.optim.Adam', lr=lr_D, betas=betas, eps=1e-8)
-    assert (cfg.n_dis, cfg.batch_D, cfg.batch_G, cfg.total_steps, cfg.lr_decay) == (n_dis, batch_D, batch_G, steps, decay)
-    assert cfg.ema_beta == ema and cfg.resolution == res and cfg.z_dim == 128
-    assert cfg.conditional == (name == 'cifar10-biggan')
+    assert cfg.loss_kwargs == dict(class_name='training.loss.GANLoss', loss=RELEASE_LOSSES[one('loss')], norm='gn', cr=0.0)
+    betas = [float(b) for b in flags['betas']]
+    assert cfg.G_opt_kwargs == dict(class_name='torch.optim.Adam', lr=float(one('lr_G')), betas=betas, eps=1e-8)
+    assert cfg.D_opt_kwargs == dict(class_name='torch.optim.Adam', lr=float(one('lr_D')), betas=betas, eps=1e-8)
+    assert (cfg.n_dis, cfg.batch_D, cfg.batch_G, cfg.total_steps, cfg.z_dim) == tuple(
+        int(one(key)) for key in ['n_dis', 'batch_size_D', 'batch_size_G', 'total_steps', 'z_dim'])
+    assert one('lr_decay_start') in ('0', one('total_steps'))  # Decay over the whole run, or none: what the presets offer.
+    assert cfg.lr_decay == ('linear' if one('lr_decay_start') == '0' else 'none')
+    if cfg.ema_beta is not None:
+        assert (cfg.ema_beta, cfg.ema_start) == (float(one('ema_decay')), int(one('ema_start')))
+    # else: the release also keeps a generator EMA (0.9999 from step 0) for these 32/48 presets; they train without one.
+    assert cfg.conditional == (int(one('n_classes')) > 1)
+    arch, resolution = one('arch').split('.')
+    assert cfg.resolution == int(resolution) == int(one('dataset').split('.')[1])
+    prefix = RELEASE_ARCHS[arch]
+    assert cfg.G_kwargs.class_name == prefix + 'Generator' and cfg.D_kwargs.class_name == prefix + 'Discriminator'
     assert cfg.D_kwargs.spectral_norm is False
 
-    # The networks the preset names have the paper's parameter counts.
-    c_dim = 10 if cfg.conditional else 0
+    # The networks build from the preset, with a loss around them (their parameter counts: test_sngan, test_biggan).
+    c_dim = int(one('n_classes')) if cfg.conditional else 0
     with torch.device('meta'):
-        G = dnnlib.util.construct_class_by_name(**cfg.G_kwargs, c_dim=c_dim, img_resolution=res, img_channels=3)
-        D = dnnlib.util.construct_class_by_name(**cfg.D_kwargs, c_dim=c_dim, img_resolution=res, img_channels=3)
-    assert sum(p.numel() for p in G.parameters()) == G_count
-    assert sum(p.numel() for p in D.parameters()) == D_count
+        G = dnnlib.util.construct_class_by_name(**cfg.G_kwargs, c_dim=c_dim, img_resolution=cfg.resolution, img_channels=3)
+        D = dnnlib.util.construct_class_by_name(**cfg.D_kwargs, c_dim=c_dim, img_resolution=cfg.resolution, img_channels=3)
     assert isinstance(dnnlib.util.construct_class_by_name(**cfg.loss_kwargs, G=G, D=D), GANLoss)
-
-
-def test_ema_start():
-    assert get_config('cifar10-biggan').ema_start == 1000
-    assert get_config('celebahq128-resnet').ema_start == 10_000
-    assert get_config('church256-resnet').ema_start == 20_000
 
 
 def test_overrides():

@@ -1,4 +1,7 @@
-"""torch_utils.misc: shape assertions, seeding, parameter copies."""
+"""torch_utils.misc: shape assertions, seeding, parameter copies, image grids, gradient averaging across processes."""
+
+import os
+import random
 
 import numpy as np
 import PIL.Image
@@ -16,11 +19,14 @@ def test_assert_shape():
         misc.assert_shape(torch.zeros(2, 3), [2, 3, 1])
 
 
-def test_set_seed_reproducible():
-    misc.set_seed(123)
-    a = torch.randn(5)
-    misc.set_seed(123)
-    assert torch.equal(a, torch.randn(5))
+@pytest.mark.parametrize('seed', [123, 2**32 + 7])
+def test_set_seed_seeds_python_numpy_and_torch(seed):
+    # Each generator must continue exactly as a fresh one seeded by hand (numpy takes the seed modulo 2^32).
+    misc.set_seed(seed)
+    drawn = random.random(), np.random.rand(3), torch.randn(3)
+    assert drawn[0] == random.Random(seed).random()
+    np.testing.assert_array_equal(drawn[1], np.random.RandomState(seed % 2**32).rand(3))
+    assert torch.equal(drawn[2], torch.randn(3, generator=torch.Generator().manual_seed(seed)))
 
 
 def test_copy_params_and_buffers():
@@ -72,3 +78,38 @@ def test_save_image_grid_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(OSError, match='No space'):
         misc.save_image_grid(torch.zeros(1, 3, 2, 2), str(tmp_path / 'grid.png'), (1, 1))
     assert list(tmp_path.iterdir()) == []
+
+
+def _gloo_worker(rank, store, out_dir, data):
+    """One of two CPU processes: local gradients of a linear least-squares loss, then the cross-process average."""
+    torch.distributed.init_process_group('gloo', init_method=f'file://{store}', rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        weight = torch.nn.Parameter(torch.tensor(data['weight']))
+        bias = torch.nn.Parameter(torch.tensor(data['bias']))
+        unused = torch.nn.Parameter(torch.zeros(2))  # No gradient: must be left alone.
+        x, y = torch.tensor(data['x'][rank]), torch.tensor(data['y'][rank])
+        ((x @ weight.T + bias - y) ** 2).sum().backward()
+        misc.all_reduce_mean_grads([weight, unused, bias])
+        np.savez(os.path.join(out_dir, f'rank{rank}.npz'), weight=weight.grad.numpy(), bias=bias.grad.numpy(),
+                 unused_is_none=unused.grad is None)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_all_reduce_mean_grads_two_gloo_processes(tmp_path):
+    rng = np.random.default_rng(0)
+    data = dict(weight=rng.standard_normal([3, 4]), bias=rng.standard_normal(3),
+                x=rng.standard_normal([2, 5, 4]), y=rng.standard_normal([2, 5, 3]))
+    torch.multiprocessing.spawn(_gloo_worker, args=(str(tmp_path / 'store'), str(tmp_path), data), nprocs=2)
+
+    # The loss sum_i ||W x_i + b - y_i||^2 has gradients 2 r^T x (W) and 2 sum_i r_i (b), with r = x W^T + b - y;
+    # computed here per process in float64 numpy and averaged over the two processes.
+    residuals = [data['x'][k] @ data['weight'].T + data['bias'] - data['y'][k] for k in range(2)]
+    mean_weight = np.mean([2 * r.T @ data['x'][k] for k, r in enumerate(residuals)], axis=0)
+    mean_bias = np.mean([2 * r.sum(axis=0) for r in residuals], axis=0)
+    for rank in range(2):
+        result = np.load(tmp_path / f'rank{rank}.npz')
+        np.testing.assert_allclose(result['weight'], mean_weight, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(result['bias'], mean_bias, rtol=1e-12, atol=1e-12)
+        assert result['unused_is_none']

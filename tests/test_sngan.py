@@ -8,7 +8,9 @@ from torch_utils import persistence
 from training.networks.sngan import (CNNDiscriminator, CNNGenerator, ResNetDiscriminator, ResNetGenerator,
                                      apply_spectral_norm)
 
-# DESIGN section 4: parameter counts of the GN-GAN authors' released models (3 channels, unconditional).
+# Parameter counts of the GN-GAN authors' released models (basiclab/GNGAN-PyTorch, models/dcgan.py and
+# models/resnet.py; 3 channels, unconditional). Their SN variants hold the same learnable weights: spectral
+# normalization adds only the power-iteration vectors, which are buffers, not parameters.
 PARAM_COUNTS = [
     (CNNGenerator, 32, 3_813_379), (CNNDiscriminator, 32, 5_860_865),
     (CNNGenerator, 48, 5_134_339), (CNNDiscriminator, 48, 5_871_105),
@@ -24,32 +26,88 @@ def test_parameter_counts_match_paper(cls, resolution, count):
     with torch.device('meta'):
         net = cls(c_dim=0, img_resolution=resolution, img_channels=3)
     assert sum(p.numel() for p in net.parameters()) == count
+    if cls in (CNNDiscriminator, ResNetDiscriminator):
+        with torch.device('meta'):
+            net = cls(c_dim=0, img_resolution=resolution, img_channels=3, spectral_norm=True)
+        assert sum(p.numel() for p in net.parameters()) == count
 
 
-def test_spectral_norm_keeps_parameter_count():
-    with torch.device('meta'):
-        plain = ResNetDiscriminator(c_dim=0, img_resolution=48, img_channels=3)
-        normed = ResNetDiscriminator(c_dim=0, img_resolution=48, img_channels=3, spectral_norm=True)
-    assert sum(p.numel() for p in normed.parameters()) == sum(p.numel() for p in plain.parameters())
+def _batch_norm(x, weight, bias, eps=1e-5):
+    """Training-mode batch norm by its definition: per channel over (N, H, W), biased variance."""
+    mean = x.mean(dim=(0, 2, 3), keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=(0, 2, 3), keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight[None, :, None, None] + bias[None, :, None, None]
 
 
-@pytest.mark.parametrize('G_class,D_class,resolution', [
-    (CNNGenerator, CNNDiscriminator, 48), (ResNetGenerator, ResNetDiscriminator, 32),
-    (ResNetGenerator, ResNetDiscriminator, 48)])
-@pytest.mark.parametrize('c_dim', [0, 5])
-def test_shapes_and_range(G_class, D_class, resolution, c_dim):
+def _deconv(x, weight, bias, stride, padding):
+    """Transposed convolution by its definition: insert stride-1 zeros between pixels, pad by k-1-padding,
+    then correlate with the kernel flipped in space and with in/out channels swapped."""
+    n, c, h, w = x.shape
+    k = weight.shape[-1]
+    up = x.new_zeros(n, c, (h - 1) * stride + 1, (w - 1) * stride + 1)
+    up[:, :, ::stride, ::stride] = x
+    return torch.nn.functional.conv2d(up, weight.transpose(0, 1).flip(2, 3), bias, padding=k - 1 - padding)
+
+
+def test_cnn_generator_is_sngan_standard_cnn():
+    # SN-GAN (Miyato et al. 2018), Table 3(a): z -> dense M x M x 8ch -> BN, ReLU -> [4x4 stride-2 deconv, BN, ReLU] x 3
+    # halving the width -> 3x3 stride-1 (de)conv to the image channels -> tanh; M = resolution / 8. Recomputed in
+    # float64 from the definitions of batch norm and transposed convolution.
     torch.manual_seed(0)
-    G = G_class(c_dim=c_dim, img_resolution=resolution, img_channels=3, z_dim=16, ch=4)
-    D = D_class(c_dim=c_dim, img_resolution=resolution, img_channels=3, ch=4)
-    assert (G.z_dim, G.c_dim, G.img_resolution, G.img_channels) == (16, c_dim, resolution, 3)
-    assert (D.c_dim, D.img_resolution, D.img_channels) == (c_dim, resolution, 3)
+    G = CNNGenerator(c_dim=0, img_resolution=48, img_channels=3, z_dim=16, ch=4).double()
+    with torch.no_grad():
+        for norm in G.norms:  # Non-trivial affine parameters, so that their placement matters.
+            norm.bn.weight.uniform_(0.5, 1.5)
+            norm.bn.bias.uniform_(-0.5, 0.5)
+        for conv in list(G.convs) + [G.to_rgb]:
+            conv.bias.uniform_(-0.1, 0.1)
+    z = torch.randn(5, 16, dtype=torch.float64)
+    x = (z @ G.fc.weight.T + G.fc.bias).view(5, 32, 6, 6)
+    for norm, conv in zip(G.norms[:-1], G.convs):
+        x = _deconv(torch.relu(_batch_norm(x, norm.bn.weight, norm.bn.bias)), conv.weight, conv.bias, stride=2, padding=1)
+    x = _deconv(torch.relu(_batch_norm(x, G.norms[-1].bn.weight, G.norms[-1].bn.bias)), G.to_rgb.weight, G.to_rgb.bias,
+                stride=1, padding=1)
+    expected = torch.tanh(x)
+    assert expected.shape == (5, 3, 48, 48)
+    torch.testing.assert_close(G(z, torch.zeros(5, 0, dtype=torch.float64)), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_cnn_discriminator_is_released_standard_cnn():
+    # The authors' release (models/dcgan.py): 3x3 conv to ch, then [4x4 stride-2 conv doubling the width, 3x3 conv]
+    # x 3, each conv followed by LeakyReLU(0.1); the flattened (res/8)^2 x 8ch features feed one linear unit.
+    torch.manual_seed(0)
+    D = CNNDiscriminator(c_dim=0, img_resolution=48, img_channels=3, ch=4).double()
+    with torch.no_grad():
+        for layer in list(D.convs) + [D.fc]:
+            layer.bias.uniform_(-0.1, 0.1)
+    spec = [(3, 1, 1)] + [(4, 2, 1), (3, 1, 1)] * 3  # (kernel, stride, padding)
+    img = torch.rand(3, 3, 48, 48, dtype=torch.float64) * 2 - 1
+    x = img
+    for conv, (k, stride, padding) in zip(D.convs, spec):
+        assert conv.weight.shape[-1] == k
+        x = torch.nn.functional.conv2d(x, conv.weight, conv.bias, stride=stride, padding=padding)
+        x = torch.where(x > 0, x, 0.1 * x)
+    assert x.shape == (3, 32, 6, 6)
+    expected = x.flatten(1) @ D.fc.weight.T + D.fc.bias
+    torch.testing.assert_close(D(img, torch.zeros(3, 0, dtype=torch.float64)), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('D_class,resolution', [(CNNDiscriminator, 48), (ResNetDiscriminator, 32), (ResNetDiscriminator, 48)])
+@pytest.mark.parametrize('c_dim', [0, 5])
+def test_discriminators_are_piecewise_linear(D_class, resolution, c_dim):
+    # GN's fast generator step relies on `is_piecewise_linear`: then the Hessian of D w.r.t. its input vanishes
+    # (almost everywhere), so a Hessian-vector product is zero, and with zero biases (the init) D is positively
+    # homogeneous: D(a x) = a D(x) for a > 0.
+    torch.manual_seed(0)
+    D = D_class(c_dim=c_dim, img_resolution=resolution, img_channels=3, ch=4).double()
     assert D.is_piecewise_linear
-    z = torch.randn(3, 16)
-    c = torch.eye(c_dim)[[0, 1, 2]] if c_dim else torch.zeros(3, 0)
-    img = G(z, c)
-    assert img.shape == (3, 3, resolution, resolution)
-    assert img.min() >= -1 and img.max() <= 1
-    assert D(img, c).shape == (3, 1)
+    x = torch.randn(3, 3, resolution, resolution, dtype=torch.float64, requires_grad=True)
+    c = torch.eye(c_dim, dtype=torch.float64)[[0, 1, 2]] if c_dim else torch.zeros(3, 0, dtype=torch.float64)
+    f = D(x, c)
+    grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
+    hvp, = torch.autograd.grad((grad * torch.randn_like(x)).sum(), x, allow_unused=True)
+    assert hvp is None or hvp.abs().max() <= 1e-12 * grad.abs().max()
+    torch.testing.assert_close(D(2.5 * x, c), 2.5 * f, rtol=1e-10, atol=0)
 
 
 def test_conditional_parameters():

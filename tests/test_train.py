@@ -113,6 +113,9 @@ def test_conditional_biggan(dataset_zip, tmp_path):
 @pytest.mark.parametrize('launcher', [['train.py', '--gpus=2'],
                                       ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']])
 def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
+    """Both launchers start two gloo processes that train together and only rank 0 writes. That the gradients are
+    averaged (not summed) cannot show here, Adam being nearly scale-invariant: tests/test_misc.py checks
+    misc.all_reduce_mean_grads against a mean computed separately."""
     outdir = str(tmp_path / 'runs')
     result = run_cli(*launcher, f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=2',
                      '--batch=4', '--workers=0')
@@ -206,11 +209,13 @@ def test_diverged_run_ends_with_one_line(tmp_path, monkeypatch, capsys):
     import train
     from training import training_loop
     calls = []
+    next_batch = training_loop.RealImageStream.next
 
-    def poisoned_flip(img):
+    def poisoned_next(self, batch):
+        img, c = next_batch(self, batch)
         calls.append(1)
-        return img.clone().fill_(float('nan')) if len(calls) == 3 else img
-    monkeypatch.setattr(training_loop, 'random_xflip', poisoned_flip)
+        return (img.clone().fill_(float('nan')) if len(calls) == 3 else img), c
+    monkeypatch.setattr(training_loop.RealImageStream, 'next', poisoned_next)
     result = CliRunner().invoke(train.main, [f'--outdir={tmp_path}', '--steps=6', '--batch=4', '--tick=0.008',
                                              '--snap=1', '--workers=0'])
     assert result.exit_code == 1

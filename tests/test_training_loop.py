@@ -251,14 +251,16 @@ def test_nonfinite_gradient_stops_the_run_naming_step_and_network(tmp_path, monk
     from tests.test_metric_main import write_dataset_zip
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     calls = []
+    next_batch = training_loop.RealImageStream.next
 
-    def poisoned_flip(img):  # One NaN pixel in the reals of the 4th D step (G step 4, counted from 1).
+    def poisoned_next(self, batch):  # One NaN pixel in the reals of the 4th D step (G step 4, counted from 1).
+        img, c = next_batch(self, batch)
         calls.append(1)
         if len(calls) == 4:
             img = img.clone()
             img[0, 0, 0, 0] = float('nan')
-        return img
-    monkeypatch.setattr(training_loop, 'random_xflip', poisoned_flip)
+        return img, c
+    monkeypatch.setattr(training_loop.RealImageStream, 'next', poisoned_next)
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
     with pytest.raises(training_loop.TrainingDiverged, match=r'G step 4: non-finite gradient of D \(loss terms: .*Loss/D/real'):

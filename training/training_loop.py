@@ -7,7 +7,7 @@ One iteration is one generator update ("G step", the unit the paper counts in). 
         plan <- schedule(step, images shown)     # batches M / M_G, rounds, lr, EMA beta, lod, phase
         if plan.phase changed: reset Adam         # StyleGAN v1: every new level of detail
         repeat n_dis times:                       # discriminator updates
-            x ~ data (M), flipped at random; z ~ N(0, I) (M)
+            x ~ data (M), flipped at random (xflip); z ~ N(0, I) (M)
             minimize L_D(f_hat(x), f_hat(G(z)))   # f_hat = GN-normalized D, see training/gradnorm.py
         z ~ N(0, I) (M_G)
         minimize L_G(f_hat(G(z)))
@@ -217,6 +217,7 @@ def training_loop(
     D_opt_kwargs: dict = {},                 # Discriminator optimizer.
     loss_kwargs: dict = {},                  # Loss (training.loss.GANLoss): adversarial loss, D constraint, CR.
     schedule_kwargs: dict = {},              # Run schedule (training/schedule.py): batches, rounds, lr, EMA, lod, length.
+    xflip: bool = True,                      # Mirror each real image left-right with probability 1/2.
     random_seed: int = 0,                    # Global seed.
     num_gpus: int = 1,                       # Number of processes.
     rank: int = 0,                           # This process.
@@ -398,7 +399,8 @@ def training_loop(
             real_img, real_c = reals.next(batch_D)
             if plan.lod is not None:
                 real_img = progressive.process_reals(real_img, plan.lod, G.img_resolution)
-            real_img = random_xflip(real_img)
+            if xflip:
+                real_img = random_xflip(real_img)
             gen_z = torch.randn(batch_D, G.z_dim, device=device)
             gen_c = sample_labels(training_set, batch_D, label_rng, device)
             update(0, D, D_opt, rounds_D, [real_img, real_c, gen_z, gen_c])

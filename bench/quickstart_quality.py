@@ -1,0 +1,191 @@
+"""How digit-like are the quick start's samples? A digit classifier judges a snapshot's generator.
+
+    python bench/quickstart_quality.py --network=training-runs/00000-digits32-quickstart-gn/network-snapshot-000064.pkl
+    python bench/quickstart_quality.py --network=before.pkl --network=after.pkl --out=quickstart-quality.json
+
+A small CNN classifier is trained from scratch, with a fixed seed, on the labels of the embedded
+digits (data/digits32.zip and its dataset.json; nothing is downloaded or cached): a stratified 80%
+of the images train it, the other 20% measure its accuracy. Then, for each snapshot, its EMA
+generator draws --num images (latents from --seed) and the script reports
+
+  * confident: the share of images whose top class has softmax probability > --threshold (0.9),
+    i.e. images the classifier reads as one particular digit;
+  * classes: how many of the ten classes occur among those confident images (mode coverage);
+  * FD: the Frechet distance between Gaussians fitted to the classifier's penultimate features
+    (128-d) of the generated images and of the classifier's training split,
+        d^2 = ||mu_g - mu_r||^2 + tr(S_g) + tr(S_r) - 2 tr((S_g S_r)^(1/2))
+    (metrics.metric_utils.fid_from_stats), the FID recipe with this classifier in place of Inception.
+
+The held-out real digits go through the same measurements as a reference row: what a perfect
+generator would score (their FD uses 20% of the data, fewer samples than --num, so it is biased
+upward a little). Prints a table and writes JSON with the device, torch version and date.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+
+import click
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from metrics.metric_utils import fid_from_stats  # noqa: E402
+from torch_utils import persistence  # noqa: E402
+from training.dataset import ImageFolderDataset  # noqa: E402
+
+DIGITS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
+
+#----------------------------------------------------------------------------
+
+
+class DigitClassifier(nn.Module):
+    """[N, 1, 32, 32] in [-1, 1] -> 10 logits; `features` is the 128-d penultimate layer (after ReLU)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(1, 32, 3, padding=1), nn.Conv2d(32, 64, 3, padding=1),
+                                    nn.Conv2d(64, 64, 3, padding=1)])  # 32 -> 16 -> 8 -> 4 after 2x2 max pools.
+        self.fc = nn.Linear(64 * 4 * 4, 128)
+        self.out = nn.Linear(128, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = F.max_pool2d(F.relu(conv(x)), 2)
+        return F.relu(self.fc(x.flatten(1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.features(x))
+
+
+def load_digits(path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """All images as float [N, 1, 32, 32] in [-1, 1] (the training loop's scaling) and class indices [N]."""
+    dataset = ImageFolderDataset(path=path, use_labels=True)
+    images = np.stack([dataset[i][0] for i in range(len(dataset))])
+    labels = np.stack([dataset.get_label(i) for i in range(len(dataset))]).argmax(axis=1)
+    return torch.from_numpy(images).float() / 127.5 - 1, torch.from_numpy(labels)
+
+
+def stratified_split(labels: torch.Tensor, test_fraction: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of a train / test split holding `test_fraction` of every class out."""
+    train, test = [], []
+    for k in np.unique(labels.numpy()):
+        idx = rng.permutation(np.flatnonzero(labels.numpy() == k))
+        n_test = int(round(len(idx) * test_fraction))
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Translate each image by up to `max_shift` pixels in x and y, filling with the background (-1)."""
+    n, _, h, w = x.shape
+    padded = F.pad(x, [max_shift] * 4, value=-1.0)
+    dx, dy = (torch.randint(0, 2 * max_shift + 1, (2, n), generator=generator))
+    return torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
+
+
+def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int, seed: int) -> DigitClassifier:
+    """Adam, batch 64, small random shifts (generated digits are not centred exactly like the data)."""
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    net = DigitClassifier()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    for _ in range(epochs):
+        order = torch.randperm(len(images), generator=generator)
+        for batch in order.split(64):
+            loss = F.cross_entropy(net(random_shift(images[batch], 2, generator)), labels[batch])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return net.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def classify(net: DigitClassifier, images: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax probabilities [N, 10] and penultimate features [N, 128], float64."""
+    probs, feats = [], []
+    for x in images.split(256):
+        f = net.features(x)
+        feats.append(f)
+        probs.append(F.softmax(net.out(f), dim=1))
+    return torch.cat(probs).double().numpy(), torch.cat(feats).double().numpy()
+
+
+def judge(net: DigitClassifier, images: torch.Tensor, ref_mu: np.ndarray, ref_sigma: np.ndarray,
+          threshold: float) -> dict:
+    probs, feats = classify(net, images)
+    confident = probs.max(axis=1) > threshold
+    counts = np.bincount(probs.argmax(axis=1)[confident], minlength=probs.shape[1])
+    fd = fid_from_stats(feats.mean(axis=0), np.cov(feats, rowvar=False), ref_mu, ref_sigma)
+    return dict(num=len(images), confident=float(confident.mean()), classes=int((counts > 0).sum()),
+                confident_per_class=counts.tolist(), fd=float(fd))
+
+
+@torch.no_grad()
+def generate(network: str, num: int, seed: int) -> torch.Tensor:
+    """`num` images from the snapshot's EMA generator (its plain G if it has none), latents from `seed`."""
+    try:
+        snapshot = persistence.load_snapshot(network)
+    except (OSError, persistence.UnsafeSnapshotError) as e:
+        raise click.ClickException(f'--network: {e}')
+    G = snapshot.get('G_ema', snapshot.get('G'))
+    if G is None or G.c_dim != 0 or G.img_channels != 1 or G.img_resolution != 32:
+        raise click.ClickException(f'--network: {network} holds no unconditional 32x32 grayscale generator')
+    z = torch.from_numpy(np.random.default_rng(seed).standard_normal([num, G.z_dim])).float()
+    return torch.cat([G(zb, torch.zeros(len(zb), 0)) for zb in z.split(256)])
+
+#----------------------------------------------------------------------------
+
+
+@click.command()
+@click.option('--network', 'networks', help='Snapshot to judge (repeat for several)', metavar='PKL', multiple=True, required=True)
+@click.option('--num', help='Generated images per snapshot', type=click.IntRange(min=2), default=2000, show_default=True)
+@click.option('--threshold', help='Softmax probability above which an image counts as a confident digit', type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
+@click.option('--epochs', help='Classifier training epochs', type=click.IntRange(min=1), default=15, show_default=True)
+@click.option('--seed', help='Seed of the classifier, the data split and the latents', type=click.IntRange(min=0), default=0, show_default=True)
+@click.option('--out', help='Write the results as JSON here', metavar='JSON')
+def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, seed: int, out: str | None) -> None:
+    """Judge quick-start snapshots with a digit classifier trained on the embedded digits' labels."""
+    for network in networks:
+        if not os.path.isfile(network):
+            raise click.ClickException(f'--network: no such file: {network}')
+    start = time.time()
+    images, labels = load_digits(DIGITS)
+    train_idx, test_idx = stratified_split(labels, 0.2, np.random.default_rng(seed))
+    net = train_classifier(images[train_idx], labels[train_idx], epochs=epochs, seed=seed)
+    _, train_feats = classify(net, images[train_idx])
+    test_probs, _ = classify(net, images[test_idx])
+    accuracy = float((test_probs.argmax(axis=1) == labels[test_idx].numpy()).mean())
+    ref_mu, ref_sigma = train_feats.mean(axis=0), np.cov(train_feats, rowvar=False)
+    print(f'Classifier: {len(train_idx)} training digits, {epochs} epochs, held-out accuracy {accuracy:.3f} '
+          f'on {len(test_idx)} digits ({time.time() - start:.0f} s)')
+
+    rows = [dict(name=f'real digits (held-out {len(test_idx)})', **judge(net, images[test_idx], ref_mu, ref_sigma, threshold))]
+    for network in networks:
+        rows.append(dict(name=network, **judge(net, generate(network, num, seed), ref_mu, ref_sigma, threshold)))
+
+    print()
+    print(f'| images | n | confident (p > {threshold:g}) | classes | FD |')
+    print('|---|---|---|---|---|')
+    for row in rows:
+        print(f'| {row["name"]} | {row["num"]} | {row["confident"]:.1%} | {row["classes"]} / 10 | {row["fd"]:.2f} |')
+    if out is not None:
+        result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+                      device='cpu', cpu_count=os.cpu_count(), torch=torch.__version__, num_threads=torch.get_num_threads(),
+                      threshold=threshold, num=num, epochs=epochs, seed=seed, classifier_train=len(train_idx),
+                      classifier_test=len(test_idx), classifier_accuracy=accuracy, rows=rows)
+        with open(out, 'wt') as f:
+            json.dump(result, f, indent=2)
+        print(f'Wrote {out}')
+
+
+if __name__ == '__main__':
+    main()
