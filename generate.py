@@ -4,7 +4,7 @@ Examples:
 
 \b
   # 64 images, one PNG per seed, plus one grid of all of them.
-  python generate.py --network=training-runs/00000-digits32-quickstart-gn/network-snapshot-000064.pkl \\
+  python generate.py --network=training-runs/00000-digits32-quickstart-gn/network-snapshot-000080.pkl \\
       --seeds=0-63 --grid --outdir=out
 
 \b

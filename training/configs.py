@@ -74,16 +74,17 @@ PRESETS = {
     # Not from the paper: tuned so that the README's first command ends within minutes on a 2-core CPU (see
     # docs/benchmarks.md, measured with bench/quickstart_quality.py). Where the time goes: every D step runs a double
     # backward (GN), so D is the narrower net (width 8) and D batches are small (16 reals + 16 fakes); G keeps width 16
-    # and gets more steps (3k) instead. In exploratory runs without x-flips, lr 2e-3 (linear decay to 0) gave 71%
-    # confidently classified digits and FD 61 where 1e-3 gave 59% and FD 130; wider nets (G 32, D 16) at 5e-4 or 2e-4
-    # learned no faster per CPU second. Snapshots and grids use an EMA generator (0.995 from step 500). Reals are not
-    # flipped: the paper's augmentation for natural images teaches G mirrored 2s, 3s, 7s and 9s (71% vs 61% confident).
+    # and gets more steps instead. In exploratory runs without x-flips at 3k steps, lr 2e-3 (linear decay to 0) gave
+    # 71% confidently classified digits and FD 61 where 1e-3 gave 59% and FD 130; wider nets (G 32, D 16) at 5e-4 or
+    # 2e-4 learned no faster per CPU second; 5k steps (3.4 min on an idle 2-core CPU) gave 77.5% and FD 22. Snapshots
+    # and grids use an EMA generator (0.995 from step 500). Reals are not flipped: the paper's augmentation for natural
+    # images teaches G mirrored 2s, 3s, 7s and 9s (at 3k steps: 71% confident with flips off, 61% with them).
     'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=2e-3, lr_D=2e-3, n_dis=1,
-                               batch_D=16, batch_G=32, total_steps=3000, lr_decay='linear', ema_beta=0.995,
+                               batch_D=16, batch_G=32, total_steps=5000, lr_decay='linear', ema_beta=0.995,
                                ema_start=500, G_args=dict(ch=16), D_args=dict(ch=8), xflip=False,
                                description='Quick start (not from the paper): SN-GAN CNN, G width 16, D width 8 '
                                            '(D is the costly net under GN), hinge loss, lr 2e-3 with linear decay, '
-                                           'batch 16 / 32, 3k G steps, G EMA 0.995 from step 500, no x-flips '
+                                           'batch 16 / 32, 5k G steps, G EMA 0.995 from step 500, no x-flips '
                                            '(mirrored digits are not digits)'),
 }
 
