@@ -198,3 +198,22 @@ def test_apply_spectral_norm_only_on_weights():
     assert torch.nn.utils.parametrize.is_parametrized(layer[0], 'weight')
     assert torch.nn.utils.parametrize.is_parametrized(layer[2], 'weight')
     assert not torch.nn.utils.parametrize.is_parametrized(layer[0], 'bias')
+
+
+def test_discriminator_conv_has_the_double_backward_of_torch_conv():
+    """The D convolutions run through ops/conv2d_gradfix; GN differentiates them twice, so compare both orders."""
+    from training.networks.sngan import Conv2d
+    torch.manual_seed(0)
+    ours = Conv2d(3, 4, 4, stride=2, padding=1).double()
+    ref = torch.nn.Conv2d(3, 4, 4, stride=2, padding=1).double()
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    results = []
+    for conv in (ours, ref):
+        xi = x.clone().requires_grad_(True)
+        y = torch.relu(conv(xi)).square().sum()
+        g, = torch.autograd.grad(y, xi, create_graph=True)
+        g.norm().backward()  # The GN shape: a loss on ||grad_x f||.
+        results.append([g.detach(), xi.grad, conv.weight.grad, conv.bias.grad])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

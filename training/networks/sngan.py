@@ -25,10 +25,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ops import conv2d_gradfix
 from torch_utils import misc, persistence
 
 #----------------------------------------------------------------------------
 # Shared helpers.
+
+
+class Conv2d(nn.Conv2d):
+    """nn.Conv2d whose convolution goes through ops/conv2d_gradfix: the same layer and values, but its
+    double backward (every GN discriminator step runs one) is written as plain convolutions, which
+    PyTorch's generic convolution double backward is not (measured faster on the CPU, bench/train_speed.py)."""
+
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if torch.is_autocast_enabled(input.device.type):  # The custom autograd op does not cast: leave bf16/fp16 to torch.
+            return super()._conv_forward(input, weight, bias)
+        return conv2d_gradfix.conv2d(input, weight, bias, stride=self.stride, padding=self.padding,
+                                     dilation=self.dilation, groups=self.groups)
 
 
 def apply_spectral_norm(module: nn.Module) -> None:
@@ -142,9 +155,9 @@ class DiscriminatorBlock(nn.Module):
         super().__init__()
         self.down = down or first
         self.first = first
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        self.shortcut = nn.Conv2d(in_channels, out_channels, 1) if (in_channels != out_channels or self.down) else None
+        self.conv1 = Conv2d(in_channels, out_channels, 3, padding=1)
+        self.conv2 = Conv2d(out_channels, out_channels, 3, padding=1)
+        self.shortcut = Conv2d(in_channels, out_channels, 1) if (in_channels != out_channels or self.down) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x if self.first else F.relu(x)
@@ -218,9 +231,9 @@ class CNNDiscriminator(nn.Module):
         self.c_dim = c_dim
         self.img_resolution = img_resolution
         self.img_channels = img_channels
-        layers = [nn.Conv2d(img_channels, ch, 3, padding=1)]
+        layers = [Conv2d(img_channels, ch, 3, padding=1)]
         for width in [ch, ch * 2, ch * 4]:  # Each stage: stride-2 4x4 conv doubling the width, then a 3x3 conv.
-            layers += [nn.Conv2d(width, width * 2, 4, stride=2, padding=1), nn.Conv2d(width * 2, width * 2, 3, padding=1)]
+            layers += [Conv2d(width, width * 2, 4, stride=2, padding=1), Conv2d(width * 2, width * 2, 3, padding=1)]
         self.convs = nn.ModuleList(layers)
         num_features = (img_resolution // 8) ** 2 * ch * 8
         self.fc = nn.Linear(num_features, 1)
