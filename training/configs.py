@@ -76,7 +76,7 @@ PRESETS = {
     # backward (GN), so D is the narrower net (width 8) and D batches are small (16 reals + 16 fakes); G keeps width 16
     # and gets more steps instead. In exploratory runs without x-flips at 3k steps, lr 2e-3 (linear decay to 0) gave
     # 71% confidently classified digits and FD 61 where 1e-3 gave 59% and FD 130; wider nets (G 32, D 16) at 5e-4 or
-    # 2e-4 learned no faster per CPU second; 5k steps (3.4 min on an idle 2-core CPU) gave 77.5% and FD 22. Snapshots
+    # 2e-4 learned no faster per CPU second; 5k steps (3.3 min on an idle 2-core CPU) gave 77.2% and FD 24. Snapshots
     # and grids use an EMA generator (0.995 from step 500). Reals are not flipped: the paper's augmentation for natural
     # images teaches G mirrored 2s, 3s, 7s and 9s (at 3k steps: 71% confident with flips off, 61% with them).
     'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=2e-3, lr_D=2e-3, n_dis=1,
