@@ -29,7 +29,6 @@ Usage (a converted snapshot; generate.py and calc_metrics.py also take the check
 
 from __future__ import annotations
 
-import pickle
 import warnings
 
 import click
@@ -189,7 +188,7 @@ def _read_checkpoint(path_or_url: str) -> object:
             with warnings.catch_warnings(), torch.serialization.safe_globals(_NUMPY_SCALAR_GLOBALS):
                 warnings.simplefilter('ignore')  # torch warns about storages of old files.
                 return torch.load(f, map_location='cpu', weights_only=True)
-        except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - arbitrary bytes can fail the unpickler in any way; nothing ran.
             raise OfficialCheckpointError(f'{path_or_url}: refused to load: not a checkpoint of tensors and plain data '
                                           f'({persistence._unpickler_reason(e)}); nothing in it was run') from None
 
@@ -213,7 +212,7 @@ def load_network(path_or_url: str, cfg: str | None = None) -> dnnlib.EasyDict:
     except persistence.UnsafeSnapshotError as e:
         try:
             official = _is_official_checkpoint(_read_checkpoint(path_or_url))
-        except (OfficialCheckpointError, OSError, RuntimeError, ValueError):  # Only a hint: any failure means no.
+        except (OfficialCheckpointError, OSError):  # Only a hint: a file it cannot read is no official checkpoint.
             official = False
         if official:
             raise OfficialCheckpointError(f'{path_or_url} is a checkpoint of the official GN-GAN code: give its '
