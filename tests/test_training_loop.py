@@ -318,3 +318,32 @@ def test_fp16_run_with_loss_scaling(tmp_path):
     # fewer than 3 steps, and every weight is finite.
     assert all(torch.isfinite(p).all() for net in (snap.G, snap.D) for p in net.parameters())
     assert snap.progress.step == 3
+
+
+def test_loop_rounds_average_to_the_one_round_gradient(tmp_path):
+    """Through the loop itself: the first D step's gradient with --batch-gpu=4 (2 rounds of 4) equals the
+    one-round gradient of the same 8 reals and latents (StyleGAN: no BatchNorm; mixing off, noise strengths 0)."""
+    from training import configs
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
+    grads = []
+    for batch_gpu in (None, 4):
+        opts = configs.training_options(configs.get_config('gn-stylegan'), resolution=32, channels=1, label_dim=0,
+                                        cmax=4, batch=8, batch_gpu=batch_gpu, kimg=0.008, lod_kimg=1)
+        opts.G_kwargs.style_mixing_prob = 0
+        opts.update(training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=data),
+                    num_workers=0, run_dir=str(tmp_path), image_snapshot_ticks=None, network_snapshot_ticks=None)
+        seen = []
+
+        def record(optimizer, args, kwargs):
+            if not seen:  # The first optimizer step of the run is D's.
+                seen.append([p.grad.clone() for p in optimizer.param_groups[0]['params'] if p.grad is not None])
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        handle = register_optimizer_step_pre_hook(record)
+        try:
+            training_loop.training_loop(**opts)
+        finally:
+            handle.remove()
+        grads.append(seen[0])
+    assert len(grads[0]) == len(grads[1]) > 2
+    for one, two in zip(*grads):
+        torch.testing.assert_close(two, one, rtol=1e-4, atol=1e-6 * one.abs().max().item())
