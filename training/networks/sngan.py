@@ -16,7 +16,8 @@ Every discriminator here is piecewise linear in its input for fixed weights (ReL
 convolutions, average pooling, linear layers; spectral normalization only rescales weights),
 which is what the fast generator path of gradient normalization relies on; and none of them
 mixes samples (no batch norm or minibatch statistics in D), so the loss may run reals and fakes
-through one call.
+through one call. The discriminators' convolutions, ReLUs and pooling go through ops/conv2d_gradfix
+and ops/relu_pool_gradfix: the same values, with double backwards that GN's D step runs cheaply.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ops import conv2d_gradfix
+from ops import conv2d_gradfix, relu_pool_gradfix
 from torch_utils import misc, persistence
 
 #----------------------------------------------------------------------------
@@ -160,12 +161,12 @@ class DiscriminatorBlock(nn.Module):
         self.shortcut = Conv2d(in_channels, out_channels, 1) if (in_channels != out_channels or self.down) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x if self.first else F.relu(x)
-        h = self.conv2(F.relu(self.conv1(h)))
+        h = x if self.first else relu_pool_gradfix.relu(x)
+        h = self.conv2(relu_pool_gradfix.relu(self.conv1(h)))
         s = x if self.shortcut is None else self.shortcut(x)
         if self.down:
-            h = F.avg_pool2d(h, 2)
-            s = F.avg_pool2d(s, 2)
+            h = relu_pool_gradfix.avg_pool2x2(h)
+            s = relu_pool_gradfix.avg_pool2x2(s)
         return h + s
 
 #----------------------------------------------------------------------------
@@ -247,7 +248,7 @@ class CNNDiscriminator(nn.Module):
         check_label(c, img.shape[0], self.c_dim)
         x = img
         for conv in self.convs:
-            x = F.leaky_relu(conv(x), 0.1)
+            x = relu_pool_gradfix.leaky_relu(conv(x), 0.1)
         h = x.flatten(1)
         return self.fc(h) + self.projection(h, c)
 
@@ -285,7 +286,7 @@ class ResidualDiscriminator(nn.Module):
         x = img
         for block in self.blocks:
             x = block(x)
-        x = F.relu(x)
+        x = relu_pool_gradfix.relu(x)
         h = x.sum(dim=[2, 3]) if self.sum_pool else x.mean(dim=[2, 3])
         return self.fc(h) + self.projection(h, c)
 
