@@ -5,7 +5,8 @@
     python bench/train_speed.py --cfg=gn-stylegan --resolution=64 --batch=8
 
 For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; only meaningful for
-the GN variants), one or separate D calls per D step (--fuse-d) and precision (--precisions), it
+the GN variants), GN's D step in affine form or plain (--linear-d; GN only, see training/gradnorm.py),
+one or separate D calls per D step (--fuse-d) and precision (--precisions), it
 builds G, D, GANLoss and the two Adam optimizers from training/configs.get_config, as the training
 loop does, and times one D step (zero_grad, GANLoss.accumulate_gradients('D', ...), optimizer
 step) and one G step, on random images and latents (the data pipeline is not part of the measurement). Runs alternate between the
@@ -84,10 +85,10 @@ def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution:
 
 
 class Configuration:
-    """One (preset, norm, fast_g, precision): its GANLoss and a timed D step and G step."""
+    """One (preset, norm, fast_g, linear_d, fuse, precision): its GANLoss and a timed D step and G step."""
 
-    def __init__(self, preset: dict, norm: str, fast_g: bool | None, fuse: bool | None, precision: str,
-                 device: torch.device, clock: Callable[[], float]) -> None:
+    def __init__(self, preset: dict, norm: str, fast_g: bool | None, linear_d: bool | None, fuse: bool | None,
+                 precision: str, device: torch.device, clock: Callable[[], float]) -> None:
         self.preset, self.norm, self.fast_g, self.precision, self.device = preset, norm, fast_g, precision, device
         self.clock = clock
         cfg = preset['cfg']
@@ -98,6 +99,8 @@ class Configuration:
             loss_kwargs.fast_g = fast_g
         if fuse is not None:
             loss_kwargs.fuse_d_calls = fuse
+        if linear_d is not None:
+            loss_kwargs.linear_d = linear_d
         if precision != 'fp32':  # The loss's default is the paper's fp32.
             loss_kwargs.precision = precision
         self.loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=preset['G'], D=self.D)
@@ -133,8 +136,9 @@ class Configuration:
     def result(self) -> dict:
         d, g = statistics.median(self.times['D']), statistics.median(self.times['G'])
         n_dis = self.preset['cfg'].n_dis
-        return dict(cfg=self.preset['cfg'].name, norm=self.norm, fast_g=self.fast_g, fuse_d_calls=self.loss.fuse_d_calls,
-                    precision=self.precision,
+        linear_d = self.loss.bias_layers is not None if self.norm in loss_lib.GN_ZETAS else None
+        return dict(cfg=self.preset['cfg'].name, norm=self.norm, fast_g=self.fast_g, linear_d=linear_d,
+                    fuse_d_calls=self.loss.fuse_d_calls, precision=self.precision,
                     batch_D=self.preset['batch_D'], batch_G=self.preset['batch_G'], resolution=self.preset['resolution'],
                     n_dis=n_dis, sec_per_D_step=d, sec_per_G_step=g, sec_per_iteration=n_dis * d + g,
                     rounds=len(self.times['D']))
@@ -153,7 +157,7 @@ def parse_list(choices: tuple[str, ...]):
 
 
 def ratios(rows: list[dict]) -> list[dict]:
-    """GN / vanilla per preset, precision, fast-G and fused-D setting: D step, G step and full iteration."""
+    """GN / vanilla per preset, precision, fast-G, affine-D and fused-D setting: D step, G step and full iteration."""
     out = []
     for row in rows:
         if row['norm'] != 'gn':
@@ -161,7 +165,8 @@ def ratios(rows: list[dict]) -> list[dict]:
         base = next((r for r in rows if r['norm'] == 'none' and r['cfg'] == row['cfg']
                      and r['precision'] == row['precision'] and r['fuse_d_calls'] == row['fuse_d_calls']), None)
         if base is not None:
-            out.append(dict(cfg=row['cfg'], precision=row['precision'], fast_g=row['fast_g'], fuse_d_calls=row['fuse_d_calls'],
+            out.append(dict(cfg=row['cfg'], precision=row['precision'], fast_g=row['fast_g'], linear_d=row['linear_d'],
+                            fuse_d_calls=row['fuse_d_calls'],
                             D=row['sec_per_D_step'] / base['sec_per_D_step'],
                             G=row['sec_per_G_step'] / base['sec_per_G_step'],
                             iteration=row['sec_per_iteration'] / base['sec_per_iteration']))
@@ -175,6 +180,8 @@ def ratios(rows: list[dict]) -> list[dict]:
               callback=parse_list(loss_lib.NORMS))
 @click.option('--fast-g', 'fast_g', help='Fast GN generator step: on, off, or both (GN norms only)',
               type=click.Choice(['both', 'on', 'off', 'default']), default='both', show_default=True)
+@click.option('--linear-d', 'linear_d', help='GN D step with f in affine form: on, off, both, or GANLoss\'s default (on '
+              'where D qualifies)', type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
 @click.option('--fuse-d', 'fuse_d', help='One D call on reals + fakes: on, off, both, or GANLoss\'s default for the device',
               type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
 @click.option('--precisions', help='Precisions, comma-separated', default='fp32', show_default=True,
@@ -189,7 +196,7 @@ def ratios(rows: list[dict]) -> list[dict]:
 @click.option('--clock', help='wall: elapsed time; process: CPU time of this process (a CPU run on a shared machine, '
               'with --threads=1)', type=click.Choice(['wall', 'process']), default='wall', show_default=True)
 @click.option('--out', help='JSON file for the results', metavar='PATH')
-def main(cfg_names: list[str], norms: list[str], fast_g: str, fuse_d: str, precisions: list[str], batch: int | None,
+def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, precisions: list[str], batch: int | None,
          resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
          out: str | None) -> None:
     """Seconds per D step and per G step of the presets, for each norm, fast-G setting and precision."""
@@ -202,16 +209,18 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, fuse_d: str, preci
         raise click.ClickException('--clock=process measures CPU time, which says nothing about GPU work; use --clock=wall')
     clock_fn = time.perf_counter if clock == 'wall' else time.process_time
     settings = {'both': [True, False], 'on': [True], 'off': [False], 'default': [None]}
-    fast_settings, fuse_settings = settings[fast_g], settings[fuse_d]
+    fast_settings, linear_settings, fuse_settings = settings[fast_g], settings[linear_d], settings[fuse_d]
 
     runs = []
     for name in cfg_names:
         preset = build_preset(name, norms, batch, resolution, cmax, device)
         for norm in norms:
-            for fast in (fast_settings if norm in loss_lib.GN_ZETAS else [None]):
-                for fuse in fuse_settings:
-                    for precision in precisions:
-                        runs.append(Configuration(preset, norm, fast, fuse, precision, device, clock_fn))
+            gn = norm in loss_lib.GN_ZETAS
+            for fast in (fast_settings if gn else [None]):
+                for linear in (linear_settings if gn else [None]):
+                    for fuse in fuse_settings:
+                        for precision in precisions:
+                            runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn))
     for round_idx in range(warmup + rounds):
         for run in runs:
             for phase in ('D', 'G'):
@@ -220,17 +229,17 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, fuse_d: str, preci
 
     rows = [run.result() for run in runs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')
-    print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"fuse_d":<6} {"prec":<5} {"batch":>7} {"s/D step":>9} {"s/G step":>9} '
+    print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"prec":<5} {"batch":>7} {"s/D step":>9} {"s/G step":>9} '
           f'{"s/iter":>8}')
     for r in rows:
-        print(f'{r["cfg"]:<20} {r["norm"]:<5} {on_off(r["fast_g"]):<6} {on_off(r["fuse_d_calls"]):<6} {r["precision"]:<5} '
+        print(f'{r["cfg"]:<20} {r["norm"]:<5} {on_off(r["fast_g"]):<6} {on_off(r["linear_d"]):<6} {on_off(r["fuse_d_calls"]):<6} {r["precision"]:<5} '
               f'{r["batch_D"]:>3}/{r["batch_G"]:<3} '
               f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f}')
     gn_ratios = ratios(rows)
     if gn_ratios:
         print('\nGN / vanilla (norm none):')
         for r in gn_ratios:
-            print(f'{r["cfg"]:<20} {r["precision"]:<5} fast_g {on_off(r["fast_g"]):<4} fuse_d {on_off(r["fuse_d_calls"]):<4} '
+            print(f'{r["cfg"]:<20} {r["precision"]:<5} fast_g {on_off(r["fast_g"]):<4} lin_d {on_off(r["linear_d"]):<4} fuse_d {on_off(r["fuse_d_calls"]):<4} '
                   f'D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
 
     if out is not None:

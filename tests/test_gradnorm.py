@@ -294,3 +294,129 @@ def test_grad_norm_scale_and_gain(arch, act):
     exact = torch.cat([p.grad.flatten() for p in G_exact.parameters()])
     fast = torch.cat([p.grad.flatten() for p in G_fast.parameters()])
     assert ((fast - exact).norm() / exact.norm()).item() < 1e-5
+
+#----------------------------------------------------------------------------
+# The D step with f in affine form: f = <g, x> + sum_l <dy_l, b_l> for a piecewise-linear D.
+
+D_FAMILIES = [  # (class_name, resolution, kwargs): every discriminator family of the presets.
+    ('training.networks.sngan.CNNDiscriminator', 32, dict(ch=8)),
+    ('training.networks.sngan.CNNDiscriminator', 48, dict(ch=8)),
+    ('training.networks.sngan.ResNetDiscriminator', 32, dict(ch=8)),
+    ('training.networks.sngan.ResNetDiscriminator', 48, dict(ch=4)),
+    ('training.networks.sngan.ResNetDiscriminator', 128, dict(ch=1)),
+    ('training.networks.biggan.BigGANDiscriminator', 32, dict(ch=2)),
+]
+
+
+def preset_D(class_name, resolution, kwargs, c_dim, spectral_norm=False):
+    import dnnlib
+    torch.manual_seed(0)
+    D = dnnlib.util.construct_class_by_name(class_name=class_name, c_dim=c_dim, img_resolution=resolution,
+                                            img_channels=3, spectral_norm=spectral_norm, **kwargs).double()
+    with torch.no_grad():  # The presets start from zero biases; trained ones are not, and the identity is about them.
+        for name, p in D.named_parameters():
+            if name.endswith('bias'):
+                p.normal_(0, 0.3)
+    return D
+
+
+@pytest.mark.parametrize('class_name,resolution,kwargs', D_FAMILIES)
+@pytest.mark.parametrize('c_dim', [0, 4])
+@pytest.mark.parametrize('zeta', ['abs', 0])
+def test_affine_form_gives_the_double_backward_gradients(class_name, resolution, kwargs, c_dim, zeta):
+    """Parameter gradients and input gradients of a loss on f_hat equal the plain double backward's (float64)."""
+    from training.gradnorm import linearizable_layers
+    D = preset_D(class_name, resolution, kwargs, c_dim)
+    layers = linearizable_layers(D)
+    assert layers is not None and all(m.bias is not None for m in layers)
+    x = torch.rand(4, 3, resolution, resolution, dtype=torch.float64) * 2 - 1
+    c = torch.eye(4, dtype=torch.float64)[[0, 3, 1, 1]][:, :c_dim]
+    results = []
+    for bias_layers in (layers, None):
+        D.zero_grad(set_to_none=True)
+        xr = x.clone().requires_grad_(True)  # As a generator's output would: the loss reaches x too.
+        out = normalize_gradient(D, xr, c, zeta=zeta, bias_layers=bias_layers)
+        (torch.relu(1 - out.f_hat).mean() + out.f_hat.square().mean()).backward()
+        results.append([out.f_hat.detach(), out.grad_norm.detach(), xr.grad] + [p.grad for p in D.parameters()])
+    affine, plain = results
+    assert all(t is not None for t in affine)
+    for a, b in zip(affine, plain):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12 * b.abs().max().item())
+
+
+def test_linearizable_layers_accepts_only_what_the_identity_covers():
+    from training.gradnorm import linearizable_layers
+    from training.networks.stylegan import Discriminator as StyleGANDiscriminator
+    resnet = preset_D(*D_FAMILIES[2], c_dim=4)
+    convs_and_linears_with_bias = [m for m in resnet.modules() if isinstance(m, (nn.Conv2d, nn.Linear)) and m.bias is not None]
+    assert linearizable_layers(resnet) == convs_and_linears_with_bias and len(convs_and_linears_with_bias) == 11
+    assert len(linearizable_layers(preset_D(*D_FAMILIES[2], c_dim=0, spectral_norm=True))) == 11
+    assert linearizable_layers(StyleGANDiscriminator(c_dim=0, img_resolution=8, img_channels=3, fmap_base=16, fmap_max=4)) is None
+
+    class FreeOffset(MLP):  # A parameter outside any conv/linear layer: its term would be missing.
+        def __init__(self):
+            super().__init__(nn.ReLU())
+            self.offset = nn.Parameter(torch.ones([]))
+
+    D = FreeOffset()
+    D.is_piecewise_linear = D.is_sample_independent = True
+    assert linearizable_layers(D) is None
+    D.is_sample_independent = False
+    assert linearizable_layers(MLP(nn.ReLU())) is None  # Declares nothing.
+
+
+def test_linearization_error_measures_the_identity():
+    from training.gradnorm import linearizable_layers, linearization_error
+    D = preset_D(*D_FAMILIES[3], c_dim=4)
+    x, c = torch.rand(3, 3, 48, 48, dtype=torch.float64), torch.eye(4, dtype=torch.float64)[[1, 2, 3]]
+    assert linearization_error(D, linearizable_layers(D), x, c) < 1e-12
+    layers = linearizable_layers(D)
+    assert linearization_error(D, layers[1:], x, c) > 1e-3  # One bias term left out (the nets' biases are N(0, 0.3^2) here).
+
+    class Shifted(nn.Module):  # Piecewise linear plus a constant no bias layer carries.
+        is_piecewise_linear = is_sample_independent = True
+
+        def __init__(self):
+            super().__init__()
+            self.net = preset_D(*D_FAMILIES[0], c_dim=0)
+
+        def forward(self, x, c):
+            return self.net(x, c) + 0.5
+
+    shifted = Shifted()
+    assert linearization_error(shifted, linearizable_layers(shifted), torch.rand(2, 3, 32, 32, dtype=torch.float64),
+                               torch.zeros(2, 0, dtype=torch.float64)) > 1e-3
+
+
+class ConvFlops(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the floating-point operations of every convolution, forward or backward (torch's own formulas)."""
+
+    def __init__(self):
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils.flop_counter import flop_registry
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func._overloadpacket in (torch.ops.aten.convolution, torch.ops.aten.convolution_backward):
+            self.total += flop_registry[func._overloadpacket](*args, **kwargs, out_val=out)
+        return out
+
+
+@pytest.mark.parametrize('class_name,resolution,kwargs', [D_FAMILIES[0], D_FAMILIES[2], D_FAMILIES[5]])
+def test_affine_form_runs_four_convolution_passes_instead_of_six(class_name, resolution, kwargs):
+    """Convolution work of a GN D step in units of D's forward: the plain double backward runs the forward, the
+    first backward (input gradients), and in the second backward two passes through the first backward's graph
+    (a convolution of the incoming gradient, a weight gradient) and two through the forward graph (input and
+    weight gradients of f's own term): 6. The affine form skips the last two: 4. Each pass costs one forward."""
+    from training.gradnorm import linearizable_layers
+    D = preset_D(class_name, resolution, kwargs, c_dim=0)
+    x, c = torch.rand(2, 3, resolution, resolution, dtype=torch.float64), torch.zeros(2, 0, dtype=torch.float64)
+    with ConvFlops() as forward, torch.no_grad():
+        D(x, c)
+    for bias_layers, passes in [(linearizable_layers(D), 4), (None, 6)]:
+        with ConvFlops() as step:
+            out = normalize_gradient(D, x, c, bias_layers=bias_layers)
+            torch.relu(1 - out.f_hat).mean().backward()
+        assert step.total / forward.total == pytest.approx(passes, rel=1e-3)

@@ -269,10 +269,78 @@ def test_one_d_call_matches_separate_calls(class_name, resolution, loss):
             grads.append(torch.cat([p.grad.flatten() for p in D_copy.parameters() if p.grad is not None]))
             calls.append(len(counter))
         fused, separate = grads
-        penalty_calls = 1 if norm in ('gp1', 'r1') else 0
-        assert calls == [1 + penalty_calls, (3 if cr > 0 else 2) + penalty_calls], (norm, calls)
+        extra_calls = 1 if norm in ('gp1', 'r1', 'gn') else 0  # The penalty's own call; GN: the first step's affine check.
+        assert calls == [1 + extra_calls, (3 if cr > 0 else 2) + extra_calls], (norm, calls)
         assert separate.norm() > 0
         torch.testing.assert_close(fused, separate, rtol=1e-10, atol=1e-12 * separate.abs().max().item())
+
+
+@pytest.mark.parametrize('norm', ['gn', 'gn1', 'gn0'])
+@pytest.mark.parametrize('fuse', [False, True])
+def test_affine_d_step_matches_the_plain_one(norm, fuse):
+    """GANLoss's default D step (f in affine form) leaves the plain double backward's gradients, CR included."""
+    resolution, c_dim = 32, 4
+    D = ResNetDiscriminator(c_dim=c_dim, img_resolution=resolution, img_channels=3, ch=4).double()
+    with torch.no_grad():
+        for name, p in D.named_parameters():
+            if name.endswith('bias'):
+                p.normal_(0, 0.3)
+    torch.manual_seed(0)
+    real = torch.rand(3, 3, resolution, resolution, dtype=torch.float64) * 2 - 1
+    z = torch.randn(3, 3 * resolution ** 2, dtype=torch.float64)
+    real_c, gen_c = torch.eye(c_dim, dtype=torch.float64)[[0, 3, 1]], torch.eye(c_dim, dtype=torch.float64)[[2, 2, 0]]
+    grads = []
+    for linear_d in (None, False):
+        D_copy = copy.deepcopy(D)
+        gan_loss = GANLoss(G=ImageG(resolution), D=D_copy, norm=norm, cr=5.0, fuse_d_calls=fuse, linear_d=linear_d)
+        assert (gan_loss.bias_layers is not None) == (linear_d is None)
+        torch.manual_seed(1)  # Same CR augmentation.
+        gan_loss.accumulate_gradients('D', real, real_c, z, gen_c)
+        grads.append(torch.cat([p.grad.flatten() for p in D_copy.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12 * grads[1].abs().max().item())
+
+
+def test_affine_d_step_is_checked_once_and_falls_back():
+    class Shifted(nn.Module):  # Claims piecewise linearity, but adds a constant no bias layer carries.
+        is_piecewise_linear = is_sample_independent = True
+
+        def __init__(self):
+            super().__init__()
+            self.net = CNNDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=2).double()
+
+        def forward(self, x, c):
+            return self.net(x, c) + 0.5
+
+    real, z, c = torch.rand(2, 3, 32, 32, dtype=torch.float64), torch.randn(2, 3 * 32 * 32, dtype=torch.float64), torch.zeros(2, 0)
+    grads = []
+    for linear_d in (None, False):
+        torch.manual_seed(0)
+        D = Shifted()
+        gan_loss = GANLoss(G=ImageG(32), D=D, linear_d=linear_d)
+        if linear_d is None:
+            assert gan_loss.bias_layers is not None
+            with pytest.warns(UserWarning, match='affine form'):
+                gan_loss.accumulate_gradients('D', real, c, z, c)
+            assert gan_loss.bias_layers is None and gan_loss.linear_d_checked
+        else:
+            gan_loss.accumulate_gradients('D', real, c, z, c)
+        grads.append(torch.cat([p.grad.flatten() for p in D.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])  # Falling back gives the plain gradients.
+    with pytest.raises(ValueError, match='linear_d'):
+        GANLoss(G=nn.Identity(), D=StyleGANDiscriminator(c_dim=0, img_resolution=8, img_channels=3, fmap_base=16, fmap_max=4),
+                linear_d=True)
+
+
+def test_affine_check_does_not_advance_spectral_norm():
+    """The one-time check runs D in eval mode: a GN step with an SN discriminator moves the power iteration as before."""
+    D = ResNetDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=2, spectral_norm=True).double()
+    real, z, c = torch.rand(2, 3, 32, 32, dtype=torch.float64), torch.randn(2, 3 * 32 * 32, dtype=torch.float64), torch.zeros(2, 0)
+    states = []
+    for linear_d in (None, False):
+        D_copy = copy.deepcopy(D)
+        GANLoss(G=ImageG(32), D=D_copy, linear_d=linear_d).accumulate_gradients('D', real, c, z, c)
+        states.append(torch.cat([v.flatten() for k, v in D_copy.state_dict().items() if k.endswith('_u')]))
+    torch.testing.assert_close(states[0], states[1], rtol=0, atol=0)
 
 
 def test_stylegan_d_is_called_per_batch():

@@ -15,13 +15,32 @@ which for GN is n * g / (n + |f|)^2: |f_hat| <= 1 and ||grad_x f_hat|| = (n / (n
 so the normalized discriminator is 1-Lipschitz. GN-0 has ||grad_x f_hat|| = 1 exactly but an
 unbounded |f_hat| = |f| / n; GN-1 has ||grad_x f_hat|| = n / (n + 1) < 1 and |f_hat| = |f| / (n + 1)
 unbounded as well.
+
+The discriminator step differentiates a loss on f_hat w.r.t. D's parameters theta, through f and
+through n, which is itself a first backward of f. Done plainly (`normalize_gradient`), that is a
+second backward through both graphs: through the first backward's (per conv layer, a convolution
+of the incoming gradient and a weight gradient) and, for f's own term, through the forward graph
+again (an input gradient and a weight gradient per layer). For a piecewise-linear D that treats
+samples independently the forward graph can be skipped: within the linear region of x, f is
+affine in x and in every layer's bias b_l, so
+
+    f(x) = <g, x> + sum_l <dy_l, b_l>,      dy_l = df/dy_l at that layer's output y_l
+
+(b_l broadcast over y_l's positions), and the first backward computes every dy_l on its way to g.
+The right side equals f as a function of theta wherever the region does not change, so it has
+f's gradient w.r.t. theta (and, since the Hessian vanishes, w.r.t. x: g). Taking f in this form
+(`bias_layers`), the second backward runs through the first backward's graph only: per conv layer
+four convolutions in all (forward, first backward, two in the second) instead of six. A missing
+bias term would break the identity silently, so `linearization_error` measures it on a batch and
+the loss checks it once before relying on it (training/loss.py).
 """
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
+from torch import nn
 
 #----------------------------------------------------------------------------
 
@@ -67,7 +86,8 @@ def normalize(f: torch.Tensor, grad_norm: torch.Tensor, zeta: str | float = 'abs
 
 
 def normalize_gradient(D: Callable[..., torch.Tensor], x: torch.Tensor, *args, zeta: str | float = 'abs',
-                       grad_norm_scale: float = 1.0, **kwargs) -> GNOutput:
+                       grad_norm_scale: float = 1.0, bias_layers: Sequence[nn.Module] | None = None,
+                       **kwargs) -> GNOutput:
     """Gradient-normalized discriminator output f_hat = f / (||grad_x f|| + zeta) for the batch x.
 
     f = D(x, *args, **kwargs); the gradient is taken w.r.t. x only (labels in *args/**kwargs are
@@ -81,14 +101,73 @@ def normalize_gradient(D: Callable[..., torch.Tensor], x: torch.Tensor, *args, z
     used: the norm w.r.t. another input that x is an exact linear image of (progressive StyleGAN:
     the full-resolution image, see `Discriminator.input_grad_scale` in training/networks/stylegan.py).
     Returns GNOutput(f_hat, f, grad_norm), grad_norm already scaled.
+
+    `bias_layers` (from `linearizable_layers(D)`): f enters f_hat as <g, x> + sum_l <dy_l, b_l>
+    (the module docstring), with f's value but a graph through the first backward only.
     """
     check_zeta(zeta)
     if not x.requires_grad:
         x = x.detach().requires_grad_(True)
-    f = D(x, *args, **kwargs)
-    grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
+    if bias_layers is None:
+        f = D(x, *args, **kwargs)
+        grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
+    else:
+        f, grad, f_affine = _affine_decomposition(D, bias_layers, x, *args, **kwargs)
+        f = f.detach() + (f_affine - f_affine.detach())  # f's value, f_affine's graph.
     grad_norm = per_sample_norm(grad, f) * grad_norm_scale
     return GNOutput(normalize(f, grad_norm, zeta), f, grad_norm)
+
+
+def linearizable_layers(D: nn.Module) -> list[nn.Module] | None:
+    """D's layers with a bias, for `normalize_gradient(bias_layers=...)`; None where the identity may not hold.
+
+    It needs D to declare `is_piecewise_linear` and `is_sample_independent`, and every parameter
+    to be a weight or bias of an nn.Conv2d or nn.Linear (also under a parametrization such as
+    spectral normalization), whose bias is added to the layer's output.
+    """
+    if not (getattr(D, 'is_piecewise_linear', False) and getattr(D, 'is_sample_independent', False)):
+        return None
+    for module in D.modules():
+        if next(module.parameters(recurse=False), None) is None:
+            continue
+        if not isinstance(module, (nn.Conv2d, nn.Linear, nn.utils.parametrize.ParametrizationList)):
+            return None
+    return [m for m in D.modules() if isinstance(m, (nn.Conv2d, nn.Linear)) and m.bias is not None]
+
+
+def linearization_error(D: Callable[..., torch.Tensor], bias_layers: Sequence[nn.Module], x: torch.Tensor,
+                        *args, **kwargs) -> float:
+    """max |f - (<g, x> + sum_l <dy_l, b_l>)| over the batch, relative to the largest term (a host sync)."""
+    x = x.detach().requires_grad_(True)
+    f, _, f_affine, terms = _affine_decomposition(D, bias_layers, x, *args, return_terms=True, **kwargs)
+    scale = torch.stack([t.detach().abs() for t in terms]).amax(dim=0).reshape(f.shape) + f.detach().abs()
+    return float(((f - f_affine).detach().abs() / scale.clamp_min(torch.finfo(scale.dtype).tiny)).max())
+
+
+def _affine_decomposition(D: Callable[..., torch.Tensor], bias_layers: Sequence[nn.Module], x: torch.Tensor, *args,
+                          return_terms: bool = False, **kwargs):
+    """f = D(x), g = grad_x sum f (create_graph) and f_affine = <g, x> + sum_l <dy_l, b_l>, per sample, shaped like f."""
+    output_grads = []  # (dy_l, b_l) of every bias layer's call on the way from f to x.
+
+    def watch_output(module: nn.Module, _inputs, output: torch.Tensor) -> None:
+        if output.requires_grad:
+            output.register_hook(lambda grad: output_grads.append((grad, module.bias)))
+
+    handles = [layer.register_forward_hook(watch_output) for layer in bias_layers]
+    try:
+        f = D(x, *args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
+    # <g, x>: its gradient w.r.t. theta flows through g; w.r.t. x it is g itself (the Hessian term vanishes).
+    inner = grad * x.detach() + grad.detach() * (x - x.detach())
+    terms = [inner.sum(dim=list(range(1, x.ndim))).to(f.dtype)]
+    for dy, bias in output_grads:  # dy: [N, C] (linear) or [N, C, H, W] (conv); b_l is added at every position.
+        per_channel = dy.sum(dim=list(range(2, dy.ndim))) if dy.ndim > 2 else dy
+        terms.append((per_channel * bias).sum(dim=1).to(f.dtype))
+    f_affine = torch.stack(terms).sum(dim=0).reshape(f.shape)
+    return (f, grad, f_affine, terms) if return_terms else (f, grad, f_affine)
 
 
 def generator_backward_fast(D: Callable[..., torch.Tensor], x: torch.Tensor, *args,
