@@ -14,7 +14,8 @@ Steps, each recorded in the report (with its log under --outdir):
                    reference, tolerance and milliseconds per check;
   4. GPU tests     python -m pytest tests/test_ops_gpu.py, in a subprocess;
   5. op benchmark  bench/ops.py (kernels against references, each case checked before timing);
-  6. training      bench/train_speed.py --out=..., if the file exists (else the report says so).
+  6. training      bench/train_speed.py --linear-d=both --fuse-d=both --precisions=fp32,tf32,bf16
+                   --out=..., if the file exists (else the report says so).
 Without a GPU the report says "no GPU" for 3-6 and still records 1 and 2 (with a CUDA build of
 torch, 2 is the real build). The Markdown is meant to be pasted into docs/benchmarks.md; the
 JSON holds the same data. Exit status 1 if anything that ran failed.
@@ -264,7 +265,9 @@ def main(outdir: str, quick: bool, timeout: int) -> None:
             report['bench_ops'] = _json_bench('bench/ops.py', ops_args, outdir, 'bench-ops', timeout)
             if report['train_speed'] is None:
                 click.echo('bench/train_speed.py...')
-                speed_args = ['--rounds=2'] if quick else []
+                # The choices a GPU decides: affine vs plain GN D step, one or two D calls, fp32 / TF32 / bf16.
+                speed_args = ['--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16']
+                speed_args += ['--rounds=2'] if quick else []
                 report['train_speed'] = _json_bench('bench/train_speed.py', speed_args, outdir, 'train-speed', timeout)
         text = markdown(report)
         _write(os.path.join(outdir, 'report.json'), json.dumps(report, indent=2, default=str))
