@@ -177,7 +177,7 @@ def main(**opts):
     except ValueError as e:
         raise click.ClickException(str(e))
     data = opts.data if opts.data is not None else QUICKSTART_DATA
-    training_set_kwargs, dataset = _open_dataset(data, use_labels=cfg.conditional)
+    training_set_kwargs, dataset = _open_dataset(data, use_labels=bool(cfg.conditional))  # 'if-labels' too.
     try:
         args = configs.training_options(
             cfg, resolution=dataset.resolution, channels=dataset.num_channels, label_dim=dataset.label_dim,

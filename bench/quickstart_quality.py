@@ -1,16 +1,19 @@
 """How digit-like are the quick start's samples? A digit classifier judges a snapshot's generator.
 
-    python bench/quickstart_quality.py --network=training-runs/00000-digits32-quickstart-gn/network-snapshot-000064.pkl
+    python bench/quickstart_quality.py --network=training-runs/00000-digits32-quickstart-gn/network-snapshot-000080.pkl
     python bench/quickstart_quality.py --network=before.pkl --network=after.pkl --out=quickstart-quality.json
 
 A small CNN classifier is trained from scratch, with a fixed seed, on the labels of the embedded
 digits (data/digits32.zip and its dataset.json; nothing is downloaded or cached): a stratified 80%
 of the images train it, the other 20% measure its accuracy. Then, for each snapshot, its EMA
-generator draws --num images (latents from --seed) and the script reports
+generator draws --num images (latents from --seed; a class-conditional generator is asked for the
+ten classes in turn) and the script reports
 
   * confident: the share of images whose top class has softmax probability > --threshold (0.9),
     i.e. images the classifier reads as one particular digit;
   * classes: how many of the ten classes occur among those confident images (mode coverage);
+  * as asked (class-conditional generators, and the real digits with their labels): the share of
+    images that are confident and read as the class they were generated for;
   * FD: the Frechet distance between Gaussians fitted to the classifier's penultimate features
     (128-d) of the generated images and of the classifier's training split,
         d^2 = ||mu_g - mu_r||^2 + tr(S_g) + tr(S_r) - 2 tr((S_g S_r)^(1/2))
@@ -119,28 +122,34 @@ def classify(net: DigitClassifier, images: torch.Tensor) -> tuple[np.ndarray, np
     return torch.cat(probs).double().numpy(), torch.cat(feats).double().numpy()
 
 
-def judge(net: DigitClassifier, images: torch.Tensor, ref_mu: np.ndarray, ref_sigma: np.ndarray,
-          threshold: float) -> dict:
+def judge(net: DigitClassifier, images: torch.Tensor, classes: np.ndarray | None, ref_mu: np.ndarray,
+          ref_sigma: np.ndarray, threshold: float) -> dict:
+    """The measures of the module docstring; `classes`: the class each image was asked for (None: unconditional)."""
     probs, feats = classify(net, images)
     confident = probs.max(axis=1) > threshold
     counts = np.bincount(probs.argmax(axis=1)[confident], minlength=probs.shape[1])
     fd = fid_from_stats(feats.mean(axis=0), np.cov(feats, rowvar=False), ref_mu, ref_sigma)
+    as_asked = None if classes is None else float((confident & (probs.argmax(axis=1) == classes)).mean())
     return dict(num=len(images), confident=float(confident.mean()), classes=int((counts > 0).sum()),
-                confident_per_class=counts.tolist(), fd=float(fd))
+                as_asked=as_asked, confident_per_class=counts.tolist(), fd=float(fd))
 
 
 @torch.no_grad()
-def generate(network: str, num: int, seed: int) -> torch.Tensor:
-    """`num` images from the snapshot's EMA generator (its plain G if it has none), latents from `seed`."""
+def generate(network: str, num: int, seed: int) -> tuple[torch.Tensor, np.ndarray | None]:
+    """`num` images from the snapshot's EMA generator (its plain G if it has none), latents from `seed`, and
+    the class each was generated for (0, 1, ..., 9, 0, ... for a conditional G; None for an unconditional one)."""
     try:
         snapshot = persistence.load_snapshot(network)
     except (OSError, persistence.UnsafeSnapshotError) as e:
         raise click.ClickException(f'--network: {e}')
     G = snapshot.get('G_ema', snapshot.get('G'))
-    if G is None or G.c_dim != 0 or G.img_channels != 1 or G.img_resolution != 32:
-        raise click.ClickException(f'--network: {network} holds no unconditional 32x32 grayscale generator')
+    if G is None or G.c_dim not in (0, 10) or G.img_channels != 1 or G.img_resolution != 32:
+        raise click.ClickException(f'--network: {network} holds no 32x32 grayscale digit generator '
+                                   f'(unconditional or with the ten digit classes)')
     z = torch.from_numpy(np.random.default_rng(seed).standard_normal([num, G.z_dim])).float()
-    return torch.cat([G(zb, torch.zeros(len(zb), 0)) for zb in z.split(256)])
+    classes = np.arange(num) % 10 if G.c_dim else None
+    c = torch.zeros(num, 0) if classes is None else F.one_hot(torch.from_numpy(classes), 10).float()
+    return torch.cat([G(zb, cb) for zb, cb in zip(z.split(256), c.split(256))]), classes
 
 #----------------------------------------------------------------------------
 
@@ -168,15 +177,17 @@ def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, see
     print(f'Classifier: {len(train_idx)} training digits, {epochs} epochs, held-out accuracy {accuracy:.3f} '
           f'on {len(test_idx)} digits ({time.time() - start:.0f} s)')
 
-    rows = [dict(name=f'real digits (held-out {len(test_idx)})', **judge(net, images[test_idx], ref_mu, ref_sigma, threshold))]
+    real = judge(net, images[test_idx], labels[test_idx].numpy(), ref_mu, ref_sigma, threshold)
+    rows = [dict(name=f'real digits (held-out {len(test_idx)})', **real)]
     for network in networks:
-        rows.append(dict(name=network, **judge(net, generate(network, num, seed), ref_mu, ref_sigma, threshold)))
+        rows.append(dict(name=network, **judge(net, *generate(network, num, seed), ref_mu, ref_sigma, threshold)))
 
     print()
-    print(f'| images | n | confident (p > {threshold:g}) | classes | FD |')
-    print('|---|---|---|---|---|')
+    print(f'| images | n | confident (p > {threshold:g}) | classes | as asked | FD |')
+    print('|---|---|---|---|---|---|')
     for row in rows:
-        print(f'| {row["name"]} | {row["num"]} | {row["confident"]:.1%} | {row["classes"]} / 10 | {row["fd"]:.2f} |')
+        as_asked = '' if row['as_asked'] is None else f'{row["as_asked"]:.1%}'
+        print(f'| {row["name"]} | {row["num"]} | {row["confident"]:.1%} | {row["classes"]} / 10 | {as_asked} | {row["fd"]:.2f} |')
     if out is not None:
         result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
                       device='cpu', cpu_count=os.cpu_count(), torch=torch.__version__, num_threads=torch.get_num_threads(),

@@ -127,6 +127,15 @@ def test_training_options_fixed_preset_overrides():
     assert biggan.G_kwargs.c_dim == 10 and biggan.D_kwargs.c_dim == 10
 
 
+def test_quickstart_is_conditional_exactly_when_the_data_has_labels():
+    from training.configs import training_options
+    cfg = get_config('quickstart')
+    labelled = training_options(cfg, resolution=32, channels=1, label_dim=10)
+    unlabelled = training_options(cfg, resolution=32, channels=1, label_dim=0)
+    assert (labelled.G_kwargs.c_dim, labelled.D_kwargs.c_dim) == (10, 10)
+    assert (unlabelled.G_kwargs.c_dim, unlabelled.D_kwargs.c_dim) == (0, 0)
+
+
 def test_training_options_progressive():
     from training.configs import training_options
     opts = training_options(get_config('gn-stylegan'), resolution=256, channels=3, label_dim=0, max_resolution=128,

@@ -4,6 +4,7 @@ one-line errors of train.py. Every command runs as a real process, as a user wou
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -70,8 +71,14 @@ def test_train_generate_resume(dataset_zip, tmp_path):
     assert set(data) >= {'G', 'D', 'G_ema', 'training_set_kwargs', 'G_opt_state', 'D_opt_state'}
     assert not [f for f in os.listdir(run_dir) if f.endswith('.tmp')]  # Snapshots are renamed into place.
 
-    # generate.py: one PNG per seed, at the training resolution, and a grid.
-    run_cli('generate.py', f'--network={snap}', '--seeds=0-2', '--grid', f'--outdir={tmp_path / "gen"}')
+    # generate.py, as train.py's last log line prints it (the quick start is conditional on labelled data, so the
+    # command names a class): one PNG per seed, at the training resolution, and a grid.
+    assert data.G_ema.c_dim == 3
+    hint = [line for line in open(os.path.join(run_dir, 'log.txt')) if line.startswith('Generate images: ')][-1]
+    command = shlex.split(hint.removeprefix('Generate images: python '))
+    assert command[:2] == ['generate.py', f'--network={snap}'] and '--class=0' in command
+    replace = {'--seeds': '--seeds=0-2', '--outdir': f'--outdir={tmp_path / "gen"}'}
+    run_cli(*[replace.get(arg.split('=')[0], arg) for arg in command])
     for seed in range(3):
         with PIL.Image.open(tmp_path / 'gen' / f'seed{seed:04d}.png') as im:
             assert im.size == (32, 32) and im.mode == 'RGB'
