@@ -139,6 +139,27 @@ def test_grid_layout_one_row_per_class():
     (gw, gh), labels = training_loop.grid_layout(Labeled(), max_images=64)
     assert (gw, gh) == (16, 4) and labels.shape == (64, 0)
 
+
+def test_grid_reals_show_the_class_of_their_row():
+    class Digits:  # Image i is filled with the value i; its class is i % 3 (class 3 has no images).
+        label_dim = 4
+
+        def __len__(self):
+            return 30
+
+        def get_label(self, i):
+            return np.eye(4, dtype=np.float32)[i % 3]
+
+        def __getitem__(self, i):
+            return np.full([1, 2, 2], i, dtype=np.uint8), self.get_label(i)
+
+    labels = np.eye(4, dtype=np.float32)[[0, 0, 1, 1, 2, 2, 3, 3]]
+    reals = training_loop.grid_reals(Digits(), labels, np.random.default_rng(0))
+    shown = reals[:, 0, 0, 0].astype(int)
+    assert list(shown[:6] % 3) == [0, 0, 1, 1, 2, 2]  # Rows of a class show images of that class.
+    assert all(0 <= i < 30 for i in shown[6:])  # An empty class falls back to any image.
+    assert len(set(shown[:6])) > 3  # Random images, not the first of each class.
+
 #----------------------------------------------------------------------------
 # Gradient accumulation over rounds equals one full batch.
 

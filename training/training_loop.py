@@ -149,6 +149,17 @@ def grid_layout(dataset: Any, max_images: int) -> tuple[tuple[int, int], np.ndar
     return (gw, gh), labels
 
 
+def grid_reals(dataset: Any, grid_labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Random real images for the grid's tiles, uint8 [N, C, H, W]: with labels, each of its tile's class."""
+    if grid_labels.shape[1] == 0:
+        indices = rng.integers(len(dataset), size=len(grid_labels))
+    else:
+        classes = np.array([dataset.get_label(i).argmax() for i in range(len(dataset))])
+        pools = [np.flatnonzero(classes == k) for k in range(grid_labels.shape[1])]
+        indices = [rng.choice(pools[k]) if len(pools[k]) else rng.integers(len(dataset)) for k in grid_labels.argmax(axis=1)]
+    return np.stack([dataset[int(i)][0] for i in indices])
+
+
 #----------------------------------------------------------------------------
 # Optimization helpers.
 
@@ -302,7 +313,7 @@ def training_loop(
             grid_size, grid_labels = grid_layout(training_set, max_images=64)
             grid_z = torch.from_numpy(grid_rng.standard_normal([grid_labels.shape[0], G.z_dim])).float().to(device)
             grid_c = torch.from_numpy(grid_labels).to(device)
-            real_grid = np.stack([training_set[int(i)][0] for i in grid_rng.integers(len(training_set), size=len(grid_labels))])
+            real_grid = grid_reals(training_set, grid_labels, grid_rng)
             misc.save_image_grid(real_grid / 127.5 - 1, os.path.join(run_dir, 'reals.png'), grid_size)
 
     def save_grid(label: str) -> str:
