@@ -3,13 +3,13 @@
 Examples:
 
 \b
-  # 64 images, one PNG per seed, plus one grid of all of them.
+  # 64 images of the quick start's (class-conditional) digit 7, one PNG per seed, plus one grid of all of them.
   python generate.py --network=training-runs/00000-digits32-quickstart-gn/network-snapshot-000080.pkl \\
-      --seeds=0-63 --grid --outdir=out
+      --seeds=0-63 --grid --class=7 --outdir=out
 
 \b
-  # Class-conditional network (BigGAN on CIFAR-10): class 3.
-  python generate.py --network=snap.pkl --seeds=0-15 --class=3 --outdir=out
+  # Unconditional network: no --class.
+  python generate.py --network=snap.pkl --seeds=0-15 --outdir=out
 
 \b
   # GN-StyleGAN: truncation (of the first 8 style layers, as in StyleGAN), and StyleGAN's
