@@ -517,7 +517,7 @@ def training_loop(
         log('Exiting...')
         if last_snapshot is not None:
             log(f'Final snapshot: {last_snapshot}')
-            pick_class = f' --class=0' if G.c_dim else ''  # Conditional: any class in 0..c_dim-1.
+            pick_class = ' --class=0' if G.c_dim else ''  # Conditional: any class in 0..c_dim-1.
             log(f'Generate images: python generate.py --network={last_snapshot} --seeds=0-63 --grid{pick_class} --outdir=out')
         if last_grid is not None:
             log(f'Image grids: {os.path.join(run_dir, "fakes*.png")} (latest: {os.path.basename(last_grid)})')
