@@ -14,19 +14,24 @@ from torch_utils import persistence
 from training.networks import sngan, stylegan
 
 
-@pytest.fixture(scope='module')
-def stylegan_pkl(tmp_path_factory):
-    torch.manual_seed(0)
-    G = stylegan.Generator(c_dim=0, img_resolution=16, img_channels=3, z_dim=8, w_dim=8, fmap_max=8,
+def save_stylegan(tmp_path_factory, name, seed, resolution, fmap_max, noise_strength):
+    """A small random StyleGAN G_ema snapshot with visible noise (strengths start at zero) and a random w_avg."""
+    torch.manual_seed(seed)
+    G = stylegan.Generator(c_dim=0, img_resolution=resolution, img_channels=3, z_dim=8, w_dim=8, fmap_max=fmap_max,
                            mapping_kwargs=dict(num_layers=2))
     with torch.no_grad():
-        for name, p in G.named_parameters():
-            if 'noise_strength' in name:
-                p.fill_(0.5)  # Noise strengths start at zero; make noise visible.
         G.mapping.w_avg.normal_()
-    path = str(tmp_path_factory.mktemp('snap') / 'stylegan.pkl')
+        for param_name, p in G.named_parameters():
+            if 'noise_strength' in param_name:
+                p.fill_(noise_strength)
+    path = str(tmp_path_factory.mktemp(name) / f'{name}.pkl')
     persistence.save_snapshot(path, {'G_ema': G})
     return path
+
+
+@pytest.fixture(scope='module')
+def stylegan_pkl(tmp_path_factory):
+    return save_stylegan(tmp_path_factory, 'stylegan', seed=0, resolution=16, fmap_max=8, noise_strength=0.5)
 
 
 def invoke(*args):
@@ -98,17 +103,7 @@ def test_errors_are_one_line(stylegan_pkl, tmp_path):
 @pytest.fixture(scope='module')
 def stylegan64_pkl(tmp_path_factory):
     """64x64: 10 style layers, so StyleGAN's cutoff of 8 and its fine styles (8-9) both exist."""
-    torch.manual_seed(1)
-    G = stylegan.Generator(c_dim=0, img_resolution=64, img_channels=3, z_dim=8, w_dim=8, fmap_max=4,
-                           mapping_kwargs=dict(num_layers=2))
-    with torch.no_grad():
-        G.mapping.w_avg.normal_()
-        for name, p in G.named_parameters():
-            if 'noise_strength' in name:
-                p.fill_(0.3)
-    path = str(tmp_path_factory.mktemp('snap64') / 'stylegan64.pkl')
-    persistence.save_snapshot(path, {'G_ema': G})
-    return path
+    return save_stylegan(tmp_path_factory, 'stylegan64', seed=1, resolution=64, fmap_max=4, noise_strength=0.3)
 
 
 def to_png_pixels(img):
