@@ -106,13 +106,15 @@ def normalize_gradient(D: Callable[..., torch.Tensor], x: torch.Tensor, *args, z
     (the module docstring), with f's value but a graph through the first backward only.
     """
     check_zeta(zeta)
+    caller_wants_input_grad = x.requires_grad
     if not x.requires_grad:
         x = x.detach().requires_grad_(True)
     if bias_layers is None:
         f = D(x, *args, **kwargs)
         grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
     else:
-        f, grad, f_affine = _affine_decomposition(D, bias_layers, x, *args, **kwargs)
+        f, grad, f_affine = _affine_decomposition(D, bias_layers, x, *args, input_grad=caller_wants_input_grad,
+                                                  **kwargs)
         f = f.detach() + (f_affine - f_affine.detach())  # f's value, f_affine's graph.
     grad_norm = per_sample_norm(grad, f) * grad_norm_scale
     return GNOutput(normalize(f, grad_norm, zeta), f, grad_norm)
@@ -145,8 +147,10 @@ def linearization_error(D: Callable[..., torch.Tensor], bias_layers: Sequence[nn
 
 
 def _affine_decomposition(D: Callable[..., torch.Tensor], bias_layers: Sequence[nn.Module], x: torch.Tensor, *args,
-                          return_terms: bool = False, **kwargs):
-    """f = D(x), g = grad_x sum f (create_graph) and f_affine = <g, x> + sum_l <dy_l, b_l>, per sample, shaped like f."""
+                          input_grad: bool = False, return_terms: bool = False, **kwargs):
+    """f = D(x), g = grad_x sum f (create_graph) and f_affine = <g, x> + sum_l <dy_l, b_l>, per sample, shaped like f.
+
+    input_grad: f_affine also differentiable w.r.t. x (a generator's output), else only w.r.t. D's parameters."""
     output_grads = []  # (dy_l, b_l) of every bias layer's call on the way from f to x.
 
     def watch_output(module: nn.Module, _inputs, output: torch.Tensor) -> None:
@@ -161,7 +165,9 @@ def _affine_decomposition(D: Callable[..., torch.Tensor], bias_layers: Sequence[
             handle.remove()
     grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
     # <g, x>: its gradient w.r.t. theta flows through g; w.r.t. x it is g itself (the Hessian term vanishes).
-    inner = grad * x.detach() + grad.detach() * (x - x.detach())
+    inner = grad * x.detach()
+    if input_grad:
+        inner = inner + grad.detach() * (x - x.detach())
     terms = [inner.sum(dim=list(range(1, x.ndim))).to(f.dtype)]
     for dy, bias in output_grads:  # dy: [N, C] (linear) or [N, C, H, W] (conv); b_l is added at every position.
         per_channel = dy.sum(dim=list(range(2, dy.ndim))) if dy.ndim > 2 else dy
