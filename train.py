@@ -29,6 +29,8 @@ import torch
 
 import dnnlib
 from torch_utils import persistence
+from training.loss import LOSSES, NORMS
+from training.precision import PRECISIONS
 
 QUICKSTART_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'digits32.zip')
 
@@ -90,23 +92,54 @@ def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
     return dnnlib.EasyDict(dataset.init_kwargs), dataset
 
 
-def _check_resume(resume: str, args: dnnlib.EasyDict, cfg_name: str) -> None:
-    """Refuse, in one line, a snapshot that cannot continue this run (unreadable, other networks,
-    or no optimizer state and progress, i.e. not written by train.py)."""
+EXPERIMENT_DEFAULTS = dict(cfg='quickstart', norm=None, loss=None, cr=None, precision='tf32', seed=0, data=QUICKSTART_DATA)
+
+
+def _load_resume(resume: str) -> dnnlib.EasyDict:
+    """The snapshot to continue from, loaded once for the whole run; refused in one line if it is unreadable or
+    has no optimizer state and progress (not written by train.py)."""
+    from training.run_state import REQUIRED_KEYS
+    persistence.remove_stale_temporaries(os.path.dirname(os.path.abspath(resume)))  # Left by a killed writer.
     try:
         snapshot = persistence.load_snapshot(resume)
     except (OSError, persistence.UnsafeSnapshotError) as e:
         raise click.ClickException(f'--resume: {e}')
-    missing = [key for key in ('G', 'D', 'G_ema', 'G_opt_state', 'D_opt_state', 'progress', 'rng_states') if key not in snapshot]
+    missing = [key for key in REQUIRED_KEYS if key not in snapshot]
     if missing:
         raise click.ClickException(f'--resume: {resume} lacks {", ".join(missing)}; only snapshots written by '
                                    f'train.py (network-snapshot-*.pkl) can be resumed')
+    return snapshot
+
+
+def _experiment_options(opts: dnnlib.EasyDict, snapshot: dnnlib.EasyDict | None) -> list[str]:
+    """Fill the options that define the experiment (EXPERIMENT_DEFAULTS) in `opts`: the command line's, else the
+    resumed snapshot's, else the defaults. A resumed run refuses, in one line, options given that differ from its
+    snapshot's, unless --resume-override; returns those changed on purpose ('--norm=gp1 (was gn)')."""
+    recorded = dict(snapshot.get('experiment') or {}) if snapshot is not None else {}
+    if snapshot is not None and snapshot.get('training_set_kwargs'):
+        recorded['data'] = snapshot.training_set_kwargs.get('path')
+    changed = []
+    for name, default in EXPERIMENT_DEFAULTS.items():
+        given, was = opts[name], recorded.get(name)
+        if name == 'data' and given is not None:
+            given = os.path.abspath(given)
+        if given is not None and was is not None and given != was:
+            changed.append(f'--{name}={given} (was {was})')
+        opts[name] = given if given is not None else (was if was is not None else default)
+    if changed and not opts.resume_override:
+        raise click.ClickException(f'--resume: {opts.resume} was trained with other options: {"; ".join(changed)}; leave '
+                                   f'them out to take the snapshot\'s, or add --resume-override to change them on purpose')
+    return changed
+
+
+def _check_resume_networks(snapshot: dnnlib.EasyDict, args: dnnlib.EasyDict, opts: dnnlib.EasyDict) -> None:
+    """Refuse, in one line, a snapshot whose networks are not the ones this run builds."""
     for name, kwargs in [('G', args.G_kwargs), ('D', args.D_kwargs)]:
         expected = dnnlib.EasyDict(kwargs)
         class_name = expected.pop('class_name')
         net = snapshot[name]
         if persistence.class_name_of(type(net)) != class_name or dnnlib.util.to_plain(net.init_kwargs) != dnnlib.util.to_plain(expected):
-            raise click.ClickException(f'--resume: the {name} of {resume} is not the network that --cfg={cfg_name} '
+            raise click.ClickException(f'--resume: the {name} of {opts.resume} is not the network that --cfg={opts.cfg} '
                                        f'builds for this data; resume with the same --cfg, --norm, --cmax and --data')
 
 
@@ -135,21 +168,21 @@ def _parse_metrics(metrics: str) -> list[str]:
 
 @click.command(help=__doc__)
 @click.option('--outdir', help='Where to make the run directory', metavar='DIR', default='training-runs', show_default=True)
-@click.option('--cfg', help='Preset (network, loss, optimizer, schedule); see docs/configs.md', default='quickstart', show_default=True)
-@click.option('--data', help='Training data: zip or folder made by dataset_tool.py  [default: the embedded digits]', metavar='PATH')
+@click.option('--cfg', help='Preset (network, loss, optimizer, schedule); see docs/configs.md  [default: quickstart; with --resume: the snapshot\'s]')
+@click.option('--data', help='Training data: zip or folder made by dataset_tool.py  [default: the embedded digits; with --resume: the snapshot\'s]', metavar='PATH')
 @click.option('--gpus', help='Number of processes (one per GPU; gloo on a CPU)', type=click.IntRange(min=1), default=1, show_default=True)
 @click.option('--batch', help='Override the global discriminator batch M, all GPUs together (G keeps the preset\'s ratio, 2M for SN-GAN presets); gn-stylegan: cap on the schedule\'s global minibatch', type=click.IntRange(min=1))
 @click.option('--batch-gpu', help='Most samples one GPU processes at once; the rest of its share is gradient accumulation  [default: its whole share]', type=click.IntRange(min=1))
 @click.option('--kimg', help='Override the run length in thousands of real images shown to D', type=click.FloatRange(min=0, min_open=True))
 @click.option('--steps', help='Override the run length in generator steps (fixed-batch presets)', type=click.IntRange(min=1))
-@click.option('--norm', help='Discriminator constraint  [default: gn]', type=click.Choice(['gn', 'gn1', 'gn0', 'sn', 'gp1', 'gp0', 'r1', 'none']))
-@click.option('--loss', help='Adversarial loss  [default: the preset\'s]', type=click.Choice(['hinge', 'ns', 'ns-nosigmoid', 'wasserstein']))
-@click.option('--cr', help='Consistency regularization weight (paper: 5)  [default: 0]', type=click.FloatRange(min=0))
-@click.option('--precision', help='Arithmetic of the networks: tf32 (float32 with TF32 tensor-core matmuls on CUDA; the same as fp32 on a CPU), fp32 (strict, the paper\'s), bf16 or fp16 (autocast; GN\'s norm and the losses stay float32); evidence in docs/precision.md', type=click.Choice(['tf32', 'fp32', 'bf16', 'fp16']), default='tf32', show_default=True)
+@click.option('--norm', help='Discriminator constraint  [default: gn; with --resume: the snapshot\'s]', type=click.Choice(NORMS))
+@click.option('--loss', help='Adversarial loss  [default: the preset\'s; with --resume: the snapshot\'s]', type=click.Choice(LOSSES))
+@click.option('--cr', help='Consistency regularization weight (paper: 5)  [default: 0; with --resume: the snapshot\'s]', type=click.FloatRange(min=0))
+@click.option('--precision', help='Arithmetic of the networks: tf32 (float32 with TF32 tensor-core matmuls on CUDA; the same as fp32 on a CPU), fp32 (strict, the paper\'s), bf16 or fp16 (autocast; GN\'s norm and the losses stay float32); evidence in docs/precision.md  [default: tf32; with --resume: the snapshot\'s]', type=click.Choice(PRECISIONS))
 @click.option('--resolution', help='gn-stylegan: final resolution of progressive growing (default: the data\'s)', type=int)
 @click.option('--cmax', help='gn-stylegan: maximum feature maps per layer (512 in the paper)', type=click.IntRange(min=1))
 @click.option('--lod-kimg', help='gn-stylegan: thousands of images per resolution phase and per fade-in  [default: 600]', type=click.FloatRange(min=0, min_open=True))
-@click.option('--seed', help='Random seed', type=click.IntRange(min=0), default=0, show_default=True)
+@click.option('--seed', help='Random seed (initial weights, data order, latents, grids)  [default: 0; with --resume: the snapshot\'s]', type=click.IntRange(min=0))
 @click.option('--tick', help='Progress line every this many kimg', type=click.FloatRange(min=0, min_open=True), default=4, show_default=True)
 @click.option('--snap', help='Snapshot (networks, image grid, metrics) every this many ticks', type=click.IntRange(min=1), default=50, show_default=True)
 @click.option('--metrics', help='Metrics at every snapshot, comma-separated, or "none" (e.g. fid50k_full,is50k)', default='none', show_default=True)
@@ -158,7 +191,8 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--best-metric', help='FID metric that decides network-best.pkl  [default: the first FID in --metrics]', metavar='NAME')
 @click.option('--detector', help='Inception-v3 detector (TorchScript) of FID, IS and KID: path or URL (offline machines)', metavar='PATH_OR_URL')
 @click.option('--pr-detector', help='VGG16 detector (TorchScript) of precision/recall: path or URL (offline machines)', metavar='PATH_OR_URL')
-@click.option('--resume', help='Continue from a network snapshot (optimizer state and progress included)', metavar='PKL')
+@click.option('--resume', help='Continue from a network snapshot (optimizer state, progress and random streams included) in a new run directory; --cfg, --norm, --loss, --cr, --precision, --seed and --data default to the snapshot\'s', metavar='PKL')
+@click.option('--resume-override', help='With --resume: accept --cfg, --norm, --loss, --cr, --precision, --seed or --data differing from the snapshot\'s (recorded in training_options.json)', is_flag=True)
 @click.option('--workers', help='DataLoader worker processes per process  [default: 3 with CUDA, 0 on a CPU, where workers would compete with training for the cores]', type=click.IntRange(min=0))
 @click.option('--dry-run', help='Print the options and the schedule (phases, batches, accumulation, lr) and exit', is_flag=True)
 def main(**opts):
@@ -171,13 +205,16 @@ def main(**opts):
     if distributed_env:
         opts.gpus = int(os.environ['WORLD_SIZE'])
 
+    # The snapshot to resume from, and the options that define the experiment: given, else the snapshot's.
+    resume = None if opts.resume is None else _load_resume(opts.resume)
+    resume_overrides = _experiment_options(opts, resume)
+
     # Preset, data, and the command line's overrides.
     try:
         cfg = configs.get_config(opts.cfg, norm=opts.norm, loss=opts.loss, cr=opts.cr)
     except ValueError as e:
         raise click.ClickException(str(e))
-    data = opts.data if opts.data is not None else QUICKSTART_DATA
-    training_set_kwargs, dataset = _open_dataset(data, use_labels=bool(cfg.conditional))  # 'if-labels' too.
+    training_set_kwargs, dataset = _open_dataset(opts.data, use_labels=bool(cfg.conditional))  # 'if-labels' too.
     try:
         args = configs.training_options(
             cfg, resolution=dataset.resolution, channels=dataset.num_channels, label_dim=dataset.label_dim,
@@ -210,17 +247,20 @@ def main(**opts):
     args.update(training_set_kwargs=training_set_kwargs, random_seed=opts.seed, num_gpus=opts.gpus,
                 num_workers=opts.workers, kimg_per_tick=opts.tick, image_snapshot_ticks=opts.snap,
                 network_snapshot_ticks=opts.snap, metrics=metrics, metric_kwargs=metric_kwargs,
-                best_metric=best_metric, resume_pkl=opts.resume)
-    if opts.resume is not None:
-        _check_resume(opts.resume, args, opts.cfg)
-    dataset_name = os.path.splitext(os.path.basename(os.path.normpath(data)))[0]
+                best_metric=best_metric, experiment=dict(cfg=cfg.name, norm=cfg.loss_kwargs.norm, loss=cfg.loss_kwargs.loss,
+                                                         cr=cfg.loss_kwargs.cr, precision=opts.precision, seed=opts.seed,
+                                                         data=training_set_kwargs.path))
+    if resume is not None:
+        _check_resume_networks(resume, args, opts)
+    dataset_name = os.path.splitext(os.path.basename(os.path.normpath(opts.data)))[0]
     desc = f'{dataset_name}-{cfg.name}-{cfg.loss_kwargs.norm}'
 
     # Print the options and the schedule; a dry run stops here.
+    record = dnnlib.util.to_plain(dict(args, resume_pkl=opts.resume, resume_overrides=resume_overrides, run_desc=desc))
     if rank == 0:
         print()
         print('Training options:')
-        print(json.dumps(dnnlib.util.to_plain(dict(args, run_desc=desc)), indent=2))
+        print(json.dumps(record, indent=2))
         print()
         print('Schedule:')
         for line in dnnlib.util.construct_class_by_name(**args.schedule_kwargs).describe():
@@ -247,9 +287,12 @@ def main(**opts):
         print(f'Output directory: {args.run_dir}')
         os.makedirs(args.run_dir, exist_ok=False)
         with open(os.path.join(args.run_dir, 'training_options.json'), 'wt') as f:
-            json.dump(dnnlib.util.to_plain(dict(args, run_desc=desc)), f, indent=2)
+            json.dump(record, f, indent=2)
 
-    # Launch: one process per GPU (spawned, or started by torchrun).
+    # Launch: one process per GPU (spawned, or started by torchrun), each with the snapshot to resume from.
+    args.resume = resume
+    if resume is not None and rank == 0:
+        print(f'Resuming from "{opts.resume}"')
     if distributed_env:
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # The run directory exists before any worker writes to it.

@@ -34,39 +34,42 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import dnnlib  # noqa: E402
-from bench.stylegan import write_json_atomic  # noqa: E402
-from bench.train_speed import parse_list  # noqa: E402
+from bench.common import TrainingStep, build_network, parse_list, preset_options, random_batch, write_json_atomic  # noqa: E402
 from training import configs, loss as loss_lib  # noqa: E402
+from training.precision import PRECISIONS, Precision  # noqa: E402
 
 #----------------------------------------------------------------------------
 
 # gn-stylegan is left out: its mapping network and D cast to float32 inside, so it has no float64 reference.
-FLOAT64_PRESETS = tuple(name for name, preset in configs.PRESETS.items() if preset['resolution'] is not None)
+FLOAT64_PRESETS = tuple(name for name, preset in configs.PRESETS.items() if 'resolution' in preset)
 
 
-def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_name: str, norm: str, precision: str, batch: dict,
-              seed: int) -> dict[str, torch.Tensor]:
-    """D-step gradients of D, G-step gradients of G, and the reals' scores and (GN) ||grad_x f||, all in float64."""
-    loss = loss_lib.GANLoss(G=G, D=D, loss=loss_name, norm=norm, precision=precision, channels_last=False)
+def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precision: str, batch: dict) -> dict[str, torch.Tensor]:
+    """D-step gradients of D, G-step gradients of G, and the reals' scores and (GN) ||grad_x f||, all in float64.
+
+    The gradients are those the training loop's step computes (NetworkUpdater.accumulate), unscaled as its
+    GradScaler unscales them before the optimizer step; while fp16 gradients overflow, the scaler backs off
+    (halves its scale) and the step is computed again, as training skips such steps."""
+    loss_kwargs = dict(loss_kwargs, channels_last=False)
+    optimizers = [torch.optim.SGD(net.parameters(), lr=0.0) for net in (G, D)]  # Never stepped: for the scaler.
+    training = TrainingStep(G, D, *optimizers, loss_kwargs, precision=precision)
+    training.precision.apply()
     dtype = next(D.parameters()).dtype
     real, real_c, z_D, z_G, c_G = (t.to(dtype) for t in batch.values())
     out = {}
-    for phase, module, z, c in [('D', D, z_D, real_c), ('G', G, z_G, c_G)]:
-        module.requires_grad_(True)
-        scale = 2.0 ** 16 if precision == 'fp16' else 1.0  # Loss scaling as torch.amp.GradScaler does it:
-        while True:                                          # start at 2^16, halve while gradients overflow.
-            module.zero_grad(set_to_none=True)
-            loss.accumulate_gradients(phase, real, real_c, z, c, gain=scale)
-            grad = torch.cat([p.grad.flatten() for p in module.parameters() if p.grad is not None]).double() / scale
-            if scale <= 1 or torch.isfinite(grad).all():
+    for net, z, c in [('D', z_D, real_c), ('G', z_G, c_G)]:
+        updater = training.updaters[net]
+        while True:
+            updater.accumulate(training.loss, [real, real_c, z, c], rounds=1)
+            updater.scaler.unscale_(updater.optimizer)  # A no-op for a disabled scaler (every precision but fp16).
+            grad = torch.cat([p.grad.flatten() for p in updater.module.parameters() if p.grad is not None]).double()
+            if torch.isfinite(grad).all() or not updater.scaler.is_enabled() or updater.scaler.get_scale() <= 1:
                 break
-            scale /= 2
-        out[phase] = grad
-        module.requires_grad_(False)
-        module.zero_grad(set_to_none=True)
+            updater.scaler.update()  # Overflow recorded by unscale_: back off.
+        out[net] = grad
+        updater.optimizer.zero_grad(set_to_none=True)
     D.requires_grad_(True)
-    f_hat, grad_norm = loss.scores(real, real_c)
+    f_hat, grad_norm = training.loss.scores(real, real_c)
     out['f_hat'] = f_hat.detach().double()
     out['norm'] = None if grad_norm is None else grad_norm.detach().double()
     D.requires_grad_(False)
@@ -74,31 +77,24 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_name: str, norm: str,
 
 
 def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, seed: int) -> list[dict]:
-    cfg = configs.get_config(cfg_name)
-    resolution = cfg.resolution
-    c_dim = 10 if cfg.conditional else 0
-    common = dict(c_dim=c_dim, img_resolution=resolution, img_channels=3)
-    torch.manual_seed(seed)
-    G = dnnlib.util.construct_class_by_name(**cfg.G_kwargs, **common).train().requires_grad_(False)
-    D = dnnlib.util.construct_class_by_name(**cfg.D_kwargs, **common).train().requires_grad_(False)
-    labels = lambda n: (torch.nn.functional.one_hot(torch.randint(c_dim, [n]), c_dim).float() if c_dim
-                        else torch.zeros([n, 0]))
-    batch_G = batch_size * cfg.batch_G // cfg.batch_D
-    batch = dict(real=torch.rand([batch_size, 3, resolution, resolution]) * 2 - 1, real_c=labels(batch_size),
-                 z_D=torch.randn([batch_size, G.z_dim]), z_G=torch.randn([batch_G, G.z_dim]), c_G=labels(batch_G))
-    reference = gradients(copy.deepcopy(G).double(), copy.deepcopy(D).double(), cfg.loss_kwargs.loss, norm, 'fp32', batch, seed)
+    opts = preset_options(cfg_name, norm=norm, batch=batch_size)
+    G, D = build_network(opts.G_kwargs, torch.device('cpu'), seed), build_network(opts.D_kwargs, torch.device('cpu'), seed)
+    batch_G = opts.schedule_kwargs.batch_G
+    real, real_c, z_D, _ = random_batch(G, batch_size, G.img_resolution, torch.device('cpu'))
+    _, _, z_G, c_G = random_batch(G, batch_G, G.img_resolution, torch.device('cpu'))
+    batch = dict(real=real, real_c=real_c, z_D=z_D, z_G=z_G, c_G=c_G)
+    reference = gradients(copy.deepcopy(G).double(), copy.deepcopy(D).double(), opts.loss_kwargs, 'fp32', batch)
     rows = []
     for precision in precisions:
-        loss_lib.set_matmul_precision(precision)
-        got = gradients(copy.deepcopy(G), copy.deepcopy(D), cfg.loss_kwargs.loss, norm, precision, batch, seed)
+        got = gradients(copy.deepcopy(G), copy.deepcopy(D), opts.loss_kwargs, precision, batch)
         rel = lambda key: ((got[key] - reference[key]).norm() / reference[key].norm()).item()
         norm_err = (None if reference['norm'] is None
                     else ((got['norm'] - reference['norm']).abs() / reference['norm']).max().item())
-        rows.append(dict(cfg=cfg_name, norm=norm, resolution=resolution, batch=batch_size, seed=seed, precision=precision,
-                         D_grad_rel_err=rel('D'), G_grad_rel_err=rel('G'),
+        rows.append(dict(cfg=cfg_name, norm=norm, resolution=G.img_resolution, batch=batch_size, seed=seed,
+                         precision=precision, D_grad_rel_err=rel('D'), G_grad_rel_err=rel('G'),
                          score_max_abs_err=(got['f_hat'] - reference['f_hat']).abs().max().item(),
                          grad_norm_max_rel_err=norm_err))
-    loss_lib.set_matmul_precision('fp32')
+    Precision('fp32').apply()
     return rows
 
 
@@ -107,7 +103,7 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, se
               default='cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-biggan', show_default=True,
               callback=parse_list(FLOAT64_PRESETS))
 @click.option('--precisions', help='Precisions, comma-separated', default='fp32,bf16,fp16', show_default=True,
-              callback=parse_list(loss_lib.PRECISIONS))
+              callback=parse_list(PRECISIONS))
 @click.option('--norms', help='Discriminator constraints, comma-separated (none: the unnormalized baseline)',
               default='gn,none', show_default=True, callback=parse_list(loss_lib.NORMS))
 @click.option('--batch', help='D batch (G gets the preset\'s ratio)', type=click.IntRange(min=2), default=8, show_default=True)

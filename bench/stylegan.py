@@ -3,12 +3,13 @@
     python bench/stylegan.py                                   # 128x128 and 1024x1024, both op implementations
     python bench/stylegan.py --resolutions=1024 --impl=cuda --steps=50 --out=bench-stylegan.json
 
-One measured step is what the training loop does per minibatch of the gn-stylegan schedule: a
-discriminator step with gradient normalization and the hinge loss (GN differentiates D's input
-gradient, so every D layer runs a double backward) followed by a generator step (exact GN path:
-StyleGAN's D is not piecewise linear), each with its Adam update. The networks are the full
-StyleGAN v1 pair built at --max-resolution and set to the lod at which the schedule trains the
-benchmarked resolution, with one GPU's share of the paper's 8-GPU minibatch there. Reported: seconds per
+One measured step is what the training loop does per minibatch of the gn-stylegan schedule, run
+by the loop's own code (bench/common.py: NetworkUpdater.step on GANLoss): a discriminator step
+with gradient normalization and the hinge loss (GN differentiates D's input gradient, so every D
+layer runs a double backward) followed by a generator step (exact GN path: StyleGAN's D is not
+piecewise linear), each with its Adam update. The networks are the full StyleGAN v1 pair of the
+gn-stylegan preset built at --max-resolution and set to the lod at which the schedule trains the
+benchmarked resolution, with one GPU's share of the paper's 8-GPU minibatch and its learning rate there. Reported: seconds per
 thousand real images shown to D (the unit of the schedule and of training logs) and peak GPU
 memory. Prints a table and writes the numbers to a JSON file. Needs a CUDA GPU.
 """
@@ -17,11 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import math
 import os
 import sys
-import tempfile
 import time
 from typing import Iterator
 from unittest import mock
@@ -31,9 +30,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import dnnlib  # noqa: E402
+from bench.common import TrainingStep, build_network, preset_options, random_batch, write_json_atomic  # noqa: E402
 from ops import bias_act, conv2d_gradfix, upfirdn2d  # noqa: E402
-from training import loss as loss_lib, progressive  # noqa: E402
-from training.networks import stylegan  # noqa: E402
+from training import progressive  # noqa: E402
 
 #----------------------------------------------------------------------------
 
@@ -67,26 +67,18 @@ def bench_one(resolution: int, max_resolution: int, impl: str, steps: int, warmu
     """Time `steps` D+G training steps at `resolution` after `warmup` untimed ones."""
     lod = math.log2(max_resolution) - math.log2(resolution)
     batch = progressive.BATCH[resolution] // PAPER_GPUS  # One GPU's share of the paper's 8-GPU run.
-    lr = progressive.LR[resolution]
-    torch.manual_seed(0)
-    G = stylegan.Generator(c_dim=0, img_resolution=max_resolution, img_channels=3).train().to(device)
-    D = stylegan.Discriminator(c_dim=0, img_resolution=max_resolution, img_channels=3).train().to(device)
+    opts = preset_options('gn-stylegan', resolution=max_resolution, batch=batch)
+    G, D = build_network(opts.G_kwargs, device), build_network(opts.D_kwargs, device)
     for net in (G, D):
         net.set_lod(lod)
-        net.requires_grad_(False)
-    G_opt = torch.optim.Adam(G.parameters(), lr=lr, betas=(0.0, 0.99), eps=1e-8)
-    D_opt = torch.optim.Adam(D.parameters(), lr=lr, betas=(0.0, 0.99), eps=1e-8)
-    loss = loss_lib.GANLoss(G=G, D=D, loss='hinge', norm='gn')
-    reals = torch.rand([batch, 3, resolution, resolution], device=device) * 2 - 1
-    c = torch.zeros([batch, 0], device=device)
+    G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **dict(opts.G_opt_kwargs, lr=progressive.LR[resolution]))
+    D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **dict(opts.D_opt_kwargs, lr=progressive.LR[resolution]))
+    training = TrainingStep(G, D, G_opt, D_opt, opts.loss_kwargs, precision='fp32', group_size=opts.schedule_kwargs.group_size)
+    reals = random_batch(G, batch, resolution, device)[:2]
 
     def step() -> None:
-        for phase, net, opt in [('D', D, D_opt), ('G', G, G_opt)]:
-            net.requires_grad_(True)
-            opt.zero_grad(set_to_none=True)
-            loss.accumulate_gradients(phase, reals, c, torch.randn([batch, G.z_dim], device=device), c)
-            opt.step()
-            net.requires_grad_(False)
+        for net in ('D', 'G'):
+            training.step(net, [*reals, torch.randn([batch, G.z_dim], device=device), reals[1]])
 
     with op_implementation(impl):
         for _ in range(warmup):
@@ -102,21 +94,6 @@ def bench_one(resolution: int, max_resolution: int, impl: str, steps: int, warmu
     return dict(resolution=resolution, lod=lod, batch=batch, impl=impl, kernels_loaded=kernels, steps=steps,
                 sec_per_step=elapsed / steps, sec_per_kimg=elapsed / (steps * batch) * 1000,
                 peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2 ** 30)
-
-
-def write_json_atomic(path: str, data: dict) -> None:
-    dirname = os.path.dirname(os.path.abspath(path))
-    os.makedirs(dirname, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dirname, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w') as f:
-            json.dump(data, f, indent=2)
-            f.write('\n')
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 #----------------------------------------------------------------------------
 

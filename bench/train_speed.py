@@ -6,10 +6,13 @@
 
 For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; only meaningful for
 the GN variants), GN's D step in affine form or plain (--linear-d; GN only, see training/gradnorm.py),
-one or separate D calls per D step (--fuse-d) and precision (--precisions), it
-builds G, D, GANLoss and the two Adam optimizers from training/configs.get_config, as the training
-loop does, and times one D step (zero_grad, GANLoss.accumulate_gradients('D', ...), optimizer
-step) and one G step, on random images and latents (the data pipeline is not part of the measurement). Runs alternate between the
+one or separate D calls per D step (--fuse-d) and precision (--precisions), it builds G, D, the
+optimizers and GANLoss with training/configs.training_options, as train.py does, and times the
+training loop's own D step and G step (NetworkUpdater.step of training/updater.py: zero_grad,
+GANLoss.accumulate_gradients, gradient check, optimizer step through the loss scaler; shared with
+the other bench scripts through bench/common.py), on random images and latents (the data pipeline
+is not part of the measurement). gn-stylegan's networks are built for --resolution and run at
+full resolution (lod 0), with --batch as the minibatch. Runs alternate between the
 configurations, one D step and one G step of each per round, so that a change in the machine's
 load hits all of them alike; every figure is the median over --rounds rounds after --warmup
 untimed ones. A full iteration of a preset is n_dis D steps plus one G step.
@@ -39,95 +42,63 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
-from bench.stylegan import write_json_atomic  # noqa: E402
-from training import configs, loss as loss_lib  # noqa: E402
+from bench.common import TrainingStep, build_network, parse_list, preset_options, random_batch, write_json_atomic  # noqa: E402
+from training import configs, loss as loss_lib, precision as precision_lib  # noqa: E402
 
 #----------------------------------------------------------------------------
 
 
 def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution: int | None, cmax: int | None,
                  device: torch.device) -> dict:
-    """The networks, optimizers and batches of one preset, shared by all of its configurations.
+    """The networks and optimizers of one preset (configs.training_options), shared by all of its configurations.
 
     Every norm except 'sn' uses the same D (sn builds D with spectral normalization), so one D
     (two with sn) and one G serve every configuration; their weights drift as the benchmark
     trains them, which changes nothing in the arithmetic being timed.
     """
-    cfg = configs.get_config(cfg_name)
-    if cfg.get('progressive') is not None:
-        if resolution is None or batch is None:
-            raise click.ClickException(f'--cfg={cfg_name} has no fixed resolution or batch: pass --resolution and --batch')
-        img_resolution, batch_D, batch_G = resolution, batch, batch
-        if cmax is not None:
-            cfg.G_kwargs.fmap_max = cfg.D_kwargs.fmap_max = cmax
-    else:
-        img_resolution = cfg.resolution
-        batch_D = cfg.batch_D if batch is None else batch
-        batch_G = batch_D * cfg.batch_G // cfg.batch_D
-    c_dim = 10 if cfg.conditional else 0
-    common = dict(c_dim=c_dim, img_resolution=img_resolution, img_channels=3)
-    torch.manual_seed(0)
-    G = dnnlib.util.construct_class_by_name(**cfg.G_kwargs, **common).train().requires_grad_(False).to(device)
-    Ds = {}
-    for spectral_norm in sorted({norm == 'sn' for norm in norms}):
-        D_kwargs = dnnlib.EasyDict(cfg.D_kwargs, spectral_norm=spectral_norm)
-        Ds[spectral_norm] = dnnlib.util.construct_class_by_name(**D_kwargs, **common).train().requires_grad_(False).to(device)
-    G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **cfg.G_opt_kwargs)
-    D_opts = {sn: dnnlib.util.construct_class_by_name(params=D.parameters(), **cfg.D_opt_kwargs) for sn, D in Ds.items()}
-
-    def labels(n: int) -> torch.Tensor:
-        if c_dim == 0:
-            return torch.zeros([n, 0], device=device)
-        return torch.nn.functional.one_hot(torch.randint(c_dim, [n], device=device), c_dim).float()
-
-    return dict(cfg=cfg, G=G, Ds=Ds, G_opt=G_opt, D_opts=D_opts, batch_D=batch_D, batch_G=batch_G,
-                resolution=img_resolution, labels=labels)
+    opts = {norm: preset_options(cfg_name, norm=norm, resolution=resolution, batch=batch, cmax=cmax) for norm in norms}
+    any_opts = next(iter(opts.values()))
+    G = build_network(any_opts.G_kwargs, device)
+    G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **any_opts.G_opt_kwargs)
+    Ds, D_opts = {}, {}
+    for norm in norms:
+        sn = loss_lib.CONSTRAINTS[norm].spectral_norm
+        if sn not in Ds:
+            Ds[sn] = build_network(opts[norm].D_kwargs, device)
+            D_opts[sn] = dnnlib.util.construct_class_by_name(params=Ds[sn].parameters(), **opts[norm].D_opt_kwargs)
+    plan = dnnlib.util.construct_class_by_name(**any_opts.schedule_kwargs).plan(0, 0)
+    return dict(cfg=configs.get_config(cfg_name), opts=opts, G=G, G_opt=G_opt, Ds=Ds, D_opts=D_opts, n_dis=plan.n_dis,
+                batch_D=plan.batch_D, batch_G=plan.batch_G, resolution=G.img_resolution,
+                group_size=any_opts.schedule_kwargs.get('group_size', 1))
 
 
 class Configuration:
-    """One (preset, norm, fast_g, linear_d, fuse, precision): its GANLoss and a timed D step and G step."""
+    """One (preset, norm, fast_g, linear_d, fuse, precision): the training loop's step for it, timed."""
 
     def __init__(self, preset: dict, norm: str, fast_g: bool | None, linear_d: bool | None, fuse: bool | None,
                  precision: str, device: torch.device, clock: Callable[[], float]) -> None:
-        self.preset, self.norm, self.fast_g, self.precision, self.device = preset, norm, fast_g, precision, device
-        self.clock = clock
-        cfg = preset['cfg']
-        self.D = preset['Ds'][norm == 'sn']
-        self.D_opt = preset['D_opts'][norm == 'sn']
-        loss_kwargs = dnnlib.EasyDict(cfg.loss_kwargs, norm=norm)
-        if fast_g is not None:
-            loss_kwargs.fast_g = fast_g
-        if fuse is not None:
-            loss_kwargs.fuse_d_calls = fuse
-        if linear_d is not None:
-            loss_kwargs.linear_d = linear_d
-        if precision != 'fp32':  # The loss's default is the paper's fp32.
-            loss_kwargs.precision = precision
-        self.loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=preset['G'], D=self.D)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=(precision == 'fp16'))
-        if norm in loss_lib.GN_ZETAS and fast_g is None:
-            self.fast_g = self.loss.fast_g
+        self.preset, self.norm, self.precision, self.device, self.clock = preset, norm, precision, device, clock
+        sn = loss_lib.CONSTRAINTS[norm].spectral_norm
+        loss_kwargs = dnnlib.EasyDict(preset['opts'][norm].loss_kwargs)
+        for key, value in [('fast_g', fast_g), ('fuse_d_calls', fuse), ('linear_d', linear_d)]:
+            if value is not None:
+                loss_kwargs[key] = value
+        self.training = TrainingStep(preset['G'], preset['Ds'][sn], preset['G_opt'], preset['D_opts'][sn], loss_kwargs,
+                                     precision=precision, group_size=preset['group_size'])
+        self.gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
         self.times: dict[str, list[float]] = {'D': [], 'G': []}
 
-    def step(self, phase: str, record: bool) -> None:
+    def step(self, net: str, record: bool) -> None:
         p = self.preset
-        module, opt = (self.D, self.D_opt) if phase == 'D' else (p['G'], p['G_opt'])
-        n = p['batch_D'] if phase == 'D' else p['batch_G']
-        real = torch.rand([p['batch_D'], 3, p['resolution'], p['resolution']], device=self.device) * 2 - 1
-        real_c, gen_z, gen_c = p['labels'](p['batch_D']), torch.randn([n, p['G'].z_dim], device=self.device), p['labels'](n)
-        loss_lib.set_matmul_precision(self.precision)
+        batch = random_batch(p['G'], p['batch_D'] if net == 'D' else p['batch_G'], p['resolution'], self.device)
+        if net == 'G':
+            batch[:2] = [None, None]
         self._sync()
         start = self.clock()
-        module.requires_grad_(True)
-        opt.zero_grad(set_to_none=True)
-        gain = self.scaler.scale(torch.ones([], device=self.device)) if self.scaler.is_enabled() else 1.0
-        self.loss.accumulate_gradients(phase, real, real_c, gen_z, gen_c, gain=gain)
-        self.scaler.step(opt)
-        self.scaler.update()
-        module.requires_grad_(False)
+        self.training.step(net, batch)
         self._sync()
         if record:
-            self.times[phase].append(self.clock() - start)
+            self.times[net].append(self.clock() - start)
 
     def _sync(self) -> None:
         if self.device.type == 'cuda':
@@ -135,25 +106,14 @@ class Configuration:
 
     def result(self) -> dict:
         d, g = statistics.median(self.times['D']), statistics.median(self.times['G'])
-        n_dis = self.preset['cfg'].n_dis
-        linear_d = self.loss.bias_layers is not None if self.norm in loss_lib.GN_ZETAS else None
-        return dict(cfg=self.preset['cfg'].name, norm=self.norm, fast_g=self.fast_g, linear_d=linear_d,
-                    fuse_d_calls=self.loss.fuse_d_calls, precision=self.precision,
-                    batch_D=self.preset['batch_D'], batch_G=self.preset['batch_G'], resolution=self.preset['resolution'],
-                    n_dis=n_dis, sec_per_D_step=d, sec_per_G_step=g, sec_per_iteration=n_dis * d + g,
-                    rounds=len(self.times['D']))
+        loss = self.training.loss
+        return dict(cfg=self.preset['cfg'].name, norm=self.norm, fast_g=loss.fast_g if self.gn else None,
+                    linear_d=loss.bias_layers is not None if self.gn else None, fuse_d_calls=loss.fuse_d_calls,
+                    precision=self.precision, batch_D=self.preset['batch_D'], batch_G=self.preset['batch_G'],
+                    resolution=self.preset['resolution'], n_dis=self.preset['n_dis'], sec_per_D_step=d, sec_per_G_step=g,
+                    sec_per_iteration=self.preset['n_dis'] * d + g, rounds=len(self.times['D']))
 
 #----------------------------------------------------------------------------
-
-
-def parse_list(choices: tuple[str, ...]):
-    def callback(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
-        items = [v for v in value.split(',') if v]
-        unknown = [v for v in items if v not in choices]
-        if unknown or not items:
-            raise click.BadParameter(f'expected a comma-separated list of {", ".join(choices)}; got "{value}"')
-        return items
-    return callback
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -185,8 +145,8 @@ def ratios(rows: list[dict]) -> list[dict]:
 @click.option('--fuse-d', 'fuse_d', help='One D call on reals + fakes: on, off, both, or GANLoss\'s default for the device',
               type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
 @click.option('--precisions', help='Precisions, comma-separated', default='fp32', show_default=True,
-              callback=parse_list(loss_lib.PRECISIONS))
-@click.option('--batch', help='D batch M (G gets the preset\'s ratio)  [default: the preset\'s]', type=click.IntRange(min=2))
+              callback=parse_list(precision_lib.PRECISIONS))
+@click.option('--batch', help='D batch M (G gets the preset\'s ratio)  [default: the preset\'s]; gn-stylegan: the minibatch', type=click.IntRange(min=2))
 @click.option('--resolution', help='gn-stylegan: resolution of the networks (lod 0)', type=click.IntRange(min=8))
 @click.option('--cmax', help='gn-stylegan: maximum feature maps per layer', type=click.IntRange(min=1))
 @click.option('--rounds', help='Timed rounds (one D and one G step of every configuration each)', type=click.IntRange(min=1),
@@ -215,7 +175,7 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     for name in cfg_names:
         preset = build_preset(name, norms, batch, resolution, cmax, device)
         for norm in norms:
-            gn = norm in loss_lib.GN_ZETAS
+            gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
             for fast in (fast_settings if gn else [None]):
                 for linear in (linear_settings if gn else [None]):
                     for fuse in fuse_settings:
@@ -223,9 +183,9 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
                             runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn))
     for round_idx in range(warmup + rounds):
         for run in runs:
-            for phase in ('D', 'G'):
-                run.step(phase, record=round_idx >= warmup)
-    loss_lib.set_matmul_precision('fp32')
+            for net in ('D', 'G'):
+                run.step(net, record=round_idx >= warmup)
+    precision_lib.Precision('fp32').apply()
 
     rows = [run.result() for run in runs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')

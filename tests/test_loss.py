@@ -12,7 +12,7 @@ import dnnlib
 from torch_utils import training_stats
 from training.augment import consistency_augment
 from training.configs import PRESETS, get_config
-from training.loss import LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms, set_matmul_precision
+from training.loss import CONSTRAINTS, LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
 from training.networks.biggan import BigGANDiscriminator, BigGANGenerator
 from training.networks.sngan import CNNDiscriminator, CNNGenerator, ResNetDiscriminator, ResNetGenerator
 from training.networks.stylegan import Discriminator as StyleGANDiscriminator
@@ -49,7 +49,7 @@ def test_unknown_names_raise():
         GANLoss(G=G, D=D, loss='bce')
     with pytest.raises(ValueError, match='gp1'):
         GANLoss(G=G, D=D, norm='wgan')
-    with pytest.raises(ValueError, match='phase'):
+    with pytest.raises(ValueError, match='network "both"'):
         GANLoss(G=G, D=D).accumulate_gradients('both', None, None, None, None)
 
 #----------------------------------------------------------------------------
@@ -120,6 +120,31 @@ class LinearConditionalD(nn.Module):
 
     def forward(self, x, c):
         return (self.w * x).flatten(1).sum(1, keepdim=True) + (self.u * c).sum(1, keepdim=True)
+
+
+
+def test_a_new_constraint_is_one_table_entry(monkeypatch):
+    """A penalty added to CONSTRAINTS (here: lambda * mean D(real)^2, the 'drift' term of progressive GANs) is used by
+    GANLoss with nothing else edited; train.py's --norm offers what the table holds."""
+    import dataclasses
+    import click
+    import train
+    from training import loss as loss_lib
+    norm_option = next(p for p in train.main.params if p.name == 'norm')
+    assert isinstance(norm_option.type, click.Choice) and tuple(norm_option.type.choices) == NORMS == tuple(CONSTRAINTS)
+
+    def drift(loss, real_img, real_c, gen_img):
+        f = loss.run_D(real_img, real_c)
+        return 0.25 * f.square(), f.abs()
+    monkeypatch.setitem(loss_lib.CONSTRAINTS, 'drift', dataclasses.replace(CONSTRAINTS['none'], penalty=drift))
+    real, c, z = _batch(1)
+    D = QuadraticD()
+    GANLoss(G=ReshapeG(), D=D, loss='wasserstein', norm='drift').accumulate_gradients('D', real, c, z, c)
+    xr, xf, w = real.numpy(), z.reshape(-1, *SHAPE).numpy(), D.w.detach().numpy()
+    f = np.sum(0.5 * w * xr**2, axis=(1, 2, 3)) + 0.1
+    grad_w = -np.mean(0.5 * xr**2, axis=0) + np.mean(0.5 * xf**2, axis=0) + 0.25 * np.mean(2 * f[:, None, None, None] * 0.5 * xr**2, axis=0)
+    np.testing.assert_allclose(D.w.grad.numpy(), grad_w, rtol=1e-10)
+    np.testing.assert_allclose(D.b.grad.item(), 0.25 * np.mean(2 * f), rtol=1e-10)
 
 
 def test_consistency_regularization_matches_direct_computation():
@@ -230,7 +255,7 @@ def test_every_combination_trains(norm, loss, monkeypatch):
 
 # (D class, resolution, loss) of every fixed-resolution preset, built narrow (same layers, fewer channels).
 PRESET_DS = sorted({(get_config(name).D_kwargs.class_name, get_config(name).resolution, get_config(name).loss_kwargs.loss)
-                    for name in PRESETS if get_config(name).resolution is not None})
+                    for name in PRESETS if 'resolution' in get_config(name)})
 
 
 class ImageG(nn.Module):
@@ -401,18 +426,7 @@ def test_precision_choices():
     D = StyleGANDiscriminator(c_dim=0, img_resolution=8, img_channels=3, fmap_base=16, fmap_max=4)
     with pytest.raises(ValueError, match='does not support'):  # Its float32 internals fail under autocast.
         GANLoss(G=nn.Identity(), D=D, precision='bf16')
-    assert GANLoss(G=nn.Identity(), D=D, precision='tf32').autocast_dtype is None
-    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    before = flags()
-    try:
-        set_matmul_precision('tf32')
-        assert flags() == (True, True)
-        set_matmul_precision('fp32')
-        assert flags() == (False, False)
-        with pytest.raises(ValueError, match='tf32'):
-            set_matmul_precision('fp8')
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    assert GANLoss(G=nn.Identity(), D=D, precision='tf32').precision.autocast_dtype is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')

@@ -22,7 +22,7 @@ def test_progressive_global_batch_does_not_depend_on_gpus(num_gpus, kimg, lod, r
     plan = s.plan(0, kimg * 1000)
     assert plan.lod == pytest.approx(lod, abs=1e-12)
     assert (plan.batch_D, plan.batch_G, plan.n_dis) == (batch, batch, 1)
-    assert plan.batch_gpu_D * num_gpus == batch and plan.rounds(num_gpus) == (1, 1)  # No cap: one round per GPU.
+    assert plan.batch_gpu_D * num_gpus == batch and (plan.rounds_D, plan.rounds_G) == (1, 1)  # No cap: one round per GPU.
     assert plan.lr_G == plan.lr_D == lr
     assert plan.ema_beta ** (10_000 / batch) == pytest.approx(0.5, rel=1e-12)  # Half-life of 10k images.
 
@@ -30,8 +30,8 @@ def test_progressive_global_batch_does_not_depend_on_gpus(num_gpus, kimg, lod, r
 def test_batch_gpu_caps_a_gpu_and_the_rest_is_accumulation():
     s = schedule.ProgressiveSchedule(max_resolution=1024, num_gpus=2, batch_gpu=16, group_size=4)
     # 8x8: 256 / 2 GPUs = 128 each, 8 rounds of 16. 1024x1024: 16 each, one round.
-    assert (s.plan(0, 0).batch_gpu_D, s.plan(0, 0).rounds(2)) == (16, (8, 8))
-    assert (s.plan(0, 25_000_000).batch_gpu_D, s.plan(0, 25_000_000).rounds(2)) == (16, (1, 1))
+    assert (s.plan(0, 0).batch_gpu_D, (s.plan(0, 0).rounds_D, s.plan(0, 0).rounds_G)) == (16, (8, 8))
+    assert (s.plan(0, 25_000_000).batch_gpu_D, (s.plan(0, 25_000_000).rounds_D, s.plan(0, 25_000_000).rounds_G)) == (16, (1, 1))
     # A cap that is no multiple of the stddev group of 4 falls to the largest one below it that is.
     s = schedule.ProgressiveSchedule(max_resolution=32, num_gpus=1, batch_gpu=7, group_size=4)
     assert s.batch_gpu == {8: 4, 16: 4, 32: 4}
@@ -51,7 +51,7 @@ def test_progressive_phase_changes_exactly_where_v1_resets_adam():
     # v1 resets when floor(lod) or ceil(lod) changes: at the start and the end of every fade-in.
     s = schedule.ProgressiveSchedule(max_resolution=32, phase_kimg=1, fade_kimg=1, total_kimg=6)
     nimgs = np.arange(0, 6000, 8)
-    phases = [s.plan(0, int(n)).phase for n in nimgs]
+    phases = [s.plan(0, int(n)).optimizer_state_id for n in nimgs]
     changes = [int(nimgs[i]) for i in range(1, len(nimgs)) if phases[i] != phases[i - 1]]
     # 8x8 [0, 1000), fade to 16 [1000, 2000), 16x16 [2000, 3000), fade to 32 [3000, 4000), 32x32.
     # A fade starts with the first image past its start (lod 2 - 8/1000), and ends at lod 1 exactly.
@@ -75,7 +75,7 @@ def test_fixed_schedule_linear_decay_and_ema_start():
     plan = s.plan(50, 0)
     assert plan.lr_G == pytest.approx(2e-4 * 0.75) and plan.lr_D == pytest.approx(4e-4 * 0.75)
     assert plan.ema_beta == 0.9999 and s.plan(49, 0).ema_beta == 0.0
-    assert plan.rounds(2) == (2, 4) and (plan.batch_gpu_D, plan.batch_gpu_G) == (16, 16)
+    assert (plan.rounds_D, plan.rounds_G) == (2, 4) and (plan.batch_gpu_D, plan.batch_gpu_G) == (16, 16)
     assert not s.done(199, 0) and s.done(200, 0) and s.progress(50, 0) == 0.25
     constant = schedule.FixedSchedule(batch_D=64, batch_G=128, n_dis=1, lr_G=2e-4, lr_D=2e-4, total_steps=10)
-    assert constant.plan(9, 0).lr_G == 2e-4 and constant.plan(9, 0).phase == constant.plan(0, 0).phase
+    assert constant.plan(9, 0).lr_G == 2e-4 and constant.plan(9, 0).optimizer_state_id == constant.plan(0, 0).optimizer_state_id

@@ -85,20 +85,24 @@ def test_train_generate_resume(dataset_zip, tmp_path):
     with PIL.Image.open(tmp_path / 'gen' / 'grid.png') as im:
         assert im.size == (64, 64)
 
-    # Resume: continues from step 3 with the optimizer state, and stops at the new total.
+    # Resume: continues from step 3 with the optimizer state, and stops at the new total; the temporary
+    # file of a snapshot writer killed mid-write (no such pid) is cleaned up.
+    stale = os.path.join(run_dir, '.network-snapshot-000000.016.pkl.4194305.0123abcd.tmp')
+    open(stale, 'wb').write(b'partial')
     run_cli('train.py', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=5', '--batch=4',
             '--tick=0.004', '--snap=1', '--workers=0', f'--resume={snap}')
     resumed_dir = sorted(os.listdir(outdir))[-1]
-    assert resumed_dir.startswith('00001-')
+    assert resumed_dir.startswith('00001-') and not os.path.exists(stale)
+    assert json.load(open(os.path.join(outdir, resumed_dir, 'training_options.json')))['resume_pkl'] == snap
     resumed = persistence.load_snapshot(os.path.join(outdir, resumed_dir, snapshots(os.path.join(outdir, resumed_dir))[-1]))
     assert resumed.progress.step == 5 and resumed.progress.cur_nimg == 5 * 4
     stats = [json.loads(line) for line in open(os.path.join(outdir, resumed_dir, 'stats.jsonl'))]
     assert stats[0]['Progress/step']['mean'] == 4  # The first step after resuming is step 4 (of 1..5).
     assert resumed.G_opt_state['state'][0]['step'] == 5  # Adam counted the steps of both runs.
 
-    # A snapshot of other networks is refused in one line.
+    # A snapshot of other networks is refused in one line, even when the other preset is asked for on purpose.
     result = run_cli('train.py', f'--outdir={outdir}', '--cfg=cifar10-cnn', f'--data={dataset_zip}', '--steps=5',
-                     f'--resume={snap}', check=False)
+                     f'--resume={snap}', '--resume-override', check=False)
     assert result.returncode != 0 and 'is not the network' in result.stderr and 'Traceback' not in result.stderr
 
 
@@ -154,10 +158,11 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     assert float(snap.G.synthesis.lod) == pytest.approx(last_trained_lod) and float(snap.D.lod) == pytest.approx(last_trained_lod)
     expected_lod = lod_at(72)
 
-    run_cli(*common, '--kimg=0.1', f'--resume={os.path.join(run_dir, snapshots(run_dir)[-1])}')
+    run_cli(*common, '--kimg=0.1', '--tick=0.004', f'--resume={os.path.join(run_dir, snapshots(run_dir)[-1])}')
     resumed_dir = os.path.join(outdir, sorted(os.listdir(outdir))[-1])
     stats = [json.loads(line) for line in open(os.path.join(resumed_dir, 'stats.jsonl'))]
-    assert 0 < stats[0]['Progress/lod']['mean'] <= expected_lod  # Went on fading in from lod 0.4.
+    # Went on fading in from lod 0.4: the first tick, one step later (76 images), is at the lod of 76 images.
+    assert stats[0]['Progress/lod']['mean'] == pytest.approx(lod_at(76)) and 0 < lod_at(76) < expected_lod
     final = persistence.load_snapshot(os.path.join(resumed_dir, snapshots(resumed_dir)[-1]))
     assert final.progress.cur_nimg == 100 and float(final.G.synthesis.lod) == 0
     run_cli('generate.py', f'--network={os.path.join(resumed_dir, snapshots(resumed_dir)[-1])}', '--seeds=0-1',
@@ -214,15 +219,15 @@ def test_diverged_run_ends_with_one_line(tmp_path, monkeypatch, capsys):
     """train.py in-process with one NaN pixel injected into the reals: one line naming step and network, exit 1."""
     from click.testing import CliRunner
     import train
-    from training import training_loop
+    from training.data_stream import RealImageStream
     calls = []
-    next_batch = training_loop.RealImageStream.next
+    next_batch = RealImageStream.next
 
-    def poisoned_next(self, batch):
-        img, c = next_batch(self, batch)
+    def poisoned_next(self, batch, lod=None):
+        img, c = next_batch(self, batch, lod)
         calls.append(1)
         return (img.clone().fill_(float('nan')) if len(calls) == 3 else img), c
-    monkeypatch.setattr(training_loop.RealImageStream, 'next', poisoned_next)
+    monkeypatch.setattr(RealImageStream, 'next', poisoned_next)
     result = CliRunner().invoke(train.main, [f'--outdir={tmp_path}', '--steps=6', '--batch=4', '--tick=0.008',
                                              '--snap=1', '--workers=0'])
     assert result.exit_code == 1
@@ -278,3 +283,30 @@ def test_full_disk_ends_the_run_with_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 1 and 'Traceback' not in result.output
     errors = [line for line in result.output.splitlines() if line.startswith('Error:')]
     assert len(errors) == 1 and 'No space left on device' in errors[0] and 'network-snapshot-' in errors[0]
+
+
+def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
+    """--resume without --loss/--seed/--data continues the snapshot's experiment; given and different, they are
+    refused in one line before anything is written, unless --resume-override, which training_options.json records."""
+    outdir = str(tmp_path / 'runs')
+    common = [f'--outdir={outdir}', '--steps=2', '--batch=4', '--tick=0.004', '--snap=1', '--workers=0']
+    run_cli('train.py', *common, f'--data={dataset_zip}', '--loss=ns', '--seed=3')
+    snap = os.path.join(only_run_dir(outdir), snapshots(only_run_dir(outdir))[-1])
+    assert persistence.load_snapshot(snap).experiment == dict(cfg='quickstart', norm='gn', loss='ns', cr=0.0,
+                                                              precision='tf32', seed=3, data=os.path.abspath(dataset_zip))
+
+    run_cli('train.py', *common[:1], '--steps=3', *common[2:], f'--resume={snap}')
+    resumed = json.load(open(os.path.join(outdir, sorted(os.listdir(outdir))[-1], 'training_options.json')))
+    assert resumed['experiment'] == dict(cfg='quickstart', norm='gn', loss='ns', cr=0.0, precision='tf32', seed=3,
+                                         data=os.path.abspath(dataset_zip))
+    assert resumed['loss_kwargs']['loss'] == 'ns' and resumed['random_seed'] == 3 and resumed['resume_overrides'] == []
+
+    result = run_cli('train.py', *common, f'--resume={snap}', '--norm=gp1', '--loss=ns', '--seed=4', check=False)
+    assert result.returncode != 0 and result.stderr.strip().splitlines() == [
+        f'Error: --resume: {snap} was trained with other options: --norm=gp1 (was gn); --seed=4 (was 3); leave them '
+        f'out to take the snapshot\'s, or add --resume-override to change them on purpose']
+    assert len(os.listdir(outdir)) == 2  # No run directory for the refused run.
+
+    run_cli('train.py', *common[:1], '--steps=3', *common[2:], f'--resume={snap}', '--seed=4', '--resume-override')
+    overridden = json.load(open(os.path.join(outdir, sorted(os.listdir(outdir))[-1], 'training_options.json')))
+    assert overridden['resume_overrides'] == ['--seed=4 (was 3)'] and overridden['random_seed'] == 4

@@ -47,7 +47,8 @@ _MAX_PICKLE_BYTES = 16 << 20  # The pickled object graph (data.pkl); a real snap
 
 # Entries the training loop writes and the tools read; a snapshot whose entry has another type is refused.
 _ENTRY_TYPES = {'G': torch.nn.Module, 'D': torch.nn.Module, 'G_ema': torch.nn.Module, 'training_set_kwargs': (dict, type(None)),
-                'progress': dict, 'G_opt_state': dict, 'D_opt_state': dict, 'cfg': dict}
+                'progress': dict, 'G_opt_state': dict, 'D_opt_state': dict, 'cfg': dict,
+                'experiment': dict}
 
 _registry: dict[str, type] = {}  # 'module.QualName' -> class, filled by @persistent_class.
 

@@ -1,6 +1,6 @@
 """The --cfg presets: the paper's training settings for each dataset and architecture, as data.
 
-`get_config(name)` returns an EasyDict that the training loop reads:
+`get_config(name)` returns an EasyDict that `training_options` reads:
 
     name, description       preset name and a one-line summary
     G_kwargs, D_kwargs      class_name + constructor kwargs, without c_dim / img_resolution / img_channels
@@ -13,14 +13,17 @@
     lr_decay                'linear' (to 0 over total_steps) or 'none'
     ema_beta, ema_start     G EMA decay per G step (None = no EMA) and the G step from which it averages
                             (before it the EMA copy just follows G)
-    z_dim, resolution       latent size, expected dataset resolution
+    resolution              expected dataset resolution (a preset without one takes any)
+    (gn-stylegan has no batch_D, batch_G, total_steps, ema_beta, ema_start or resolution: its
+    schedule, training/progressive.py, sets them by resolution, for any power-of-two data)
+    z_dim                   latent size
     conditional             True: class-conditional, the dataset must have labels; False: labels unused;
                             'if-labels': class-conditional exactly when the dataset has labels
     xflip                   random horizontal flips of the real images (all of the paper's presets)
 
 `training_options(cfg, ...)` completes a preset for a dataset and the command line's overrides
-and returns what the training loop takes: network, optimizer and loss kwargs, and the kwargs of
-the run's schedule (training/schedule.py).
+and returns what the training loop takes: network, optimizer and loss kwargs, the kwargs of the
+run's schedule (training/schedule.py), the precision and the x-flip setting.
 
 Settings follow the GN-GAN paper and the authors' release (Adam; D batch M, G batch 2M). Every
 preset takes the --norm, --loss and --cr overrides; --norm=sn turns on D's spectral normalization.
@@ -32,7 +35,8 @@ import copy
 
 import dnnlib
 from training import progressive
-from training.loss import LOSSES, NORMS, PRECISIONS, check_choice
+from training.loss import CONSTRAINTS, LOSSES, NORMS
+from training.precision import PRECISIONS, check_choice
 
 #----------------------------------------------------------------------------
 
@@ -67,10 +71,8 @@ PRESETS = {
     'church256-resnet':   dict(_SNGAN_LARGE, resolution=256, ema_start=20_000,
                                description='LSUN Church 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
     # StyleGAN v1 with progressive growing; batch, lr and resolution follow training/progressive.py.
-    'gn-stylegan':        dict(arch='stylegan', resolution=None, z_dim=512, loss='hinge', lr_G=progressive.LR[8],
-                               lr_D=progressive.LR[8], betas=[0.0, 0.99], n_dis=1, batch_D=None, batch_G=None,
-                               total_steps=None, lr_decay='none', ema_beta=None, ema_start=0, conditional=False,
-                               D_args=dict(mbstd_group_size=4),
+    'gn-stylegan':        dict(arch='stylegan', z_dim=512, loss='hinge', lr_G=progressive.LR[8], lr_D=progressive.LR[8],
+                               betas=[0.0, 0.99], n_dis=1, lr_decay='none', conditional=False, D_args=dict(mbstd_group_size=4),
                                description='StyleGAN v1, progressive growing 8x8 -> full resolution, hinge loss, '
                                            'GN instead of R1, 25M images'),
     # Not from the paper: tuned so that the README's first command ends within minutes on a 2-core CPU (see
@@ -110,13 +112,14 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
     G_class, D_class = ARCHS[preset['arch']]
     cfg = dnnlib.EasyDict(name=name, description=preset['description'], arch=preset['arch'])
     cfg.G_kwargs = dnnlib.EasyDict(class_name=G_class, z_dim=preset['z_dim'], **preset.get('G_args', {}))
-    cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, spectral_norm=(norm == 'sn'), **preset.get('D_args', {}))
+    cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, spectral_norm=CONSTRAINTS[norm].spectral_norm, **preset.get('D_args', {}))
     cfg.loss_kwargs = dnnlib.EasyDict(class_name='training.loss.GANLoss', loss=loss, norm=norm, cr=cr)
     cfg.G_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_G'], betas=preset['betas'], eps=1e-8)
     cfg.D_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_D'], betas=preset['betas'], eps=1e-8)
     for key in ['n_dis', 'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim',
                 'conditional', 'resolution']:
-        cfg[key] = preset[key]
+        if key in preset:  # gn-stylegan's schedule sets batches, length, EMA and resolution by itself.
+            cfg[key] = preset[key]
     cfg.xflip = preset.get('xflip', True)  # Random horizontal flips of the reals (the paper's, for every dataset).
     return cfg
 
@@ -144,7 +147,7 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
         raise ValueError(f'--cfg={cfg.name} is class-conditional, but the dataset has no labels')
     if not progressive_run and (max_resolution is not None or cmax is not None or lod_kimg is not None):
         raise ValueError('--resolution, --cmax and --lod-kimg apply to --cfg=gn-stylegan only')
-    if not progressive_run and cfg.resolution is not None and cfg.resolution != resolution:
+    if not progressive_run and cfg.get('resolution', resolution) != resolution:  # No resolution: any.
         raise ValueError(f'--cfg={cfg.name} is built for {cfg.resolution}x{cfg.resolution} images, '
                          f'but the dataset holds {resolution}x{resolution}')
     if progressive_run and steps is not None:
@@ -154,8 +157,8 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
             if not getattr(dnnlib.util.get_class(kwargs.class_name), 'supports_autocast', True):
                 raise ValueError(f'--precision={precision}: the networks of --cfg={cfg.name} do not run under autocast yet; '
                                  f'use fp32 or tf32')
-    opts = dnnlib.EasyDict(xflip=cfg.xflip, G_opt_kwargs=copy.deepcopy(cfg.G_opt_kwargs),
-                           D_opt_kwargs=copy.deepcopy(cfg.D_opt_kwargs), loss_kwargs=dnnlib.EasyDict(cfg.loss_kwargs, precision=precision))
+    opts = dnnlib.EasyDict(xflip=cfg.xflip, precision=precision, G_opt_kwargs=copy.deepcopy(cfg.G_opt_kwargs),
+                           D_opt_kwargs=copy.deepcopy(cfg.D_opt_kwargs), loss_kwargs=copy.deepcopy(cfg.loss_kwargs))
     common = dict(c_dim=label_dim if cfg.conditional else 0, img_channels=channels)  # 'if-labels': label_dim may be 0.
 
     if progressive_run:

@@ -46,8 +46,7 @@ from torch import nn
 
 
 class GNOutput(NamedTuple):
-    f_hat: torch.Tensor      # Normalized discriminator output, shaped like f.
-    f: torch.Tensor          # Raw discriminator output.
+    f_hat: torch.Tensor      # Normalized discriminator output, shaped like D's output f.
     grad_norm: torch.Tensor  # Per-sample ||grad_x f||, shaped like f.
 
 
@@ -100,7 +99,7 @@ def normalize_gradient(D: Callable[..., torch.Tensor], x: torch.Tensor, *args, z
     leaving the caller's tensor untouched. `grad_norm_scale` multiplies ||grad_x f|| before it is
     used: the norm w.r.t. another input that x is an exact linear image of (progressive StyleGAN:
     the full-resolution image, see `Discriminator.input_grad_scale` in training/networks/stylegan.py).
-    Returns GNOutput(f_hat, f, grad_norm), grad_norm already scaled.
+    Returns GNOutput(f_hat, grad_norm), grad_norm already scaled.
 
     `bias_layers` (from `linearizable_layers(D)`): f enters f_hat as <g, x> + sum_l <dy_l, b_l>
     (the module docstring), with f's value but a graph through the first backward only.
@@ -117,7 +116,7 @@ def normalize_gradient(D: Callable[..., torch.Tensor], x: torch.Tensor, *args, z
                                                   **kwargs)
         f = f.detach() + (f_affine - f_affine.detach())  # f's value, f_affine's graph.
     grad_norm = per_sample_norm(grad, f) * grad_norm_scale
-    return GNOutput(normalize(f, grad_norm, zeta), f, grad_norm)
+    return GNOutput(normalize(f, grad_norm, zeta), grad_norm)
 
 
 def linearizable_layers(D: nn.Module) -> list[nn.Module] | None:
@@ -193,9 +192,9 @@ def generator_backward_fast(D: Callable[..., torch.Tensor], x: torch.Tensor, *ar
     has arrived, compute n_i, f_hat_i and w_i and pass w_i * g_i on to the generator instead.
     This is exact (to float rounding) for piecewise-linear D and an approximation otherwise.
 
-    x must require grad (it is the generator's output). The gradients this leaves in D's own
-    parameters are those of sum_i f_i, not of the loss: the training loop ignores them in the G
-    step. `grad_norm_scale` is that of `normalize_gradient`. `gain` multiplies the gradient that
+    x must require grad (it is the generator's output). Gradients this would leave in D's own
+    parameters are those of sum_i f_i, not of the loss; the training loop's G step freezes D's
+    parameters (requires_grad False), so none are made. `grad_norm_scale` is that of `normalize_gradient`. `gain` multiplies the gradient that
     reaches the generator (loss scaling, gradient accumulation); it is applied to the seed of the
     backward through D, so that a low-precision D back-propagates the scaled values (the point
     of loss scaling), and divided out of the norm in the hook. Returns (loss, GNOutput), both
@@ -215,7 +214,7 @@ def generator_backward_fast(D: Callable[..., torch.Tensor], x: torch.Tensor, *ar
             loss = loss_fn(f_hat)
             weight, = torch.autograd.grad(loss, f_leaf)
         results['loss'] = loss.detach()
-        results['out'] = GNOutput(f_hat.detach(), f.detach(), grad_norm)
+        results['out'] = GNOutput(f_hat.detach(), grad_norm)
         return grad * weight.reshape([-1] + [1] * (grad.ndim - 1))
 
     handle = x.register_hook(rescale)

@@ -16,16 +16,17 @@
     loss saturates outside [-1, 1], and the logs are clamped at -100 as torch's BCE does. With GN
     the hinge and the Wasserstein losses have the same gradients, since |f_hat| <= 1.
 
-  * the discriminator constraint `norm`:
+  * the discriminator constraint `norm`, one entry of the table CONSTRAINTS:
       gn / gn1 / gn0   s = f_hat = f / (||grad_x f|| + zeta) with zeta = |f| / 1 / 0 (training/gradnorm.py),
                        for reals and fakes in the D step and for fakes in the G step;
       sn               s = f; the constraint is spectral normalization inside D
-                       (its `spectral_norm=True` constructor kwarg, set by the presets for --norm=sn);
+                       (its `spectral_norm=True` constructor kwarg, which training/configs.py sets);
       gp1              WGAN-GP: + gp_weight * E[(||grad D(x_mix)|| - 1)^2] on random interpolates
                        x_mix = a * real + (1 - a) * fake, a ~ U[0, 1] per sample;
       gp0              zero-centered GP: + gp_weight * E[||grad D(x_mix)||^2] on the same interpolates;
       r1               + r1_gamma / 2 * E[||grad D(real)||^2] (Mescheder et al. 2018);
       none             s = f, unconstrained.
+    A new constraint is one entry of CONSTRAINTS (plus, for a penalty, its function).
 
   * consistency regularization (cr > 0): + cr * E[(s(real) - s(aug(real)))^2], with the same
     label for both and aug a random flip + translation (training/augment.py); s is f_hat under GN.
@@ -40,7 +41,7 @@ instead of once per call. It is the default on CUDA; on a CPU, where launches co
 the larger batch measured slower, separate calls are. Under GN the G step back-propagates through
 ||grad_x f|| (double backward) unless `fast_g` selects the single-backward path of
 training/gradnorm.py, which is exact for a piecewise-linear D and used by default exactly then.
-In the G step the gradients left in D's parameters are not meaningful (the loop discards them).
+(The G step runs with D's parameters frozen, requires_grad False, so it leaves no D gradients.)
 In the D step, a piecewise-linear, sample-independent D built of conv and linear layers takes GN's
 f in its affine form (`linear_d`; training/gradnorm.py): the same gradients, with the second
 backward through the first backward's graph only (a third fewer convolutions per GN D step). The
@@ -53,18 +54,20 @@ active resolution but, as in StyleGAN v1, stands for a D of the full-resolution 
 declares the exact factor between the two norms (`input_grad_scale`, 1 for every other D); GN's
 norm, R1 and the gradient penalties use the scaled norm.
 
-Precision (`precision`): 'fp32' and 'tf32' run everything in float32 ('tf32' lets CUDA matmuls and
-convolutions use TF32, a process-wide switch made by `set_matmul_precision`); 'bf16' and 'fp16'
-run the forward passes of G and D under torch.autocast (convolutions and matmuls, and so the
-custom ops that follow them, in that dtype), while D's output, the input gradient, GN's norm and
-division, the penalties and the losses are float32. fp16 needs loss scaling: the caller passes
-the scale (e.g. torch.amp.GradScaler's) as `gain` and unscales before the optimizer step.
+Precision (`precision`, training/precision.py): 'fp32' and 'tf32' run everything in float32;
+'bf16' and 'fp16' run the forward passes of G and D under torch.autocast (convolutions and
+matmuls, and so the custom ops that follow them, in that dtype), while D's output, the input
+gradient, GN's norm and division, the penalties and the losses are float32. fp16 needs loss
+scaling: the caller passes the scale (e.g. torch.amp.GradScaler's) as `gain` and unscales before
+the optimizer step (training/updater.py).
 Channels-last memory format (`channels_last`) changes the layout of the networks' weights, not
 their values; it makes CPU convolutions faster (oneDNN) and is what tensor cores prefer.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import warnings
 from typing import Callable
 
@@ -75,19 +78,11 @@ from torch_utils import training_stats
 from training.augment import consistency_augment
 from training.gradnorm import (generator_backward_fast, linearizable_layers, linearization_error, normalize_gradient,
                                per_sample_norm)
+from training.precision import Precision, check_choice
 
 #----------------------------------------------------------------------------
 
 LOSSES = ('hinge', 'ns', 'ns-nosigmoid', 'wasserstein')
-NORMS = ('gn', 'gn1', 'gn0', 'sn', 'gp1', 'gp0', 'r1', 'none')
-GN_ZETAS = {'gn': 'abs', 'gn1': 1, 'gn0': 0}
-PRECISIONS = ('fp32', 'tf32', 'bf16', 'fp16')
-AUTOCAST_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}  # 'fp32' and 'tf32' run without autocast.
-
-
-def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f'unknown {kind} "{value}"; valid: {", ".join(choices)}')
 
 
 def _bce_on_scores(scores: torch.Tensor, target: float) -> torch.Tensor:
@@ -126,16 +121,45 @@ def input_gradient_norm(D: Callable[..., torch.Tensor], x: torch.Tensor, c: torc
     return per_sample_norm(grad, f) * grad_norm_scale
 
 
-def set_matmul_precision(precision: str) -> None:
-    """Process-wide: may float32 matmuls and convolutions on CUDA use TF32 tensor cores?
+def interpolate_penalty(loss: GANLoss, real_img: torch.Tensor, real_c: torch.Tensor, gen_img: torch.Tensor,
+                        center: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """gp_weight * (||grad D(x_mix)|| - center)^2 per sample, x_mix = a * real + (1 - a) * fake, a ~ U[0, 1] per
+    sample (WGAN-GP: center 1; zero-centered GP: 0). Returns (penalty, ||grad||)."""
+    if gen_img.shape[0] != real_img.shape[0]:
+        raise ValueError(f'{loss.norm} interpolates reals and fakes: got {real_img.shape[0]} reals '
+                         f'but {gen_img.shape[0]} fakes')
+    alpha = torch.rand([real_img.shape[0]] + [1] * (real_img.ndim - 1), device=real_img.device, dtype=real_img.dtype)
+    mixed = alpha * real_img + (1 - alpha) * gen_img
+    grad_norm = input_gradient_norm(loss.run_D, mixed, real_c, loss.input_grad_scale())  # Interpolates keep the real labels.
+    return loss.gp_weight * (grad_norm - center).square(), grad_norm
 
-    'fp32' (the paper's arithmetic) forbids it; 'tf32' allows it; 'bf16' and 'fp16' allow it
-    too, for what runs in float32 outside autocast. A global torch switch, so the training loop
-    calls this once, before building anything. Without CUDA the flags have no effect.
-    """
-    check_choice('precision', precision, PRECISIONS)
-    torch.backends.cuda.matmul.allow_tf32 = precision != 'fp32'
-    torch.backends.cudnn.allow_tf32 = precision != 'fp32'
+
+def r1_penalty(loss: GANLoss, real_img: torch.Tensor, real_c: torch.Tensor, gen_img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """r1_gamma / 2 * ||grad D(real)||^2 per sample (Mescheder et al. 2018). Returns (penalty, ||grad||)."""
+    grad_norm = input_gradient_norm(loss.run_D, real_img, real_c, loss.input_grad_scale())
+    return loss.r1_gamma / 2 * grad_norm.square(), grad_norm
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    """How one --norm constrains D (see the module docstring)."""
+    gn_zeta: str | float | None = None  # GN's zeta: the loss sees f / (||grad_x f|| + zeta); None: the raw f.
+    spectral_norm: bool = False         # D is built with spectral normalization (its spectral_norm kwarg).
+    penalty: Callable | None = None     # Extra D-step term (loss, real_img, real_c, gen_img) -> (per sample, ||grad||).
+
+
+CONSTRAINTS = {
+    'gn':   Constraint(gn_zeta='abs'),
+    'gn1':  Constraint(gn_zeta=1),
+    'gn0':  Constraint(gn_zeta=0),
+    'sn':   Constraint(spectral_norm=True),
+    'gp1':  Constraint(penalty=functools.partial(interpolate_penalty, center=1.0)),
+    'gp0':  Constraint(penalty=functools.partial(interpolate_penalty, center=0.0)),
+    'r1':   Constraint(penalty=r1_penalty),
+    'none': Constraint(),
+}
+NORMS = tuple(CONSTRAINTS)
+
 
 #----------------------------------------------------------------------------
 
@@ -158,20 +182,19 @@ class GANLoss:
         channels_last: bool | None = None,  # Convert G's and D's weights to channels-last; None = on a CPU, or with bf16/fp16.
     ) -> None:
         check_choice('loss', loss, LOSSES)
-        check_choice('norm', norm, NORMS)
-        check_choice('precision', precision, PRECISIONS)
+        check_choice('norm', norm, tuple(CONSTRAINTS))
         self.G = G
         self.D = D
         self.loss = loss
         self.norm = norm
+        self.constraint = CONSTRAINTS[norm]
         self.gp_weight = gp_weight
         self.r1_gamma = r1_gamma
         self.cr = cr
         self.fast_g = bool(getattr(D, 'is_piecewise_linear', False)) if fast_g is None else bool(fast_g)
-        self.precision = precision
-        self.autocast_dtype = AUTOCAST_DTYPES.get(precision)
+        self.precision = Precision(precision)
         for name, net in [('G', G), ('D', D)]:
-            if self.autocast_dtype is not None and not getattr(net, 'supports_autocast', True):
+            if self.precision.autocast_dtype is not None and not getattr(net, 'supports_autocast', True):
                 raise ValueError(f'precision {precision} needs autocast, which the {name} network '
                                  f'({type(net).__name__}) does not support; use fp32 or tf32')
         param = next(D.parameters(), None)
@@ -179,31 +202,24 @@ class GANLoss:
         if fuse_d_calls is None:  # On a CPU one call on the concatenation measured slower (docs/benchmarks.md).
             fuse_d_calls = bool(getattr(D, 'is_sample_independent', False)) and device_type == 'cuda'
         self.fuse_d_calls = bool(fuse_d_calls)
-        self.bias_layers = None if linear_d is False or norm not in GN_ZETAS else linearizable_layers(D)
+        self.bias_layers = None if linear_d is False or self.constraint.gn_zeta is None else linearizable_layers(D)
         if linear_d and self.bias_layers is None:
             raise ValueError(f'linear_d needs GN and a D that is piecewise linear, sample-independent and built of '
                              f'conv and linear layers; got norm {norm} and {type(D).__name__}')
         self.linear_d_checked = False  # Set once linearization_error has been measured on a batch.
         if channels_last is None:
-            channels_last = device_type == 'cpu' or (device_type is not None and self.autocast_dtype is not None)
+            channels_last = device_type == 'cpu' or (device_type is not None and self.precision.autocast_dtype is not None)
         if channels_last:
             G.to(memory_format=torch.channels_last)
             D.to(memory_format=torch.channels_last)
 
     def run_G(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """G(z, c) in the loss's precision; the images come back in float32."""
-        return self._run(self.G, z, c)
+        return self.precision.run(self.G, z, c)
 
     def run_D(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """D(img, c) in the loss's precision; the scores come back in float32."""
-        return self._run(self.D, img, c)
-
-    def _run(self, net: torch.nn.Module, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        if self.autocast_dtype is None:
-            return net(x, c)
-        with torch.autocast(x.device.type, dtype=self.autocast_dtype):
-            out = net(x, c)
-        return out.to(torch.float32)
+        return self.precision.run(self.D, img, c)
 
     def input_grad_scale(self) -> float:
         """||grad|| w.r.t. the image D is defined on, per unit of ||grad|| w.r.t. its actual input (see module docstring)."""
@@ -213,27 +229,28 @@ class GANLoss:
         """The score the adversarial loss sees (f_hat under GN, else the raw D output) and, under GN, ||grad_x f||.
 
         linear_d: take GN's f in its affine form where D qualifies (the D step; same values and gradients)."""
-        if self.norm in GN_ZETAS:
-            out = normalize_gradient(self.run_D, img, c, zeta=GN_ZETAS[self.norm], grad_norm_scale=self.input_grad_scale(),
+        if self.constraint.gn_zeta is not None:
+            out = normalize_gradient(self.run_D, img, c, zeta=self.constraint.gn_zeta, grad_norm_scale=self.input_grad_scale(),
                                      bias_layers=self.bias_layers if linear_d else None)
             return out.f_hat, out.grad_norm
         return self.run_D(img, c), None
 
-    def accumulate_gradients(self, phase: str, real_img: torch.Tensor | None, real_c: torch.Tensor | None,
+    def accumulate_gradients(self, net: str, real_img: torch.Tensor | None, real_c: torch.Tensor | None,
                              gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float | torch.Tensor = 1.0) -> None:
-        """Compute this step's loss on the given batch and call backward() on loss * gain (gradients accumulate).
+        """Compute the loss of a D step or a G step on the given batch and call backward() on loss * gain
+        (gradients accumulate).
 
-        phase 'D': reals real_img/real_c (float in [-1, 1]; one-hot labels) and fakes G(gen_z, gen_c).
-        phase 'G': fakes G(gen_z, gen_c) only; real_img and real_c are unused.
+        net 'D': reals real_img/real_c (float in [-1, 1]; one-hot labels) and fakes G(gen_z, gen_c).
+        net 'G': fakes G(gen_z, gen_c) only; real_img and real_c are unused.
         gain: 1 / rounds for gradient accumulation over rounds, times the loss scale for fp16 (a
         tensor, e.g. GradScaler.scale(ones), avoids reading the scale back from the GPU).
         """
-        if phase == 'D':
+        if net == 'D':
             self._discriminator_step(real_img, real_c, gen_z, gen_c, gain)
-        elif phase == 'G':
+        elif net == 'G':
             self._generator_step(gen_z, gen_c, gain)
         else:
-            raise ValueError(f'unknown phase "{phase}"; valid: D, G')
+            raise ValueError(f'unknown network "{net}"; valid: D, G')
 
     def _batch_scores(self, imgs: list[torch.Tensor], labels: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """`scores` of several batches: one D call on their concatenation when D allows it, else one call each."""
@@ -270,22 +287,8 @@ class GANLoss:
             loss = loss + self.cr * cr_terms.mean()
             training_stats.report('Loss/cr', cr_terms)
 
-        if self.norm in ('gp1', 'gp0'):
-            if gen_img.shape[0] != real_img.shape[0]:
-                raise ValueError(f'{self.norm} interpolates reals and fakes: got {real_img.shape[0]} reals '
-                                 f'but {gen_img.shape[0]} fakes')
-            alpha = torch.rand([real_img.shape[0]] + [1] * (real_img.ndim - 1),
-                               device=real_img.device, dtype=real_img.dtype)
-            mixed = alpha * real_img + (1 - alpha) * gen_img
-            grad_norm = input_gradient_norm(self.run_D, mixed, real_c, self.input_grad_scale())  # Interpolates keep the real labels.
-            center = 1.0 if self.norm == 'gp1' else 0.0
-            penalty = self.gp_weight * (grad_norm - center).square()
-            loss = loss + penalty.mean()
-            training_stats.report('Loss/grad_norm', grad_norm)
-            training_stats.report('Loss/penalty', penalty)
-        elif self.norm == 'r1':
-            grad_norm = input_gradient_norm(self.run_D, real_img, real_c, self.input_grad_scale())
-            penalty = self.r1_gamma / 2 * grad_norm.square()
+        if self.constraint.penalty is not None:
+            penalty, grad_norm = self.constraint.penalty(self, real_img, real_c, gen_img)
             loss = loss + penalty.mean()
             training_stats.report('Loss/grad_norm', grad_norm)
             training_stats.report('Loss/penalty', penalty)
@@ -312,8 +315,8 @@ class GANLoss:
 
     def _generator_step(self, gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float | torch.Tensor) -> None:
         gen_img = self.run_G(gen_z, gen_c)
-        if self.norm in GN_ZETAS and self.fast_g:
-            loss, _ = generator_backward_fast(self.run_D, gen_img, gen_c, zeta=GN_ZETAS[self.norm],
+        if self.constraint.gn_zeta is not None and self.fast_g:
+            loss, _ = generator_backward_fast(self.run_D, gen_img, gen_c, zeta=self.constraint.gn_zeta,
                                               loss_fn=lambda s: g_loss_terms(self.loss, s).mean(),
                                               grad_norm_scale=self.input_grad_scale(), gain=gain)
         else:

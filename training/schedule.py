@@ -8,9 +8,10 @@ One interface, two implementations:
                          batch and learning rate by active resolution, length in real images.
 
 The training loop asks `plan(step, cur_nimg)` before every G step and gets a `StepPlan`: global
-batches, how each process splits its share into accumulation rounds, learning rates, EMA decay,
-level of detail, and the optimizer phase (Adam state is reset whenever it changes, as StyleGAN v1
-does at every new lod). `done(step, cur_nimg)` ends the run; `progress()` feeds the ETA.
+batches, each process's share and how it splits into accumulation rounds, learning rates, EMA
+decay, level of detail, and the optimizer state id (Adam state is reset whenever it changes, as
+StyleGAN v1 does at every new lod). `done(step, cur_nimg)` ends the run; `progress()` feeds the
+ETA; `phase_label()` names the phase of progressive growing (stable or fade-in, resolution).
 
 Batches are global: fixed by the preset whatever the number of processes. A process takes
 batch / num_gpus samples, in `rounds` accumulation rounds of batch_gpu samples each, where
@@ -33,20 +34,27 @@ from training import progressive
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
-    batch_D: int            # Global batch of a D step (reals; as many fakes).
+    batch_D: int            # Global batch of a D step (reals; as many fakes), all processes together.
     batch_G: int            # Global batch of the G step.
-    batch_gpu_D: int        # Samples one process handles at once in a D step (one accumulation round).
-    batch_gpu_G: int        # Same for the G step.
+    share_D: int            # This process's samples of a D step: batch_D / num_gpus.
+    share_G: int            # Same for the G step.
+    rounds_D: int           # Accumulation rounds the share of a D step is split into (share_D / rounds_D at once).
+    rounds_G: int           # Same for the G step.
     n_dis: int              # D steps per G step.
     lr_G: float             # Adam learning rates of this step.
     lr_D: float
     ema_beta: float         # G_ema <- beta * G_ema + (1 - beta) * G after the G step.
     lod: float | None       # Level of detail of progressive growing (None: fixed-resolution networks).
-    phase: tuple            # Optimizer phase: the Adam state is reset whenever this changes.
+    optimizer_state_id: tuple  # The Adam state is reset whenever this changes.
 
-    def rounds(self, num_gpus: int) -> tuple[int, int]:
-        """Accumulation rounds per process of a D step and of the G step."""
-        return self.batch_D // (num_gpus * self.batch_gpu_D), self.batch_G // (num_gpus * self.batch_gpu_G)
+    @property
+    def batch_gpu_D(self) -> int:
+        """Samples one process handles at once in a D step (one accumulation round)."""
+        return self.share_D // self.rounds_D
+
+    @property
+    def batch_gpu_G(self) -> int:
+        return self.share_G // self.rounds_G
 
 
 def split_batch(batch: int, num_gpus: int, batch_gpu: int | None, group_size: int = 1, what: str = 'batch') -> int:
@@ -96,9 +104,10 @@ class FixedSchedule:
     def plan(self, step: int, cur_nimg: int) -> StepPlan:
         scale = 1 - step / self.total_steps if self.lr_decay == 'linear' else 1.0
         ema = self.ema_beta if self.ema_beta is not None and step >= self.ema_start else 0.0
-        return StepPlan(batch_D=self.batch_D, batch_G=self.batch_G, batch_gpu_D=self.batch_gpu_D,
-                        batch_gpu_G=self.batch_gpu_G, n_dis=self.n_dis, lr_G=self.lr_G * scale,
-                        lr_D=self.lr_D * scale, ema_beta=ema, lod=None, phase=())
+        share_D, share_G = self.batch_D // self.num_gpus, self.batch_G // self.num_gpus
+        return StepPlan(batch_D=self.batch_D, batch_G=self.batch_G, share_D=share_D, share_G=share_G,
+                        rounds_D=share_D // self.batch_gpu_D, rounds_G=share_G // self.batch_gpu_G, n_dis=self.n_dis,
+                        lr_G=self.lr_G * scale, lr_D=self.lr_D * scale, ema_beta=ema, lod=None, optimizer_state_id=())
 
     def done(self, step: int, cur_nimg: int) -> bool:
         return step >= self.total_steps
@@ -116,7 +125,8 @@ class FixedSchedule:
 
     def describe(self) -> list[str]:
         """The schedule as lines of text, for `train.py --dry-run`."""
-        rounds_D, rounds_G = self.plan(0, 0).rounds(self.num_gpus)
+        plan = self.plan(0, 0)
+        rounds_D, rounds_G = plan.rounds_D, plan.rounds_G
         decay = 'linear decay to 0' if self.lr_decay == 'linear' else 'constant'
         ema = 'none' if self.ema_beta is None else f'{self.ema_beta} per G step from step {self.ema_start}'
         return [
@@ -136,7 +146,7 @@ class ProgressiveSchedule:
     At cur_nimg real images: lod = progressive.lod_at(...), active resolution R = max_resolution /
     2**floor(lod); global minibatch batch[R] (capped at `max_batch`) for D and G alike; Adam learning
     rate lr[R] for both; G EMA decay beta = 0.5 ** (minibatch / (ema_kimg * 1000)), a half-life of
-    ema_kimg thousand images. The optimizer phase is (floor(lod), ceil(lod)): it changes when a
+    ema_kimg thousand images. The optimizer state id is (floor(lod), ceil(lod)): it changes when a
     fade-in starts and when it ends, where v1 resets Adam (`reset_opt_for_new_lod`).
     """
 
@@ -181,9 +191,11 @@ class ProgressiveSchedule:
         lod = self._lod(cur_nimg)
         res = progressive.lod_to_resolution(lod, self.max_resolution)
         batch = self.batch[res]
-        return StepPlan(batch_D=batch, batch_G=batch, batch_gpu_D=self.batch_gpu[res], batch_gpu_G=self.batch_gpu[res],
+        share = batch // self.num_gpus
+        rounds = share // self.batch_gpu[res]
+        return StepPlan(batch_D=batch, batch_G=batch, share_D=share, share_G=share, rounds_D=rounds, rounds_G=rounds,
                         n_dis=1, lr_G=self.lr[res], lr_D=self.lr[res], ema_beta=0.5 ** (batch / (self.ema_kimg * 1000)),
-                        lod=lod, phase=(math.floor(lod), math.ceil(lod)))
+                        lod=lod, optimizer_state_id=(math.floor(lod), math.ceil(lod)))
 
     def done(self, step: int, cur_nimg: int) -> bool:
         return cur_nimg >= self.total_kimg * 1000

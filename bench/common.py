@@ -1,0 +1,117 @@
+"""What the bench scripts share: a preset's networks and training step built as the training loop builds
+them, random batches, comma-separated option lists, and JSON results written atomically.
+
+The training step is the loop's own: `NetworkUpdater.step` (training/updater.py) on a `GANLoss`
+(training/loss.py), with the networks, optimizers and loss kwargs of `configs.training_options`
+and the arithmetic of training/precision.py. The bench scripts time or inspect that step on
+random data; none of them has a training step of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Callable
+
+import click
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import dnnlib  # noqa: E402
+from training import configs  # noqa: E402
+from training.precision import Precision  # noqa: E402
+from training.updater import NetworkUpdater  # noqa: E402
+
+#----------------------------------------------------------------------------
+
+
+def parse_list(choices: tuple[str, ...]) -> Callable:
+    """click callback: a comma-separated list, each item one of `choices`."""
+    def callback(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
+        items = [v for v in value.split(',') if v]
+        unknown = [v for v in items if v not in choices]
+        if unknown or not items:
+            raise click.BadParameter(f'expected a comma-separated list of {", ".join(choices)}; got "{value}"')
+        return items
+    return callback
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    """Write `data` as JSON to `path` through a temporary file, so that no half-written file is left."""
+    dirname = os.path.dirname(os.path.abspath(path))
+    os.makedirs(dirname, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dirname, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'w') as f:
+            json.dump(data, f, indent=2)
+            f.write('\n')
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+#----------------------------------------------------------------------------
+
+
+def preset_options(cfg_name: str, norm: str = 'gn', resolution: int | None = None, batch: int | None = None,
+                   cmax: int | None = None, channels: int = 3) -> dnnlib.EasyDict:
+    """`configs.training_options` of a preset on synthetic data: the preset's resolution (gn-stylegan: networks
+    built for `resolution`), 10 classes where the preset is conditional, the D batch `batch` (gn-stylegan: the
+    minibatch)."""
+    cfg = configs.get_config(cfg_name, norm=norm)
+    resolution = cfg.get('resolution', resolution)
+    if resolution is None:
+        raise click.ClickException(f'--cfg={cfg_name} has no fixed resolution: pass --resolution')
+    if cfg.arch == 'stylegan' and batch is None:
+        raise click.ClickException(f'--cfg={cfg_name} has no fixed batch: pass --batch')
+    label_dim = 10 if cfg.conditional else 0
+    try:
+        return configs.training_options(cfg, resolution=resolution, channels=channels, label_dim=label_dim, batch=batch,
+                                        cmax=cmax)
+    except ValueError as e:
+        raise click.ClickException(str(e))
+
+
+def build_network(kwargs: dict, device: torch.device, seed: int = 0) -> torch.nn.Module:
+    """A network from its kwargs, in training mode, frozen (the updaters unfreeze it for its own step)."""
+    torch.manual_seed(seed)
+    return dnnlib.util.construct_class_by_name(**kwargs).train().requires_grad_(False).to(device)
+
+
+class TrainingStep:
+    """The training loop's D step and G step (NetworkUpdater.step on GANLoss) for given networks and optimizers."""
+
+    def __init__(self,
+        G: torch.nn.Module,                     # Generator.
+        D: torch.nn.Module,                     # Discriminator.
+        G_opt: torch.optim.Optimizer,           # Their optimizers (may be shared between TrainingSteps).
+        D_opt: torch.optim.Optimizer,
+        loss_kwargs: dict,                      # GANLoss kwargs (class_name included), as training_options gives them.
+        precision: str = 'fp32',                # training/precision.py.
+        group_size: int = 1,                    # D's minibatch-stddev groups (kept whole by accumulation rounds).
+    ) -> None:
+        self.precision = Precision(precision)
+        self.loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=precision)
+        device_type = next(D.parameters()).device.type
+        self.updaters = {'D': NetworkUpdater('D', D, D_opt, self.precision.grad_scaler(device_type), group_size=group_size),
+                         'G': NetworkUpdater('G', G, G_opt, self.precision.grad_scaler(device_type), group_size=group_size)}
+
+    def step(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
+        """One optimizer step of `net` ('D' or 'G') on [real_img, real_c, gen_z, gen_c], in this step's precision."""
+        self.precision.apply()
+        self.updaters[net].step(self.loss, batch, rounds=rounds, step=0)
+
+
+def random_batch(G: torch.nn.Module, n: int, resolution: int, device: torch.device) -> list[torch.Tensor]:
+    """[real_img, real_c, gen_z, gen_c]: uniform images in [-1, 1], random one-hot labels (when G is
+    conditional), normal latents."""
+    def labels() -> torch.Tensor:
+        if G.c_dim == 0:
+            return torch.zeros([n, 0], device=device)
+        return torch.nn.functional.one_hot(torch.randint(G.c_dim, [n], device=device), G.c_dim).float()
+    real = torch.rand([n, G.img_channels, resolution, resolution], device=device) * 2 - 1
+    return [real, labels(), torch.randn([n, G.z_dim], device=device), labels()]

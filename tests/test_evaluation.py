@@ -1,0 +1,58 @@
+"""training/evaluation.py: metrics at a snapshot, their statistics, and the best-metric bookkeeping."""
+
+import json
+
+import torch
+
+import dnnlib
+from metrics import metric_main, metric_utils
+from training.evaluation import MetricEvaluator
+from training.run_state import RunState
+
+
+def _evaluator(tmp_path, monkeypatch, values, lines):
+    """An evaluator of 'fid' and 'is' whose metric_main.calc_metric returns the next of `values` for fid."""
+    calls = []
+
+    def calc_metric(metric, **kwargs):
+        calls.append(metric)
+        if metric == 'fid50k_full':
+            results = {'fid50k_full': values.pop(0)}
+        else:
+            results = {'is50k_mean': 9.0, 'is50k_std': 0.5}
+        return dnnlib.EasyDict(results=dnnlib.EasyDict(results), metric=metric, total_time=0.0, total_time_str='0s',
+                               num_gpus=1, num_gen=1, snapshot_pkl=None)
+    monkeypatch.setattr(metric_main, 'calc_metric', calc_metric)
+    evaluator = MetricEvaluator(['fid50k_full', 'is50k'], {}, {}, str(tmp_path), num_gpus=1, rank=0, device=torch.device('cpu'),
+                                log=lines.append)
+    return evaluator, calls
+
+
+def test_statistics_and_best_value(tmp_path, monkeypatch):
+    state = RunState(seed=0, num_gpus=1, rank=0, device=torch.device('cpu'), best_metric='fid50k_full')
+    evaluator, calls = _evaluator(tmp_path, monkeypatch, [30.0, 25.0, 27.0], [])
+    outcomes = [evaluator.evaluate(None, str(tmp_path / f'snap{i}.pkl'), state) for i in range(3)]
+    assert [new_best for _, new_best in outcomes] == [True, True, False] and state.best == 25.0
+    assert outcomes[2][0] == {'Metrics/fid50k_full': dict(num=1, mean=27.0, std=0.0),
+                              'Metrics/is50k_mean': dict(num=1, mean=9.0, std=0.0),
+                              'Metrics/is50k_std': dict(num=1, mean=0.5, std=0.0)}
+    assert calls == ['fid50k_full', 'is50k'] * 3
+    reported = [json.loads(line) for line in open(tmp_path / 'metric-fid50k_full.jsonl')]
+    assert [r['results']['fid50k_full'] for r in reported] == [30.0, 25.0, 27.0]
+    assert reported[1]['snapshot_pkl'].endswith('snap1.pkl')
+
+
+def test_unavailable_detector_costs_the_metrics_once(tmp_path, monkeypatch):
+    state = RunState(seed=0, num_gpus=1, rank=0, device=torch.device('cpu'), best_metric='fid50k_full')
+    lines, calls, metrics = [], [], ['fid50k_full', 'is50k']
+
+    def unavailable(metric, **kwargs):
+        calls.append(metric)
+        raise metric_utils.DetectorUnavailableError('cannot fetch the Inception detector')
+    monkeypatch.setattr(metric_main, 'calc_metric', unavailable)
+    evaluator = MetricEvaluator(metrics, {}, {}, str(tmp_path), num_gpus=1, rank=0, device=torch.device('cpu'),
+                                log=lines.append)
+    assert evaluator.evaluate(None, 'a.pkl', state) == ({}, False)
+    assert evaluator.evaluate(None, 'b.pkl', state) == ({}, False)
+    assert calls == ['fid50k_full'] and lines == ['Warning: cannot fetch the Inception detector; training continues without metrics']
+    assert metrics == ['fid50k_full', 'is50k']  # The caller's list is left alone.

@@ -1,0 +1,38 @@
+"""training/precision.py: the TF32 switch, autocast and loss scaling of each --precision."""
+
+import pytest
+import torch
+
+from training.precision import PRECISIONS, Precision
+
+
+def test_tf32_switch_for_each_precision():
+    flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)  # noqa: E731
+    before = flags()
+    try:
+        for name, allowed in [('tf32', True), ('fp32', False), ('bf16', True), ('fp16', True)]:
+            Precision(name).apply()
+            assert flags() == (allowed, allowed), name
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    with pytest.raises(ValueError, match='unknown precision "fp8"; valid: fp32, tf32, bf16, fp16'):
+        Precision('fp8')
+
+
+@pytest.mark.parametrize('name', PRECISIONS)
+def test_run_computes_in_the_precision_and_returns_float32(name):
+    net = torch.nn.Linear(16, 1)
+    torch.manual_seed(0)
+    x = torch.randn(8, 16)
+    out = Precision(name).run(lambda x, c: net(x), x, None)
+    assert out.dtype == torch.float32
+    expected = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(name)
+    if expected is None:  # Float32 forward: the exact float32 product.
+        assert torch.equal(out, net(x))
+    else:  # The matmul ran in the low-precision dtype: equal to it computed by hand in that dtype.
+        by_hand = torch.nn.functional.linear(x.to(expected), net.weight.to(expected), net.bias.to(expected)).float()
+        assert torch.equal(out, by_hand) and not torch.equal(out, net(x))
+
+
+def test_grad_scaler_enabled_for_fp16_only():
+    assert [Precision(name).grad_scaler('cpu').is_enabled() for name in PRECISIONS] == [False, False, False, True]

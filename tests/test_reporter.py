@@ -1,0 +1,112 @@
+"""training/reporter.py: image grids, the progress line, statistics files and the divergence stop."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from torch_utils import training_stats
+from training import schedule as schedule_lib
+from training.reporter import TickReporter, TrainingDiverged, grid_layout, grid_reals
+from training.run_state import RunState
+from training.updater import NetworkUpdater
+
+
+def test_grid_layout_one_row_per_class():
+    class Labeled:
+        resolution, label_dim = 32, 10
+    (gw, gh), labels = grid_layout(Labeled(), max_images=64)
+    assert (gw, gh) == (16, 10) and labels.shape == (160, 10)
+    assert np.array_equal(labels.argmax(1).reshape(gh, gw), np.repeat(np.arange(10)[:, None], gw, axis=1))
+    Labeled.label_dim = 0
+    (gw, gh), labels = grid_layout(Labeled(), max_images=64)
+    assert (gw, gh) == (16, 4) and labels.shape == (64, 0)
+
+
+def test_grid_reals_show_the_class_of_their_row():
+    class Digits:  # Image i is filled with the value i; its class is i % 3 (class 3 has no images).
+        label_dim = 4
+
+        def __len__(self):
+            return 30
+
+        def get_label(self, i):
+            return np.eye(4, dtype=np.float32)[i % 3]
+
+        def __getitem__(self, i):
+            return np.full([1, 2, 2], i, dtype=np.uint8), self.get_label(i)
+
+    labels = np.eye(4, dtype=np.float32)[[0, 0, 1, 1, 2, 2, 3, 3]]
+    reals = grid_reals(Digits(), labels, np.random.default_rng(0))
+    shown = reals[:, 0, 0, 0].astype(int)
+    assert list(shown[:6] % 3) == [0, 0, 1, 1, 2, 2]  # Rows of a class show images of that class.
+    assert all(0 <= i < 30 for i in shown[6:])  # An empty class falls back to any image.
+    assert len(set(shown[:6])) > 3  # Random images, not the first of each class.
+
+#----------------------------------------------------------------------------
+
+
+def _reporter(tmp_path, schedule, lines):
+    state = RunState(seed=0, num_gpus=1, rank=0, device=torch.device('cpu'))
+    reporter = TickReporter(str(tmp_path), schedule, state, kimg_per_tick=0.1, start_time=time.time(),
+                            device=torch.device('cpu'), log=lines.append)
+    return reporter, state
+
+
+def _updaters():
+    nets = [torch.nn.Linear(2, 1) for _ in 'DG']
+    return [NetworkUpdater(name, net, torch.optim.SGD(net.parameters(), lr=0.1), torch.amp.GradScaler('cpu', enabled=False))
+            for name, net in zip('DG', nets)]
+
+
+def test_progress_line_pairs_the_lod_with_its_phase(tmp_path):
+    schedule = schedule_lib.ProgressiveSchedule(max_resolution=32, phase_kimg=1, fade_kimg=1, total_kimg=5)
+    lines = []
+    reporter, state = _reporter(tmp_path, schedule, lines)
+    for cur_nimg, phase, lod in [(1000, 'fade-in 16x16 0%', 2.0), (1500, 'fade-in 16x16 50%', 1.5),
+                                 (2000, 'stable 16x16 0%', 1.0)]:
+        state.cur_nimg = cur_nimg
+        reporter.tick(_updaters(), state, done=False)
+        assert f'phase {phase:<18s} lod {lod:<5.2f}' in lines[-1]
+
+
+def test_statistics_go_to_stats_jsonl(tmp_path):
+    schedule = schedule_lib.FixedSchedule(batch_D=4, batch_G=8, n_dis=1, lr_G=1e-3, lr_D=1e-3, total_steps=10)
+    lines = []
+    reporter, state = _reporter(tmp_path, schedule, lines)
+    training_stats.report('Loss/D/loss', torch.tensor([1.0, 3.0]))
+    state.step, state.cur_nimg = 4, 16
+    stats = reporter.tick(_updaters(), state, done=False)
+    assert 'step 4 ' in lines[-1] and 'done  40.0%' in lines[-1] and 'loss_D 2.000' in lines[-1]
+    reporter.end_tick(stats, state)
+    reporter.close()
+    entry = json.loads(open(tmp_path / 'stats.jsonl').read())
+    assert entry['Loss/D/loss'] == dict(num=2, mean=2.0, std=1.0)
+    assert entry['Progress/step']['mean'] == 4 and entry['Progress/kimg']['mean'] == 0.016
+
+
+def test_divergence_names_the_first_bad_step_and_network(tmp_path):
+    schedule = schedule_lib.FixedSchedule(batch_D=4, batch_G=8, n_dis=1, lr_G=1e-3, lr_D=1e-3, total_steps=10)
+    reporter, state = _reporter(tmp_path, schedule, [])
+    updaters = _updaters()
+    updaters[1].first_bad_step = torch.tensor(3)
+    updaters[0].first_bad_step = torch.tensor(5)
+    training_stats.report('Loss/G/loss', torch.tensor([float('nan')]))
+    training_stats.report('Loss/D/real', torch.tensor([float('inf')]))
+    with pytest.raises(TrainingDiverged, match=r'at G step 3: non-finite gradient of G \(loss terms: Loss/G/loss\); '
+                                               r'the last snapshot .* resume from it'):
+        reporter.tick(updaters, state, done=False)
+
+
+def test_divergence_by_a_nonfinite_weight(tmp_path):
+    schedule = schedule_lib.FixedSchedule(batch_D=4, batch_G=8, n_dis=1, lr_G=1e-3, lr_D=1e-3, total_steps=10)
+    reporter, state = _reporter(tmp_path, schedule, [])
+    updaters = _updaters()
+    with torch.no_grad():
+        updaters[0].module.bias.fill_(float('nan'))
+    state.step = 6
+    with pytest.raises(TrainingDiverged, match=r'between G steps 1 and 6: non-finite weight D.bias'):
+        reporter.tick(updaters, state, done=False)
+    reporter.tick(_updaters(), state, done=False)  # Finite networks and flags: no stop.

@@ -1,0 +1,176 @@
+"""training/updater.py: one network's training step: accumulation rounds, Adam resets, divergence flag, EMA."""
+
+import numpy as np
+import pytest
+import torch
+
+from training.updater import NEVER, NetworkUpdater, split_round, update_ema
+
+
+def test_update_ema_matches_formula():
+    G, G_ema = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    with torch.no_grad():
+        G.weight.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        G_ema.weight.copy_(torch.tensor([0.0, 0.0, 6.0]))
+        G.running_mean.copy_(torch.tensor([5.0, 5.0, 5.0]))
+    update_ema(G_ema, G, beta=0.75)
+    assert torch.allclose(G_ema.weight, torch.tensor([0.25, 0.5, 0.75 * 6 + 0.25 * 3]))
+    assert torch.equal(G_ema.running_mean, G.running_mean)  # Buffers are copied, not averaged.
+
+#----------------------------------------------------------------------------
+# Steps of a least-squares "network" whose gradient is known by hand.
+
+
+class SquareLoss:
+    """Loss of net 'D': mean over the batch of (w . x - y)^2 / 2 for x = real_img, y = gen_z; the gradient is
+    mean((w . x - y) x). Records the gains it was given."""
+
+    def __init__(self, module):
+        self.module, self.gains = module, []
+
+    def accumulate_gradients(self, net, real_img, real_c, gen_z, gen_c, gain):
+        assert net == 'D'
+        self.gains.append(float(gain))
+        residual = self.module(real_img)[:, 0] - gen_z[:, 0]
+        ((residual.square() / 2).mean() * gain).backward()
+
+
+def _updater(lr=0.1, precision_scaler=False, ema=None):
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 1, bias=False).double()
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler('cpu', enabled=precision_scaler)
+    return NetworkUpdater('D', module, optimizer, scaler, ema=ema), SquareLoss(module)
+
+
+def test_step_is_sgd_on_the_batch_mean_in_any_number_of_rounds():
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
+    batch = [x, None, y, None]
+    for rounds in (1, 2, 4):
+        updater, loss = _updater()
+        w = updater.module.weight.detach().clone()[0]
+        expected = w - 0.1 * ((x @ w - y[:, 0])[:, None] * x).mean(0)  # By hand: one SGD step on the mean.
+        updater.step(loss, batch, rounds=rounds, step=0)
+        torch.testing.assert_close(updater.module.weight.detach()[0], expected, rtol=1e-12, atol=0)
+        assert loss.gains == [1 / rounds] * rounds
+        assert not updater.module.weight.requires_grad  # Frozen outside its own step.
+
+
+def test_fp16_scaler_scales_the_loss_and_unscales_before_the_step():
+    x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
+    updater, loss = _updater(precision_scaler=True)
+    w = updater.module.weight.detach().clone()[0]
+    updater.step(loss, [x, None, y, None], rounds=2, step=0)
+    assert loss.gains == [2.0 ** 16 / 2] * 2  # GradScaler's initial scale, split over the rounds.
+    expected = w - 0.1 * ((x @ w - y[:, 0])[:, None] * x).mean(0)
+    torch.testing.assert_close(updater.module.weight.detach()[0], expected, rtol=1e-10, atol=0)
+
+
+def test_set_plan_sets_lr_and_resets_adam_only_when_the_state_id_changes():
+    module = torch.nn.Linear(2, 1)
+    updater = NetworkUpdater('D', module, torch.optim.Adam(module.parameters()), torch.amp.GradScaler('cpu', enabled=False))
+    loss = SquareLoss(module)
+    batch = [torch.randn(4, 2), None, torch.randn(4, 1), None]
+    steps = []
+    for i, state_id in enumerate([(0, 0), (0, 0), (0, 1), (0, 1), (0, 1), (1, 1)]):
+        updater.set_plan(lr=0.01 * (i + 1), optimizer_state_id=state_id)
+        assert updater.optimizer.param_groups[0]['lr'] == 0.01 * (i + 1)
+        updater.step(loss, batch, rounds=1, step=i)
+        steps.append(int(updater.optimizer.state[module.weight]['step']))
+    assert steps == [1, 2, 1, 2, 3, 1]
+
+
+def test_first_nonfinite_gradient_step_is_remembered():
+    updater, loss = _updater()
+    x, y = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 1, dtype=torch.float64)
+    for step in range(5):
+        bad = y.clone()
+        if step in (2, 3):
+            bad[0] = float('inf')
+        updater.step(loss, [x, None, bad, None], rounds=1, step=step)
+    assert int(updater.first_bad_step) == 3  # G step 2, counted from 1 in the progress lines.
+    assert NEVER == np.iinfo(np.int64).max
+
+
+def test_ema_updater_averages_its_module():
+    G, G_ema = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    before = G_ema.weight.detach().clone()
+    updater = NetworkUpdater('G', G, torch.optim.SGD(G.parameters(), lr=0.1), torch.amp.GradScaler('cpu', enabled=False),
+                             ema=G_ema)
+    updater.update_ema(0.9)
+    torch.testing.assert_close(G_ema.weight.detach(), 0.9 * before + 0.1 * G.weight.detach())
+
+#----------------------------------------------------------------------------
+# Gradient accumulation over rounds equals one full batch, for the real networks and loss.
+
+
+def _networks(arch: str):
+    from training import configs
+    torch.manual_seed(0)
+    if arch == 'stylegan':
+        cfg = configs.get_config('gn-stylegan')
+        opts = configs.training_options(cfg, resolution=16, channels=3, label_dim=0, cmax=8)
+    else:
+        cfg = configs.get_config('cifar10-resnet')
+        cfg.G_kwargs.ch = cfg.D_kwargs.ch = 4
+        opts = configs.training_options(cfg, resolution=32, channels=3, label_dim=0)
+    import dnnlib
+    dtype = torch.float32 if arch == 'stylegan' else torch.float64  # StyleGAN computes in float32 internally.
+    G = dnnlib.util.construct_class_by_name(**opts.G_kwargs).to(dtype)
+    D = dnnlib.util.construct_class_by_name(**opts.D_kwargs).to(dtype)
+    if arch == 'stylegan':
+        G.set_lod(0.5)  # Mid fade-in: both the new and the previous level take part.
+        D.set_lod(0.5)
+        G.style_mixing_prob = 0  # Random per call, like the noise below: not comparable between batchings.
+    else:
+        G.eval()  # BatchNorm statistics are per round by design (as per GPU); compare the rest exactly.
+    return G, D, opts.schedule_kwargs.get('group_size', 1), dtype
+
+
+@pytest.mark.parametrize('arch', ['resnet', 'stylegan'])
+@pytest.mark.parametrize('net', ['D', 'G'])
+def test_accumulation_rounds_give_full_batch_gradients(arch, net):
+    from training.loss import GANLoss
+    G, D, group, dtype = _networks(arch)
+    n, rounds = 16, 4
+    torch.manual_seed(1)
+    res = 16 if arch == 'stylegan' else 32  # StyleGAN at lod 0.5 works at 16x16 (fading in over 8x8).
+    real = torch.rand(n, 3, res, res, dtype=dtype) * 2 - 1
+    z = torch.randn(n, G.z_dim, dtype=dtype)
+    c = torch.zeros(n, 0, dtype=dtype)
+    trained = D if net == 'D' else G
+    trained.requires_grad_(True)
+    loss = GANLoss(G=G, D=D, loss='hinge', norm='gn')
+
+    def grads(batches):
+        for p in trained.parameters():
+            p.grad = None
+        for batch, gain in batches:
+            loss.accumulate_gradients(net, *batch, gain=gain)
+        # StyleGAN's per-pixel noise is drawn per call, so its strengths' gradients differ between a
+        # full batch and rounds by construction; every other parameter must agree.
+        # Layers of inactive levels get no gradient in either computation.
+        return {name: p.grad.clone() for name, p in trained.named_parameters()
+                if 'noise_strength' not in name and p.grad is not None}
+
+    full = grads([((real, c, z, c), 1.0)])
+    split = grads([(tuple(split_round(x, r, rounds, group) for x in (real, c, z, c)), 1 / rounds)
+                   for r in range(rounds)])
+    assert full.keys() == split.keys() and len(full) > 4
+    # Per tensor, the error relative to the tensor's own gradient, with a floor relative to the whole
+    # gradient: StyleGAN's first layer instance-normalizes the learned constant (near zero variance at
+    # init), so its constant's gradient is huge and its bias's is pure cancellation, both ill-conditioned
+    # in float32. A wrong gain or a round that splits stddev groups errs by 10-300% everywhere.
+    rel = 1e-5 if dtype == torch.float32 else 1e-10
+    total = torch.cat([g.flatten() for g in full.values()]).norm()
+    for name in full:
+        error = (split[name] - full[name]).norm()
+        assert error <= rel * full[name].norm() + rel / 10 * total, (name, float(error), float(full[name].norm()))
+
+
+def test_split_round_keeps_minibatch_stddev_groups():
+    # Batch of 8 in groups of 4: groups are {i, i + 2}: (0, 2, 4, 6) and (1, 3, 5, 7).
+    x = torch.arange(8)
+    rounds = [split_round(x, r, 2, group_size=4).tolist() for r in range(2)]
+    assert rounds == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert [split_round(x, r, 4).tolist() for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]

@@ -1,0 +1,57 @@
+"""Metrics of a run at its snapshots, and the best-metric bookkeeping behind network-best.pkl.
+
+At every snapshot `MetricEvaluator.evaluate()` computes each metric on G_ema (all processes
+together, metrics/metric_main.py), appends the results to metric-<name>.jsonl (process 0), and
+returns them as statistics ('Metrics/<result>': {num, mean, std}) for stats.jsonl, together with
+whether the best metric (lower is better) reached its lowest value yet, which the run state keeps
+so that a resumed run goes on comparing with it. A detector that cannot be had (no network, a bad
+path) costs the run its metrics, with one warning, not the run itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+import dnnlib
+
+#----------------------------------------------------------------------------
+
+
+class MetricEvaluator:
+    """The run's metrics at each snapshot (see the module docstring)."""
+
+    def __init__(self,
+        metrics: list[str],                 # Metric names (metrics/metric_main.py), evaluated in this order.
+        metric_kwargs: dict,                # Extra arguments of metric_main.calc_metric (reference data, detectors).
+        dataset_kwargs: dict,               # The training data, the reference of the *_full metrics.
+        run_dir: str,                       # Where metric-<name>.jsonl goes.
+        num_gpus: int,                      # Processes sharing the work...
+        rank: int,                          # ...and this one.
+        device: torch.device,
+        log: Callable[[str], None],         # Progress and warnings (process 0).
+    ) -> None:
+        self.metrics = list(metrics)
+        self.metric_kwargs, self.dataset_kwargs, self.run_dir = metric_kwargs, dataset_kwargs, run_dir
+        self.num_gpus, self.rank, self.device, self.log = num_gpus, rank, device, log
+
+    def evaluate(self, G_ema: torch.nn.Module, snapshot_pkl: str, state: Any) -> tuple[dict, bool]:
+        """Statistics of every metric on G_ema, and whether state.record_metric() found a new best."""
+        from metrics import metric_main, metric_utils
+        results, entries = {}, {}
+        for metric in self.metrics:
+            try:
+                result = metric_main.calc_metric(metric=metric, G=G_ema, dataset_kwargs=self.dataset_kwargs,
+                                                 num_gpus=self.num_gpus, rank=self.rank, device=self.device,
+                                                 progress=self.log, **self.metric_kwargs)
+            except metric_utils.DetectorUnavailableError as e:
+                self.log(f'Warning: {e}; training continues without metrics')
+                self.metrics = []
+                return {}, False
+            if self.rank == 0:
+                metric_main.report_metric(result, run_dir=self.run_dir, snapshot_pkl=snapshot_pkl)
+            results.update(result.results)
+        for name, value in results.items():
+            entries[f'Metrics/{name}'] = dnnlib.EasyDict(num=1, mean=value, std=0.0)
+        return entries, state.record_metric(results)

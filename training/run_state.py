@@ -1,0 +1,113 @@
+"""Where a run is, and the snapshot that lets another process continue it bit for bit.
+
+`RunState` holds what the networks and optimizers do not: the counters (G steps, real images shown,
+ticks), the position in the real-image stream, the best metric value so far, and the random
+streams of every process (torch's, CUDA's, and the numpy generator of the fakes' labels). A
+snapshot (torch_utils/persistence.py: plain data, safe to load) is
+
+    G, D, G_ema                 the networks (class name, constructor kwargs, tensors)
+    G_opt_state, D_opt_state    the optimizers' state dicts
+    progress                    step, cur_nimg, cur_tick, consumed, best_metric, best
+    rng_states                  one {torch, cuda, labels} per process
+    training_set_kwargs         the data it was trained on
+    experiment                  the options that define the run (train.py: cfg, norm, loss, cr, precision,
+                                seed, data), which a resumed run takes unless told otherwise
+
+REQUIRED_KEYS are what a resumed run needs; train.py refuses any other file with that list. On
+resume, random streams restart from the seed when the process count differs (they are per process).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+import dnnlib
+from torch_utils import misc, persistence
+
+#----------------------------------------------------------------------------
+
+NETWORKS = ('G', 'D', 'G_ema')
+OPTIMIZERS = ('G_opt', 'D_opt')
+REQUIRED_KEYS = NETWORKS + tuple(f'{name}_state' for name in OPTIMIZERS) + ('progress', 'rng_states')
+
+
+def snapshot_label(cur_nimg: int) -> str:
+    """kimg label of file names: '000064', or '000064.128' when the images are not whole thousands
+    (short ticks would otherwise give several snapshots the same name)."""
+    return f'{cur_nimg // 1000:06d}' + (f'.{cur_nimg % 1000:03d}' if cur_nimg % 1000 else '')
+
+
+class RunState:
+    """Counters, data position, best metric and random streams of one process of a run."""
+
+    def __init__(self,
+        seed: int,                          # The run's seed; process `rank` seeds its streams with seed * num_gpus + rank.
+        num_gpus: int,                      # Processes of the run.
+        rank: int,                          # This process.
+        device: torch.device,               # Whose CUDA random state is saved (when CUDA).
+        best_metric: str | None = None,     # Metric (lower is better) whose best value is kept.
+    ) -> None:
+        self.num_gpus, self.rank, self.device, self.best_metric = num_gpus, rank, device, best_metric
+        self.step = 0           # G steps done.
+        self.cur_nimg = 0       # Real images shown to D, all processes together.
+        self.cur_tick = 0       # Progress lines printed.
+        self.consumed = 0       # Real images this process has taken from its stream (the data position).
+        self.best = None        # Lowest value of best_metric so far.
+        misc.set_seed(seed * num_gpus + rank)
+        self.label_rng = np.random.default_rng(seed * num_gpus + rank)
+
+    def record_metric(self, results: dict[str, float]) -> bool:
+        """Keep best_metric's value from `results` (name -> value) if it is the lowest yet; True if it is."""
+        value = results.get(self.best_metric)
+        if value is None or (self.best is not None and not value < self.best):
+            return False
+        self.best = value
+        return True
+
+    def _rng_state(self) -> dict:
+        return dict(torch=torch.get_rng_state(), labels=self.label_rng.bit_generator.state,
+                    cuda=torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None)
+
+    def snapshot(self, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer],
+                 training_set_kwargs: dict, experiment: dict | None = None) -> dict:
+        """Everything a resumed run needs (every process calls this: the random states are gathered)."""
+        rng_states = [self._rng_state()] * self.num_gpus
+        if self.num_gpus > 1:
+            torch.distributed.all_gather_object(rng_states, rng_states[0])
+        return dict(**{name: nets[name] for name in NETWORKS},
+                    **{f'{name}_state': optimizers[name].state_dict() for name in OPTIMIZERS},
+                    training_set_kwargs=dnnlib.util.to_plain(training_set_kwargs), rng_states=rng_states,
+                    experiment=dnnlib.util.to_plain(experiment or {}),
+                    progress=dict(step=self.step, cur_nimg=self.cur_nimg, cur_tick=self.cur_tick,
+                                  consumed=self.consumed, best_metric=self.best_metric, best=self.best))
+
+    def save(self, paths: list[str], data: dict) -> None:
+        """Write the snapshot `data` to every path (process 0 only; each write is atomic)."""
+        if self.rank == 0:
+            for path in paths:
+                persistence.save_snapshot(path, data)
+
+    def resume(self, snapshot: dict, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer],
+               log: Callable[[str], None]) -> None:
+        """Continue from a loaded snapshot: networks, optimizer states, progress and random streams."""
+        for name in NETWORKS:
+            misc.copy_params_and_buffers(snapshot[name], nets[name], require_all=True)
+        for name in OPTIMIZERS:
+            optimizers[name].load_state_dict(snapshot[f'{name}_state'])
+        progress = snapshot['progress']
+        self.step, self.cur_nimg, self.cur_tick = progress['step'], progress['cur_nimg'], progress['cur_tick']
+        self.consumed = progress['consumed']
+        self.best = progress['best'] if progress['best_metric'] == self.best_metric else None
+        rng_states = snapshot['rng_states']
+        if len(rng_states) != self.num_gpus:
+            log(f'Warning: the snapshot was written by {len(rng_states)} processes, this run has {self.num_gpus}; '
+                f'random streams restart from the seed')
+            return
+        state = rng_states[self.rank]
+        torch.set_rng_state(state['torch'])
+        if self.device.type == 'cuda' and state['cuda'] is not None:
+            torch.cuda.set_rng_state(state['cuda'], self.device)
+        self.label_rng.bit_generator.state = state['labels']
