@@ -2,12 +2,16 @@
 
     python bench/precision.py                                           # the 32x32 and 48x48 presets, batch 8
     python bench/precision.py --cfg=cifar10-resnet,cifar10-biggan --precisions=fp32,bf16,fp16 --out=precision.json
+    python bench/precision.py --cfg=gn-stylegan --resolution=32 --cmax=128 --norms=gn,r1,none
 
-For each fixed-resolution preset it builds G and D from training/configs.get_config at their real
-widths, copies both to float64, and runs one D step and one G step of
-GANLoss (each of --norms, the preset's loss) on the same reals, latents and labels: once in
-float64 (the reference) and once per precision on the float32 networks. Reported per precision,
-relative to float64:
+For each preset it builds G and D with training/configs.training_options at their real widths
+(gn-stylegan: for --resolution, feature maps capped at --cmax, set to --lod, style mixing off),
+copies both to float64, and runs the training loop's D step and G step (NetworkUpdater.accumulate
+of training/updater.py on GANLoss; each of --norms, the preset's loss) on the same reals, latents
+and labels: once in float64 (the reference) and once per precision on the float32 networks.
+StyleGAN draws per-pixel noise at every call, which float64 and float32 draw differently; its
+strengths start at 0, so the noise changes no value, but the strengths' own gradients are left out
+of the comparison. Reported per precision, relative to float64:
 
     D grad    ||g - g64|| / ||g64|| of all D parameter gradients of the D step
     G grad    the same for the G parameters in the G step (the preset's G path: fast where exact)
@@ -40,8 +44,7 @@ from training.precision import PRECISIONS, Precision  # noqa: E402
 
 #----------------------------------------------------------------------------
 
-# gn-stylegan is left out: its mapping network and D cast to float32 inside, so it has no float64 reference.
-FLOAT64_PRESETS = tuple(name for name, preset in configs.PRESETS.items() if 'resolution' in preset)
+NOT_COMPARED = 'noise_strength'  # StyleGAN's noise strengths: their gradients depend on the random noise of each call.
 
 
 def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precision: str, batch: dict) -> dict[str, torch.Tensor]:
@@ -62,7 +65,8 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precisi
         while True:
             updater.accumulate(training.loss, [real, real_c, z, c], rounds=1)
             updater.scaler.unscale_(updater.optimizer)  # A no-op for a disabled scaler (every precision but fp16).
-            grad = torch.cat([p.grad.flatten() for p in updater.module.parameters() if p.grad is not None]).double()
+            grad = torch.cat([p.grad.flatten() for name, p in updater.module.named_parameters()
+                              if p.grad is not None and NOT_COMPARED not in name]).double()
             if torch.isfinite(grad).all() or not updater.scaler.is_enabled() or updater.scaler.get_scale() <= 1:
                 break
             updater.scaler.update()  # Overflow recorded by unscale_: back off.
@@ -76,12 +80,22 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precisi
     return out
 
 
-def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, seed: int) -> list[dict]:
-    opts = preset_options(cfg_name, norm=norm, batch=batch_size)
+def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, seed: int, resolution: int, cmax: int,
+            lod: float) -> list[dict]:
+    progressive = configs.get_config(cfg_name).arch == 'stylegan'
+    opts = preset_options(cfg_name, norm=norm, batch=batch_size, resolution=resolution if progressive else None,
+                          cmax=cmax if progressive else None)
+    if progressive:
+        opts.G_kwargs.style_mixing_prob = 0  # Random per call: not comparable between float64 and float32.
     G, D = build_network(opts.G_kwargs, torch.device('cpu'), seed), build_network(opts.D_kwargs, torch.device('cpu'), seed)
-    batch_G = opts.schedule_kwargs.batch_G
-    real, real_c, z_D, _ = random_batch(G, batch_size, G.img_resolution, torch.device('cpu'))
-    _, _, z_G, c_G = random_batch(G, batch_G, G.img_resolution, torch.device('cpu'))
+    active = G.img_resolution
+    if progressive:
+        G.set_lod(lod)
+        D.set_lod(lod)
+        active = G.img_resolution // 2 ** int(lod)
+    batch_G = opts.schedule_kwargs.get('batch_G', batch_size)
+    real, real_c, z_D, _ = random_batch(G, batch_size, active, torch.device('cpu'))
+    _, _, z_G, c_G = random_batch(G, batch_G, active, torch.device('cpu'))
     batch = dict(real=real, real_c=real_c, z_D=z_D, z_G=z_G, c_G=c_G)
     reference = gradients(copy.deepcopy(G).double(), copy.deepcopy(D).double(), opts.loss_kwargs, 'fp32', batch)
     rows = []
@@ -101,15 +115,19 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, se
 @click.command()
 @click.option('--cfg', 'cfg_names', help='Presets, comma-separated',
               default='cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-biggan', show_default=True,
-              callback=parse_list(FLOAT64_PRESETS))
+              callback=parse_list(tuple(configs.PRESETS)))
 @click.option('--precisions', help='Precisions, comma-separated', default='fp32,bf16,fp16', show_default=True,
               callback=parse_list(PRECISIONS))
 @click.option('--norms', help='Discriminator constraints, comma-separated (none: the unnormalized baseline)',
               default='gn,none', show_default=True, callback=parse_list(loss_lib.NORMS))
 @click.option('--batch', help='D batch (G gets the preset\'s ratio)', type=click.IntRange(min=2), default=8, show_default=True)
 @click.option('--seeds', help='Number of seeds (networks and batches)', type=click.IntRange(min=1), default=2, show_default=True)
+@click.option('--resolution', help='gn-stylegan: resolution the networks are built for', type=click.IntRange(min=8), default=32, show_default=True)
+@click.option('--cmax', help='gn-stylegan: maximum feature maps per layer', type=click.IntRange(min=1), default=128, show_default=True)
+@click.option('--lod', help='gn-stylegan: level of detail (0: full resolution; 0.5: half-way through a fade-in)', type=click.FloatRange(min=0), default=0.5, show_default=True)
 @click.option('--out', help='JSON file for the results', metavar='PATH')
-def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, seeds: int, out: str | None) -> None:
+def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, seeds: int, resolution: int, cmax: int,
+         lod: float, out: str | None) -> None:
     """Relative error of GN training gradients against float64, per preset and precision."""
     rows = []
     print(f'{"cfg":<20} {"norm":<5} {"seed":>4} {"prec":<5} {"D grad":>9} {"G grad":>9} {"score":>9} {"||grad||":>9}',
@@ -117,7 +135,7 @@ def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: i
     for name in cfg_names:
         for norm in norms:
             for seed in range(seeds):
-                for r in compare(name, norm, precisions, batch, seed):
+                for r in compare(name, norm, precisions, batch, seed, resolution, cmax, lod):
                     rows.append(r)
                     norm_err = '' if r['grad_norm_max_rel_err'] is None else f'{r["grad_norm_max_rel_err"]:.2e}'
                     print(f'{r["cfg"]:<20} {norm:<5} {seed:>4} {r["precision"]:<5} {r["D_grad_rel_err"]:>9.2e} '

@@ -156,7 +156,6 @@ def test_training_options_progressive():
     ('gn-stylegan', dict(max_resolution=64), 'exceeds'),
     ('gn-stylegan', dict(resolution=48), 'power-of-two'),
     ('gn-stylegan', dict(batch_gpu=2), 'whole groups of 4'),
-    ('gn-stylegan', dict(precision='bf16'), 'do not run under autocast'),
     ('cifar10-cnn', dict(precision='fp8'), 'unknown precision'),
 ])
 def test_training_options_refuses_bad_combinations(name, kwargs, message):

@@ -424,9 +424,8 @@ def test_precision_choices():
     with pytest.raises(ValueError, match='bf16'):
         GANLoss(G=nn.Identity(), D=nn.Identity(), precision='half')
     D = StyleGANDiscriminator(c_dim=0, img_resolution=8, img_channels=3, fmap_base=16, fmap_max=4)
-    with pytest.raises(ValueError, match='does not support'):  # Its float32 internals fail under autocast.
-        GANLoss(G=nn.Identity(), D=D, precision='bf16')
     assert GANLoss(G=nn.Identity(), D=D, precision='tf32').precision.autocast_dtype is None
+    assert GANLoss(G=nn.Identity(), D=D, precision='bf16').precision.autocast_dtype is torch.bfloat16
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')

@@ -368,3 +368,69 @@ def test_lod_on_the_host_follows_every_change_of_the_buffer():
     assert host_lod(D) == 2.0 and D.input_grad_scale == 0.25
     x = torch.randn(4, 3, 8, 8)
     assert D(x, torch.zeros(4, 0)).shape == (4, 1)  # Runs at 8x8, as lod 2 asks.
+
+#----------------------------------------------------------------------------
+# Mixed precision: autocast for the convolutions, float32 where rounding matters.
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_autocast_keeps_mapping_styles_and_statistics_in_float32(dtype):
+    torch.manual_seed(0)
+    G, D = tiny_G(img_resolution=16), tiny_D(img_resolution=16)
+    G.set_lod(0.5)
+    D.set_lod(0.5)
+    seen = {}
+    for name, module in [('w', G.mapping), ('style', G.synthesis.b8.epi1.affine), ('conv', G.synthesis.b8.conv1),
+                         ('epilogue', G.synthesis.b8.epi1), ('D conv', D.b8.conv1), ('mbstd', D.b4.mbstd)]:
+        module.register_forward_hook(lambda m, i, o, name=name: seen.update({name: o.dtype}))  # Last call wins.
+    with torch.autocast('cpu', dtype=dtype):
+        img = G(torch.randn(4, G.z_dim), torch.zeros(4, 0))
+        D(img.float(), torch.zeros(4, 0))
+    assert seen == {'w': torch.float32, 'style': torch.float32, 'conv': dtype, 'epilogue': dtype, 'D conv': dtype,
+                    'mbstd': dtype}
+    assert G.mapping.w_avg.dtype == torch.float32 and img.dtype == dtype
+
+
+@pytest.mark.parametrize('precision, D_bound, G_bound', [('bf16', 0.1, 0.3), ('fp16', 0.02, 0.1)])
+def test_gn_gradients_under_autocast_against_float64(precision, D_bound, G_bound):
+    """One GN D step and one G step mid fade-in, against the same step in float64: relative gradient errors of the
+    size of the SN-GAN presets' (docs/precision.md), and every gradient finite. Noise strengths (0 at init: the
+    noise changes no value) are left out: their gradients depend on noise that float64 and float32 draw apart."""
+    torch.manual_seed(0)
+    G, D = tiny_G(img_resolution=16, style_mixing_prob=0), tiny_D(img_resolution=16)
+    for net in (G, D):
+        net.set_lod(0.5)
+    real, z, c = torch.rand(8, 3, 16, 16) * 2 - 1, torch.randn(8, G.z_dim), torch.zeros(8, 0)
+
+    def grads(G, D, precision):
+        loss = loss_lib.GANLoss(G=G, D=D, loss='hinge', norm='gn', precision=precision, channels_last=False)
+        dtype = next(D.parameters()).dtype
+        out = {}
+        for net, module in [('D', D), ('G', G)]:
+            module.requires_grad_(True)
+            loss.accumulate_gradients(net, real.to(dtype), c.to(dtype), z.to(dtype), c.to(dtype),
+                                      gain=2.0 ** 8 if precision == 'fp16' else 1.0)  # Loss scaling for fp16.
+            out[net] = torch.cat([p.grad.flatten().double() for name, p in module.named_parameters()
+                                  if p.grad is not None and 'noise_strength' not in name])
+            module.requires_grad_(False)
+        return out
+
+    import copy
+    reference = grads(copy.deepcopy(G).double(), copy.deepcopy(D).double(), 'fp32')
+    got = grads(G, D, precision)
+    scale = 2.0 ** 8 if precision == 'fp16' else 1.0
+    for net, bound in [('D', D_bound), ('G', G_bound)]:
+        assert torch.isfinite(got[net]).all()
+        error = ((got[net] / scale - reference[net]).norm() / reference[net].norm()).item()
+        assert error < bound, (net, error)
+
+
+def test_minibatch_stddev_statistics_in_float32_for_bfloat16_features():
+    """Features of bf16 activations with an offset: their std over the group, computed in float64 from the very bf16
+    values, is what the layer appends (rounded once to bf16); bf16 arithmetic would be off by far more."""
+    torch.manual_seed(0)
+    x = (30 + 0.5 * torch.randn(8, 4, 2, 2)).to(torch.bfloat16)
+    out = stylegan.MinibatchStdLayer(group_size=4)(x)
+    v = x.double().numpy().reshape(4, 2, 4, 2, 2)
+    expected = np.sqrt(v.var(axis=0) + 1e-8).mean(axis=(1, 2, 3))  # One value per subgroup of 4.
+    np.testing.assert_allclose(out[:2, 4, 0, 0].double().numpy(), expected, rtol=2 ** -8)

@@ -152,11 +152,6 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
                          f'but the dataset holds {resolution}x{resolution}')
     if progressive_run and steps is not None:
         raise ValueError(f'--cfg={cfg.name} counts its length in --kimg, not --steps')
-    if precision in ('bf16', 'fp16'):
-        for kwargs in (cfg.G_kwargs, cfg.D_kwargs):
-            if not getattr(dnnlib.util.get_class(kwargs.class_name), 'supports_autocast', True):
-                raise ValueError(f'--precision={precision}: the networks of --cfg={cfg.name} do not run under autocast yet; '
-                                 f'use fp32 or tf32')
     opts = dnnlib.EasyDict(xflip=cfg.xflip, precision=precision, G_opt_kwargs=copy.deepcopy(cfg.G_opt_kwargs),
                            D_opt_kwargs=copy.deepcopy(cfg.D_opt_kwargs), loss_kwargs=copy.deepcopy(cfg.loss_kwargs))
     common = dict(c_dim=label_dim if cfg.conditional else 0, img_channels=channels)  # 'if-labels': label_dim may be 0.

@@ -193,10 +193,6 @@ class GANLoss:
         self.cr = cr
         self.fast_g = bool(getattr(D, 'is_piecewise_linear', False)) if fast_g is None else bool(fast_g)
         self.precision = Precision(precision)
-        for name, net in [('G', G), ('D', D)]:
-            if self.precision.autocast_dtype is not None and not getattr(net, 'supports_autocast', True):
-                raise ValueError(f'precision {precision} needs autocast, which the {name} network '
-                                 f'({type(net).__name__}) does not support; use fp32 or tf32')
         param = next(D.parameters(), None)
         device_type = None if param is None else param.device.type
         if fuse_d_calls is None:  # On a CPU one call on the concatenation measured slower (docs/benchmarks.md).

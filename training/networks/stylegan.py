@@ -30,6 +30,14 @@ and D mirrors it, mixing its first block at R with the fromRGB of the 2x2-averag
 lerp(block_R(fromRGB_R(img)), fromRGB_R/2(downsample(img)), frac). So at the start of a fade-in
 (frac -> 1) the output is the nearest-upsampled output of the previous level, exactly as in the
 release. `training.progressive.process_reals` brings full-resolution reals to what D sees.
+
+Mixed precision (--precision=bf16|fp16, training/precision.py). Both networks run under
+torch.autocast: convolutions and dense layers in the low-precision dtype, and the ops that follow
+them (bias_act, upfirdn2d, fma) in their input's dtype. What is sensitive to rounding stays in
+float32 (float64 when the networks are): the mapping network with its pixel norm, lr multiplier
+0.01 and w_avg (and so w and the truncation trick), the styles A(w), the statistics of instance
+normalization and of the minibatch stddev. Outside autocast nothing changes: every cast here is
+then to the dtype the tensor already has.
 """
 
 from __future__ import annotations
@@ -51,10 +59,22 @@ def pixel_norm(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     return x * (x.square().mean(dim=1, keepdim=True) + eps).rsqrt()
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """x in float32, or as it is if its dtype is wider (float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def instance_norm(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Zero mean and unit variance over the pixels of each feature map of each sample."""
-    x = x - x.mean(dim=[2, 3], keepdim=True)
-    return x * (x.square().mean(dim=[2, 3], keepdim=True) + eps).rsqrt()
+    """Zero mean and unit variance over the pixels of each feature map of each sample; the statistics
+    in at least float32, the result in x's dtype."""
+    y = at_least_float32(x)
+    y = y - y.mean(dim=[2, 3], keepdim=True)
+    return (y * (y.square().mean(dim=[2, 3], keepdim=True) + eps).rsqrt()).to(x.dtype)
+
+
+def full_precision(device_type: str) -> torch.autocast:
+    """A context in which autocast (bf16/fp16) is off: what runs inside keeps its tensors' dtypes."""
+    return torch.autocast(device_type, enabled=False)
 
 
 def host_lod(module: nn.Module) -> float:
@@ -151,6 +171,8 @@ class Conv2dLayer(nn.Module):
             nn.utils.parametrizations.spectral_norm(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):  # The custom convolution op does not cast: cast as autocast would.
+            x = x.to(torch.get_autocast_dtype(x.device.type))
         w = (self.weight * self.weight_gain).to(x.dtype)
         resample = self.up > 1 or self.down > 1
         if self.down > 1:
@@ -207,13 +229,14 @@ class MappingNetwork(nn.Module):
         w' = w_avg + psi * (w - w_avg).
         """
         misc.assert_shape(z, [None, self.z_dim])
-        x = z.to(torch.float32)
-        if self.c_dim > 0:
-            misc.assert_shape(c, [z.shape[0], self.c_dim])
-            x = torch.cat([x, c.to(torch.float32).matmul(self.embed)], dim=1)
-        x = pixel_norm(x)
-        for idx in range(self.num_layers):
-            x = getattr(self, f'fc{idx}')(x)
+        with full_precision(z.device.type):  # Tiny and sensitive: w and w_avg in the parameters' dtype.
+            x = z.to(self.w_avg.dtype)
+            if self.c_dim > 0:
+                misc.assert_shape(c, [z.shape[0], self.c_dim])
+                x = torch.cat([x, c.to(x.dtype).matmul(self.embed)], dim=1)
+            x = pixel_norm(x)
+            for idx in range(self.num_layers):
+                x = getattr(self, f'fc{idx}')(x)
 
         if self.training if update_w_avg is None else update_w_avg:
             with torch.no_grad():
@@ -256,14 +279,15 @@ class LayerEpilogue(nn.Module):
         misc.assert_shape(x, [None, self.channels, self.resolution, self.resolution])
         if noise_mode == 'random':
             noise = torch.randn([x.shape[0], 1, self.resolution, self.resolution], device=x.device, dtype=x.dtype)
-            x = fma.fma(noise, self.noise_strength.view(1, -1, 1, 1), x)
+            x = fma.fma(noise, self.noise_strength.to(x.dtype).view(1, -1, 1, 1), x)
         elif noise_mode == 'const':
-            x = fma.fma(self.noise_const, self.noise_strength.view(1, -1, 1, 1), x)
+            x = fma.fma(self.noise_const.to(x.dtype), self.noise_strength.to(x.dtype).view(1, -1, 1, 1), x)
         elif noise_mode != 'none':
             raise ValueError(f'noise_mode must be "random", "const" or "none", got {noise_mode!r}')
         x = bias_act.bias_act(x, self.bias, act='lrelu', gain=1)
         x = instance_norm(x)
-        scale, shift = self.affine(w).unflatten(1, [2, self.channels]).unbind(dim=1)
+        with full_precision(w.device.type):  # The styles in w's dtype, then applied in x's.
+            scale, shift = self.affine(w).to(x.dtype).unflatten(1, [2, self.channels]).unbind(dim=1)
         return fma.fma(x, scale.add(1).unsqueeze(-1).unsqueeze(-1), shift.unsqueeze(-1).unsqueeze(-1))
 
 
@@ -357,8 +381,6 @@ class Generator(nn.Module):
     the default). Training mode also updates w_avg; the training loop keeps G in training mode.
     """
 
-    supports_autocast = False  # The w_avg update and the resampling filters assume float32: no bf16/fp16 autocast yet.
-
     def __init__(self,
         c_dim,                  # Conditioning label (c) dimensionality, 0 = no label.
         img_resolution,         # Final output resolution.
@@ -429,12 +451,12 @@ class MinibatchStdLayer(nn.Module):
         F = self.num_channels
         if N % G != 0:
             raise ValueError(f'minibatch stddev: the batch size {N} must be a multiple of the group size {G}')
-        y = x.reshape(G, -1, F, C // F, H, W)          # [GnFcHW] group, subgroup, slice of channels
+        y = at_least_float32(x).reshape(G, -1, F, C // F, H, W)  # [GnFcHW] group, subgroup, slice of channels
         y = y - y.mean(dim=0)
         y = (y.square().mean(dim=0) + 1e-8).sqrt()     # [nFcHW] std over the group
         y = y.mean(dim=[2, 3, 4])                      # [nF]
         y = y.reshape(-1, F, 1, 1).repeat(G, 1, H, W)  # [NFHW]
-        return torch.cat([x, y], dim=1)
+        return torch.cat([x, y.to(x.dtype)], dim=1)
 
 
 @persistence.persistent_class
@@ -496,7 +518,6 @@ class Discriminator(nn.Module):
 
     is_piecewise_linear = False  # Minibatch stddev makes D(x) nonlinear in x beyond ReLU-type kinks.
     is_sample_independent = False  # Minibatch stddev mixes the samples of a group: reals and fakes need separate calls.
-    supports_autocast = False  # Float32 inside (input cast, resampling filters): no bf16/fp16 autocast yet.
 
     def __init__(self,
         c_dim,                  # Conditioning label (c) dimensionality, 0 = no label.
@@ -553,7 +574,7 @@ class Discriminator(nn.Module):
         misc.assert_shape(img, [None, self.img_channels, 2 ** top_log2, 2 ** top_log2])
         if self.c_dim > 0:
             misc.assert_shape(c, [img.shape[0], self.c_dim])
-        img = img.to(torch.float32)
+        img = img.to(self.b4.out.bias.dtype)  # The parameters' dtype (autocast casts from there).
         x = getattr(self, f'b{2 ** top_log2}').fromrgb(img)
         for res_log2 in range(top_log2, 2, -1):
             x = getattr(self, f'b{2 ** res_log2}')(x)
