@@ -51,6 +51,7 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None) -> N
     """
     from training import training_loop
     from training.dataset import DatasetError
+    from training.reporter import TrainingDiverged
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', rank)))
     if args.num_gpus > 1 and not torch.distributed.is_initialized():
@@ -58,7 +59,7 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None) -> N
     logger = dnnlib.util.Logger(os.path.join(args.run_dir, 'log.txt')) if rank == 0 else None
     try:
         training_loop.training_loop(rank=rank, **args)
-    except (training_loop.TrainingDiverged, DatasetError, OSError) as e:
+    except (TrainingDiverged, DatasetError, OSError) as e:
         print(f'Error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
     finally:

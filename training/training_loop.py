@@ -40,7 +40,7 @@ from torch_utils import misc
 from training.data_stream import LabelSampler, RealImageStream
 from training.evaluation import MetricEvaluator
 from training.precision import Precision
-from training.reporter import ImageGrids, TickReporter, TrainingDiverged  # noqa: F401  (TrainingDiverged: for callers)
+from training.reporter import ImageGrids, TickReporter
 from training.run_state import RunState, snapshot_label
 from training.updater import NetworkUpdater
 
