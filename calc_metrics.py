@@ -44,13 +44,17 @@ import socket
 import sys
 import tempfile
 
-import click
-import torch
+from torch_utils.threads import set_threads, set_wait_policy
 
-import dnnlib
-import legacy
-from metrics import frechet_inception_distance, metric_main, metric_utils
-from torch_utils import persistence
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import click  # noqa: E402
+import torch  # noqa: E402
+
+import dnnlib  # noqa: E402
+import legacy  # noqa: E402
+from metrics import frechet_inception_distance, metric_main, metric_utils  # noqa: E402
+from torch_utils import persistence  # noqa: E402
 
 # Problems of the user's making (no detector, missing, mismatched or unreadable data): one line, exit code 1.
 _USER_ERRORS = (metric_utils.DetectorUnavailableError, ValueError, OSError)
@@ -127,8 +131,9 @@ def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
         backend = 'nccl' if args.use_cuda else 'gloo'
         torch.distributed.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{args.port}',
                                              rank=rank, world_size=args.num_gpus)
-        if not args.use_cuda:  # Share the CPU cores between the processes.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.num_gpus))
+        if not args.use_cuda and args.threads is None:  # Share the CPU cores between the processes.
+            args.threads = max(1, (os.cpu_count() or 1) // args.num_gpus)
+    set_threads(args.threads)
     device = torch.device('cuda', rank) if args.use_cuda else torch.device('cpu')
     if args.use_cuda:
         torch.cuda.set_device(device)
@@ -191,12 +196,13 @@ def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
               '[default: the official one]', metavar='PATH')
 @click.option('--workers', 'num_workers', help='Data loader worker processes per GPU [default: 3, or fewer on fewer CPUs]',
               type=click.IntRange(min=0), metavar='INT')
+@click.option('--threads', help='CPU threads per process  [default: one per core, shared out between the --gpus processes on a CPU]', type=click.IntRange(min=1))
 @click.option('--verbose', help='Print progress', type=bool, default=True, show_default=True, metavar='BOOL')
 @click.option('--num-gen', help='Override the number of generated images (tests only)', type=click.IntRange(min=1), hidden=True)
 @click.option('--max-real', help='Override the number of real images (tests only)', type=click.IntRange(min=1), hidden=True)
 def main(network_pkl: str | None, cfg: str | None, images: str | None, write_stats: str | None, metrics: str,
          data: str | None, ref_data: str | None, ref_stats: str | None, mirror: bool, num_gpus: int,
-         detector_url: str | None, pr_detector_url: str | None, num_workers: int | None, verbose: bool,
+         detector_url: str | None, pr_detector_url: str | None, num_workers: int | None, threads: int | None, verbose: bool,
          num_gen: int | None, max_real: int | None) -> None:
     if sum(x is not None for x in (network_pkl, images, write_stats)) != 1:
         raise click.ClickException('give one of --network (a generator), --images (a folder or zip of images) '
@@ -245,7 +251,7 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
                            images_kwargs=_dataset_kwargs(images) if images is not None else None, ref_stats=ref_stats,
                            write_stats=write_stats, mirror=mirror, num_gpus=num_gpus, use_cuda=use_cuda,
                            detector_url=detector_url, pr_detector_url=pr_detector_url, num_workers=num_workers,
-                           verbose=verbose, num_gen=num_gen, max_real=max_real,
+                           threads=threads, verbose=verbose, num_gen=num_gen, max_real=max_real,
                            run_dir=os.path.dirname(os.path.abspath(network_pkl)) if network_pkl and os.path.isfile(network_pkl) else None)
     if num_gpus == 1:
         subprocess_fn(rank=0, args=args)

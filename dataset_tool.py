@@ -29,13 +29,17 @@ import zipfile
 import zlib
 from typing import BinaryIO, Callable, Iterator, Optional
 
-import click
-import numpy as np
-import PIL
-import PIL.Image
-from tqdm import tqdm
+from torch_utils.threads import set_threads, set_wait_policy
 
-from training.dataset import DatasetError, image_channels
+set_wait_policy()  # Before torch is imported (training/dataset.py imports it; torch_utils/threads.py).
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
+import PIL  # noqa: E402
+import PIL.Image  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from training.dataset import DatasetError, image_channels  # noqa: E402
 
 CIFAR10_SIZE = 32     # CIFAR-10 images are 32x32 RGB, stored as rows of 3*32*32 bytes (channel, row, column).
 STL10_SIZE = 96       # STL-10 images are 96x96 RGB, stored per channel in column-major order.
@@ -525,7 +529,9 @@ def encode_png(pixels: np.ndarray) -> bytes:
 @click.option('--resolution', help='Output size, e.g. 256x256 (resizes images that differ)', callback=parse_resolution, metavar='WxH')
 @click.option('--transform', help='Crop before resizing to --resolution', type=click.Choice(['center-crop', 'center-crop-wide']))
 @click.option('--subset', help='CIFAR-10: train (default) or test; STL-10: unlabeled (default), train or test', type=click.Choice(['train', 'test', 'unlabeled']))
-def main(source: str, dest: str, max_images: Optional[int], resolution: Optional[tuple[int, int]], transform: Optional[str], subset: Optional[str]) -> None:
+@click.option('--threads', help='CPU threads of torch  [default: one per core]; the image conversion itself runs on one', type=click.IntRange(min=1))
+def main(source: str, dest: str, max_images: Optional[int], resolution: Optional[tuple[int, int]], transform: Optional[str], subset: Optional[str],
+         threads: Optional[int]) -> None:
     """Convert an image dataset into the zip format that training reads.
 
     \b
@@ -544,6 +550,7 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
     Grayscale sources stay 1-channel. All images must come out square and of
     one size; --resolution (with --transform for non-square sources) sees to it.
     """
+    set_threads(threads)
     transform_pixels = make_transform(transform, resolution)
     check_dest(dest)
     src = open_source(source, subset, max_images)

@@ -24,13 +24,17 @@ import math
 import os
 import shutil
 
-import click
-import numpy as np
-import torch
+from torch_utils.threads import set_threads, set_wait_policy
 
-import dnnlib
-import legacy
-from torch_utils import misc, persistence
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import dnnlib  # noqa: E402
+import legacy  # noqa: E402
+from torch_utils import misc, persistence  # noqa: E402
 
 MAX_SEED = 2 ** 32 - 1            # np.random.RandomState takes seeds in [0, 2^32).
 V1_TRUNCATION_CUTOFF = 8          # StyleGAN v1 truncates the first 8 style layers (resolutions 4 to 32).
@@ -142,9 +146,11 @@ def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int
               '[default: StyleGAN\'s figure, rows split 3:2:1 into coarse (0-3), middle (4-7) and fine (8-)]', metavar='STYLES')
 @click.option('--outdir', help='Where to write the images', metavar='DIR', required=True)
 @click.option('--batch', help='Images per forward pass (StyleGAN with random noise: 1, so that an image depends on its seed only)', type=click.IntRange(min=1), default=16, show_default=True)
+@click.option('--threads', help='CPU threads  [default: one per core]', type=click.IntRange(min=1))
 def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, truncation_cutoff: int | None, class_idx: int | None,
          noise_mode: str | None, grid: bool, mix_rows: str | None, mix_cols: str | None, mix_styles: str | None, outdir: str,
-         batch: int) -> None:
+         batch: int, threads: int | None) -> None:
+    set_threads(threads)
     # Everything that can be checked is checked before the output directory is made.
     if not math.isfinite(truncation_psi):
         raise click.ClickException(f'--trunc must be a finite number, not {truncation_psi}')

@@ -24,13 +24,17 @@ import re
 import socket
 import sys
 
-import click
-import torch
+from torch_utils.threads import set_threads, set_wait_policy
 
-import dnnlib
-from torch_utils import persistence
-from training.loss import LOSSES, NORMS
-from training.precision import PRECISIONS
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import click  # noqa: E402
+import torch  # noqa: E402
+
+import dnnlib  # noqa: E402
+from torch_utils import persistence  # noqa: E402
+from training.loss import LOSSES, NORMS  # noqa: E402
+from training.precision import PRECISIONS  # noqa: E402
 
 QUICKSTART_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'digits32.zip')
 
@@ -43,8 +47,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None) -> None:
-    """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker.
+def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_threads: int | None) -> None:
+    """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, with
+    `num_threads` CPU threads (None: the cores shared out between the processes on a CPU, torch's default on a GPU).
 
     A run that diverges, meets a bad image or cannot write its results ends with one line on stderr
     and a non-zero exit; its run directory keeps the log and the last finite snapshot.
@@ -54,6 +59,9 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None) -> N
     from training.reporter import TrainingDiverged
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', rank)))
+    elif num_threads is None and args.num_gpus > 1:
+        num_threads = max(1, (os.cpu_count() or 1) // args.num_gpus)
+    set_threads(num_threads)
     if args.num_gpus > 1 and not torch.distributed.is_initialized():
         _init_process_group(init_method, rank=rank, world_size=args.num_gpus)
     logger = dnnlib.util.Logger(os.path.join(args.run_dir, 'log.txt')) if rank == 0 else None
@@ -80,16 +88,17 @@ def _next_run_dir(outdir: str, desc: str) -> str:
     return os.path.join(outdir, f'{max(prev, default=-1) + 1:05d}-{desc}')
 
 
-def _open_dataset(data: str, use_labels: bool) -> tuple[dict, object]:
-    """Open the training data and return its kwargs and the dataset (labels only for conditional presets)."""
+def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> tuple[dict, object]:
+    """Open the training data (or the reference data of `option`) and return its kwargs and the dataset (labels
+    only for conditional presets)."""
     from training.dataset import ImageFolderDataset
     if not os.path.exists(data):
-        raise click.ClickException(f'--data: no such file or folder: {data}')
+        raise click.ClickException(f'{option}: no such file or folder: {data}')
     try:
         dataset = ImageFolderDataset(path=os.path.abspath(data), use_labels=use_labels)  # Snapshots work from any folder.
         dataset.validate()  # Every image's header (size, channels, bit depth), before a run directory exists.
     except (OSError, ValueError) as e:
-        raise click.ClickException(f'--data: {e}')
+        raise click.ClickException(f'{option}: {e}')
     return dnnlib.EasyDict(dataset.init_kwargs), dataset
 
 
@@ -194,6 +203,7 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--pr-detector', help='VGG16 detector (TorchScript) of precision/recall: path or URL (offline machines)', metavar='PATH_OR_URL')
 @click.option('--resume', help='Continue from a network snapshot (optimizer state, progress and random streams included) in a new run directory; --cfg, --norm, --loss, --cr, --precision, --seed and --data default to the snapshot\'s', metavar='PKL')
 @click.option('--resume-override', help='With --resume: accept --cfg, --norm, --loss, --cr, --precision, --seed or --data differing from the snapshot\'s (recorded in training_options.json)', is_flag=True)
+@click.option('--threads', help='CPU threads per process  [default: one per core, shared out between the --gpus processes on a CPU]; idle threads sleep at once (OMP_WAIT_POLICY=PASSIVE unless set), so a busy machine slows a run about in proportion', type=click.IntRange(min=1))
 @click.option('--workers', help='DataLoader worker processes per process  [default: 3 with CUDA, 0 on a CPU, where workers would compete with training for the cores]', type=click.IntRange(min=0))
 @click.option('--dry-run', help='Print the options and the schedule (phases, batches, accumulation, lr) and exit', is_flag=True)
 def main(**opts):
@@ -236,10 +246,18 @@ def main(**opts):
         metric_kwargs.ref_stats = os.path.abspath(opts.ref_stats)
     if any(m in ('fid50k', 'fid10k') for m in metrics) and opts.ref_data is None and opts.ref_stats is None:
         raise click.ClickException('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats')
-    from metrics import metric_main
+    from metrics import frechet_inception_distance, metric_main, metric_utils
     try:
         best_metric = metric_main.best_metric_name(metrics, opts.best_metric)
-    except ValueError as e:
+        if opts.ref_stats is not None:
+            frechet_inception_distance.load_ref_stats(opts.ref_stats)  # mu [D] and sigma [D, D], finite.
+        if opts.ref_data is not None:
+            ref_shape = _open_dataset(opts.ref_data, use_labels=False, option='--ref-data')[1].image_shape
+            if list(ref_shape) != list(dataset.image_shape):
+                raise ValueError(f'--ref-data holds {ref_shape[2]}x{ref_shape[1]} images with {ref_shape[0]} channel(s), '
+                                 f'the training data {dataset.resolution}x{dataset.resolution} with {dataset.num_channels}')
+        metric_main.check_detectors(metrics, opts.detector, opts.pr_detector)  # Fetched now, not hours in.
+    except (ValueError, metric_utils.DetectorUnavailableError) as e:
         raise click.ClickException(str(e))
 
     # Everything the training loop takes.
@@ -297,12 +315,13 @@ def main(**opts):
     if distributed_env:
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # The run directory exists before any worker writes to it.
-        _run_process(rank, args, init_method=None)
+        _run_process(rank, args, init_method=None, num_threads=opts.threads)
     elif args.num_gpus == 1:
-        _run_process(0, args, init_method=None)
+        _run_process(0, args, init_method=None, num_threads=opts.threads)
     else:
         try:
-            torch.multiprocessing.spawn(_run_process, args=(args, f'tcp://127.0.0.1:{_free_port()}'), nprocs=args.num_gpus)
+            torch.multiprocessing.spawn(_run_process, args=(args, f'tcp://127.0.0.1:{_free_port()}', opts.threads),
+                                        nprocs=args.num_gpus)
         except torch.multiprocessing.ProcessExitedException as e:
             sys.exit(e.exit_code or 1)  # The process printed its reason.
 

@@ -64,6 +64,16 @@ def best_metric_name(metrics: list[str], best_metric: str | None = None) -> str 
     return best_metric
 
 
+def check_detectors(metrics: list[str], detector_url: str | None = None, pr_detector_url: str | None = None) -> None:
+    """Load every feature detector that `metrics` need (a URL is fetched into the download cache), so that a
+    run learns at its start, not at its first snapshot, that one is missing, unreachable or not a detector:
+    DetectorUnavailableError with one line naming the option that replaces it."""
+    needed = {(pr_detector_url or metric_utils.VGG16_URL, '--pr-detector') if metric in _VGG16_METRICS else
+              (detector_url or metric_utils.INCEPTION_URL, '--detector') for metric in metrics}
+    for url, option in sorted(needed):
+        metric_utils.get_feature_detector(url, option=option)
+
+
 def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: dict | None = None,
                 ref_dataset_kwargs: dict | None = None, images_kwargs: dict | None = None, ref_stats: str | None = None,
                 num_gpus: int = 1, rank: int = 0, device: torch.device = torch.device('cpu'),

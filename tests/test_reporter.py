@@ -110,3 +110,15 @@ def test_divergence_by_a_nonfinite_weight(tmp_path):
     with pytest.raises(TrainingDiverged, match=r'between G steps 1 and 6: non-finite weight D.bias'):
         reporter.tick(updaters, state, done=False)
     reporter.tick(_updaters(), state, done=False)  # Finite networks and flags: no stop.
+
+
+def test_progress_line_says_when_the_cpu_is_starved(tmp_path, monkeypatch):
+    import os
+    schedule = schedule_lib.FixedSchedule(batch_D=4, batch_G=8, n_dis=1, lr_G=1e-3, lr_D=1e-3, total_steps=10)
+    lines = []
+    reporter, state = _reporter(tmp_path, schedule, lines)
+    monkeypatch.setattr(os, 'cpu_count', lambda: 2)
+    for load, expected in [(2.4, None), (3.1, 'starved (load 3.1 on 2 cores)')]:
+        monkeypatch.setattr(os, 'getloadavg', lambda load=load: (load, load, load))
+        reporter.tick(_updaters(), state, done=False)
+        assert ('starved' in lines[-1]) == (expected is not None) and (expected is None or expected in lines[-1])

@@ -183,13 +183,22 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--resume=/nonexistent.pkl'], '--resume'),
     (['--metrics=fid1k_wrong'], 'unknown'),
     (['--cfg=gn-stylegan', '--resolution=64'], 'exceeds'),
+    # Metrics that could not be computed are found before the first step, not at the first snapshot.
+    (['--metrics=fid10k_full', '--detector=/nonexistent/inception.pt'], 'cannot load the feature detector /nonexistent/inception.pt'),
+    (['--metrics=is50k', '--detector={notes}'], 'pass --detector=PATH_OR_URL of a TorchScript detector'),
+    (['--metrics=pr50k3_full', '--pr-detector=http://127.0.0.1:9/vgg16.pt'], 'pass --pr-detector=/path/to/vgg16.pt'),
+    (['--metrics=fid10k', '--ref-stats={notes}'], 'is not an .npz file of mu and sigma'),
+    (['--metrics=fid10k', '--ref-data={unlabeled}'], '--ref-data holds 32x32 images with 3 channel(s)'),
+    (['--metrics=kid50k_full', '--best-metric=kid50k_full'], 'best'),
 ])
 def test_user_errors_are_one_line(tmp_path, args, message):
     digits = os.path.join(REPO_ROOT, 'data', 'digits32.zip')
     unlabeled = tmp_path / 'unlabeled'
     unlabeled.mkdir()
     PIL.Image.fromarray(np.zeros([32, 32, 3], dtype=np.uint8)).save(unlabeled / 'a.png')
-    args = [a.format(digits=digits, unlabeled=unlabeled) for a in args]
+    notes = tmp_path / 'notes.txt'  # A file that is neither a detector nor statistics.
+    notes.write_text('not a detector')
+    args = [a.format(digits=digits, unlabeled=unlabeled, notes=notes) for a in args]
     if not any(a.startswith('--outdir') for a in args):
         args = [f'--outdir={tmp_path / "runs"}', *args]
     result = run_cli('train.py', *args, check=False)

@@ -7,7 +7,8 @@ At every tick (kimg_per_tick thousand real images) `TickReporter.tick()`
         the first such G step and network, from the updaters' device-side flags, and the loss terms
         that were non-finite; with fp16 (overflowing steps are skipped) a non-finite weight instead,
     prints the progress line (kimg, share done, ETA, phase of progressive growing with its lod,
-        sec/kimg, time spent on grids/snapshots/metrics, memory, losses),
+        sec/kimg, time spent on grids/snapshots/metrics, memory, losses; on a CPU, 'starved' when
+        more threads want to run than there are cores: torch_utils/threads.py),
 and `end_tick()` appends the statistics to stats.jsonl and TensorBoard (when installed). `ImageGrids` writes reals.png once
 and fakes<kimg>.png of G_ema on fixed latents (one row per class for conditional data).
 Everything is written by process 0; the others only take part in the collective operations.
@@ -25,7 +26,7 @@ import psutil
 import torch
 
 import dnnlib
-from torch_utils import misc, training_stats
+from torch_utils import misc, threads, training_stats
 from training.updater import NEVER, NetworkUpdater
 
 #----------------------------------------------------------------------------
@@ -148,6 +149,8 @@ class TickReporter:
         if self.device.type == 'cuda':
             fields += [f'gpumem {torch.cuda.max_memory_allocated(self.device) / 2**30:<5.2f}']
             torch.cuda.reset_peak_memory_stats()
+        elif (busy := threads.contention()) is not None:  # Other programs compete for the cores.
+            fields += [f'starved ({busy})']
         fields += [f'{short} {stats[name].mean:<7.3f}' for name, short in [('Loss/D/loss', 'loss_D'), ('Loss/G/loss', 'loss_G')]
                    if name in stats]
         self.log(' '.join(fields))
