@@ -178,22 +178,22 @@ def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
 
 
 @click.command(help=__doc__)
-@click.option('--network', 'network_pkl', help='Network snapshot, or official GN-GAN checkpoint with --cfg: path or URL', metavar='PATH')
+@click.option('--network', 'network_pkl', help='Network snapshot, or official GN-GAN checkpoint with --cfg: path or URL', metavar='PATH', callback=dnnlib.util.expand_user)
 @click.option('--cfg', help='Preset of the official checkpoint given as --network', type=click.Choice(legacy.official_cfgs()))
-@click.option('--images', help='Evaluate the images of this folder or zip instead of a network', metavar='PATH')
-@click.option('--write-stats', help='Write mu and sigma of the Inception features of --data to this .npz, then exit', metavar='NPZ')
+@click.option('--images', help='Evaluate the images of this folder or zip instead of a network', metavar='PATH', callback=dnnlib.util.expand_user)
+@click.option('--write-stats', help='Write mu and sigma of the Inception features of --data to this .npz, then exit', metavar='NPZ', callback=dnnlib.util.expand_user)
 @click.option('--metrics', help='Comma-separated list of metrics', metavar='LIST', default='fid50k_full', show_default=True)
-@click.option('--data', help='Training set, zip or folder [default: the snapshot\'s training set]', metavar='PATH')
-@click.option('--ref-data', help='Reference split of fid50k / fid10k, zip or folder', metavar='PATH')
-@click.option('--ref-stats', help='FID reference statistics (.npz of mu and sigma) replacing the real images of every FID metric', metavar='NPZ')
+@click.option('--data', help='Training set, zip or folder [default: the snapshot\'s training set]', metavar='PATH', callback=dnnlib.util.expand_user)
+@click.option('--ref-data', help='Reference split of fid50k / fid10k, zip or folder', metavar='PATH', callback=dnnlib.util.expand_user)
+@click.option('--ref-stats', help='FID reference statistics (.npz of mu and sigma) replacing the real images of every FID metric', metavar='NPZ', callback=dnnlib.util.expand_user)
 @click.option('--mirror', help='Add x-flipped copies of the real images (not the paper protocol)', type=bool,
               is_flag=False, flag_value=True, default=False, metavar='BOOL', show_default=True)
 @click.option('--gpus', 'num_gpus', help='Number of processes (GPUs, or CPU processes without CUDA)', type=click.IntRange(min=1),
               default=1, show_default=True, metavar='INT')
 @click.option('--detector', 'detector_url', help='Inception-v3 detector (TorchScript) of FID, IS and KID: path or URL '
-              '[default: the official one]', metavar='PATH')
+              '[default: the official one]', metavar='PATH', callback=dnnlib.util.expand_user)
 @click.option('--pr-detector', 'pr_detector_url', help='VGG16 detector (TorchScript) of precision/recall: path or URL '
-              '[default: the official one]', metavar='PATH')
+              '[default: the official one]', metavar='PATH', callback=dnnlib.util.expand_user)
 @click.option('--workers', 'num_workers', help='Data loader worker processes per GPU [default: 3, or fewer on fewer CPUs]',
               type=click.IntRange(min=0), metavar='INT')
 @click.option('--threads', help='CPU threads per process  [default: one per core, shared out between the --gpus processes on a CPU]', type=click.IntRange(min=1))

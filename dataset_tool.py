@@ -39,6 +39,7 @@ import PIL  # noqa: E402
 import PIL.Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+import dnnlib  # noqa: E402
 from training.dataset import DatasetError, image_channels  # noqa: E402
 
 CIFAR10_SIZE = 32     # CIFAR-10 images are 32x32 RGB, stored as rows of 3*32*32 bytes (channel, row, column).
@@ -523,8 +524,8 @@ def encode_png(pixels: np.ndarray) -> bytes:
 #----------------------------------------------------------------------------
 
 @click.command()
-@click.option('--source', help='Image folder or zip, cifar-10-python.tar.gz, stl10_binary.tar.gz (or its folder), LSUN lmdb folder', required=True, metavar='PATH')
-@click.option('--dest', help='Output: a .zip archive, or else a folder', required=True, metavar='PATH')
+@click.option('--source', help='Image folder or zip, cifar-10-python.tar.gz, stl10_binary.tar.gz (or its folder), LSUN lmdb folder', required=True, metavar='PATH', callback=dnnlib.util.expand_user)
+@click.option('--dest', help='Output: a .zip archive, or else a folder', required=True, metavar='PATH', callback=dnnlib.util.expand_user)
 @click.option('--max-images', help='Use at most this many images (the first ones)', type=click.IntRange(min=1), metavar='INT')
 @click.option('--resolution', help='Output size, e.g. 256x256 (resizes images that differ)', callback=parse_resolution, metavar='WxH')
 @click.option('--transform', help='Crop before resizing to --resolution', type=click.Choice(['center-crop', 'center-crop-wide']))

@@ -76,6 +76,22 @@ def _parse_seeds(text: str, option: str) -> list[int]:
     return seeds
 
 
+def _device(name: str | None) -> torch.device:
+    """The --device to generate on, refused in one line if torch cannot use it."""
+    if name is None:
+        return torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise click.ClickException(f'--device: "{name}" is not a device; use cpu, cuda or cuda:N') from None
+    if device.type not in ('cpu', 'cuda'):
+        raise click.ClickException(f'--device: use cpu, cuda or cuda:N, not {name}')
+    if device.type == 'cuda' and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise click.ClickException(f'--device={name}: torch sees {torch.cuda.device_count()} CUDA GPU(s)'
+                                   f'{"" if torch.cuda.is_available() else " (no CUDA here)"}')
+    return device
+
+
 def _labels(G: torch.nn.Module, class_idx: int | None, n: int, device: torch.device) -> torch.Tensor:
     c = torch.zeros(n, G.c_dim, device=device)
     if G.c_dim == 0:
@@ -131,7 +147,7 @@ def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int
 
 
 @click.command(help=__doc__)
-@click.option('--network', 'network', help='Network snapshot file or URL', metavar='PKL_OR_URL', required=True)
+@click.option('--network', 'network', help='Network snapshot file or URL', metavar='PKL_OR_URL', required=True, callback=dnnlib.util.expand_user)
 @click.option('--cfg', help='Preset of an official GN-GAN checkpoint given as --network', type=click.Choice(legacy.official_cfgs()))
 @click.option('--seeds', help='Seeds in 0..2^32-1, e.g. 0-63 or 1,5,9', default='0-7', show_default=True)
 @click.option('--trunc', 'truncation_psi', help='Truncation psi (StyleGAN networks; 1 = off)', type=float, default=1, show_default=True)
@@ -144,14 +160,16 @@ def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int
 @click.option('--mix-cols', help='Style mixing: seeds giving the columns (StyleGAN)', metavar='SEEDS')
 @click.option('--mix-styles', help='Style mixing: layers the rows take from the columns: coarse, middle, fine or a list such as 0-3  '
               '[default: StyleGAN\'s figure, rows split 3:2:1 into coarse (0-3), middle (4-7) and fine (8-)]', metavar='STYLES')
-@click.option('--outdir', help='Where to write the images', metavar='DIR', required=True)
+@click.option('--outdir', help='Where to write the images', metavar='DIR', required=True, callback=dnnlib.util.expand_user)
 @click.option('--batch', help='Images per forward pass (StyleGAN with random noise: 1, so that an image depends on its seed only)', type=click.IntRange(min=1), default=16, show_default=True)
 @click.option('--threads', help='CPU threads  [default: one per core]', type=click.IntRange(min=1))
+@click.option('--device', help='cpu, cuda or cuda:N  [default: the first GPU if there is one (CUDA_VISIBLE_DEVICES picks which), else cpu]', metavar='DEVICE')
 def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, truncation_cutoff: int | None, class_idx: int | None,
          noise_mode: str | None, grid: bool, mix_rows: str | None, mix_cols: str | None, mix_styles: str | None, outdir: str,
-         batch: int, threads: int | None) -> None:
-    set_threads(threads)
+         batch: int, threads: int | None, device: str | None) -> None:
     # Everything that can be checked is checked before the output directory is made.
+    set_threads(threads)
+    device = _device(device)
     if not math.isfinite(truncation_psi):
         raise click.ClickException(f'--trunc must be a finite number, not {truncation_psi}')
     if (mix_rows is None) != (mix_cols is None):
@@ -164,7 +182,6 @@ def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, trunc
     if os.path.exists(outdir) and not os.path.isdir(outdir):
         raise click.ClickException(f'--outdir: {outdir} exists and is not a directory')
 
-    device = torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
     G = _load_generator(network, device, cfg)
     is_stylegan = hasattr(G, 'mapping') and hasattr(G, 'synthesis')
     if not is_stylegan and (truncation_psi != 1 or truncation_cutoff is not None or noise_mode is not None or mixing):

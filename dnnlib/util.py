@@ -161,6 +161,12 @@ def construct_class_by_name(*args: Any, class_name: str, **kwargs: Any) -> Any:
 # Formatting and parsing.
 
 
+def expand_user(ctx: Any, param: Any, value: str | None) -> str | None:
+    """click callback of path options: a leading '~' or '~user' expanded (no shell expands it after '=');
+    URLs and other values pass unchanged."""
+    return None if value is None else os.path.expanduser(value)
+
+
 def format_time(seconds: float) -> str:
     """Human-readable duration: '42s', '3m 05s', '2h 01m 09s', '1d 04h 00m'."""
     s = int(round(seconds))

@@ -170,7 +170,9 @@ def assert_one_line_error(result, message):
     (['--seeds=0-2', '--trunc=inf'], '--trunc must be a finite number'),
     (['--mix-rows=', '--mix-cols=1'], '--mix-rows: no seeds given'),
     (['--mix-rows=0', '--mix-cols=1', '--mix-styles=fine'], 'none of them fine'),
-])
+    (['--device=mps'], '--device: use cpu, cuda or cuda:N, not mps'),
+    (['--device=gpu0'], '--device: "gpu0" is not a device'),
+] + ([] if torch.cuda.is_available() else [(['--device=cuda:0'], '--device=cuda:0: torch sees 0 CUDA GPU(s) (no CUDA here)')]))
 def test_bad_arguments_leave_nothing(stylegan_pkl, tmp_path, args, message):
     result = invoke(f'--network={stylegan_pkl}', *args, f'--outdir={tmp_path / "out"}')
     assert_one_line_error(result, message)

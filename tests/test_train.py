@@ -319,3 +319,13 @@ def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
     run_cli('train.py', *common[:1], '--steps=3', *common[2:], f'--resume={snap}', '--seed=4', '--resume-override')
     overridden = json.load(open(os.path.join(outdir, sorted(os.listdir(outdir))[-1], 'training_options.json')))
     assert overridden['resume_overrides'] == ['--seed=4 (was 3)'] and overridden['random_seed'] == 4
+
+
+def test_paths_after_equals_signs_expand_the_home_directory(tmp_path, monkeypatch):
+    """No shell expands '~' in '--data=~/x.zip': the tools do, in every path option."""
+    import shutil
+    monkeypatch.setenv('HOME', str(tmp_path))
+    shutil.copy(os.path.join(REPO_ROOT, 'data', 'digits32.zip'), tmp_path / 'digits.zip')
+    run_cli('dataset_tool.py', '--source=~/digits.zip', '--dest=~/copy.zip')
+    result = run_cli('train.py', '--data=~/copy.zip', '--outdir=~/runs', '--dry-run')
+    assert f'"path": "{tmp_path / "copy.zip"}"' in result.stdout
