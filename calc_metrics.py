@@ -5,7 +5,8 @@ Examples:
 
 \b
   # FID against the whole training set and Inception Score (the CIFAR-10 numbers of the paper):
-  python calc_metrics.py --network=runs/00000-cifar10/network-snapshot-200000.pkl --metrics=fid50k_full,is50k
+  # (cifar10-resnet: 200k G steps x 5 D steps x 64 reals = 64,000 kimg, the snapshot's label)
+  python calc_metrics.py --network=training-runs/00000-cifar10-cifar10-resnet-gn/network-snapshot-064000.pkl --metrics=fid50k_full,is50k
 
 \b
   # FID of 10k images against the CIFAR-10 test split, on 8 GPUs:
@@ -13,17 +14,17 @@ Examples:
 
 \b
   # FID against the authors' reference statistics, for an official checkpoint:
-  python calc_metrics.py --network=best_model.pt --cfg=cifar10-resnet --metrics=fid50k_full,is50k \
+  python calc_metrics.py --network=best_model.pt --cfg=cifar10-resnet --metrics=fid50k_full,is50k \\
       --ref-stats=cifar10.train.npz
 
 \b
   # Write the statistics of a dataset in the same format (mu, sigma):
-  python calc_metrics.py --data=cifar10-train.zip --write-stats=cifar10.train.npz
+  python calc_metrics.py --data=cifar10.zip --write-stats=cifar10.train.npz
 
 \b
   # Images from elsewhere (no network), and FID between two datasets:
-  python calc_metrics.py --images=samples/ --metrics=fid50k_full,is50k --data=cifar10-train.zip
-  python calc_metrics.py --images=cifar10-test.zip --metrics=fid10k_full --data=cifar10-train.zip
+  python calc_metrics.py --images=samples/ --metrics=fid50k_full,is50k --data=cifar10.zip
+  python calc_metrics.py --images=cifar10-test.zip --metrics=fid10k_full --data=cifar10.zip
 
 \b
   # No internet access: fetch the detectors elsewhere, then point to them:

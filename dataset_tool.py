@@ -540,7 +540,7 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
     python dataset_tool.py --source=cifar-10-python.tar.gz --dest=cifar10.zip
     python dataset_tool.py --source=cifar-10-python.tar.gz --subset=test --dest=cifar10-test.zip
     python dataset_tool.py --source=stl10_binary.tar.gz --dest=stl10-48.zip --resolution=48x48
-    python dataset_tool.py --source=celeba-hq-1024/ --dest=celebahq256.zip --resolution=256x256
+    python dataset_tool.py --source=celeba-hq-1024/ --dest=celebahq-256.zip --resolution=256x256
     python dataset_tool.py --source=church_outdoor_train_lmdb/ --dest=church256.zip \\
         --resolution=256x256 --transform=center-crop
 

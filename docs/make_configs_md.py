@@ -96,7 +96,8 @@ Every preset takes:
   same on 1 or 8 GPUs, only slower on fewer. All losses are means of per-sample terms, so the
   accumulated gradient is the full batch's (BatchNorm statistics are per round, as they are per GPU).
 
-Random horizontal flips are applied to the real images of every preset. `train.py --dry-run`
+Random horizontal flips are applied to the real images of every paper preset (not `quickstart`:
+mirrored digits are not digits; the preset key `xflip`). `train.py --dry-run`
 prints the schedule of a run (steps, batches, rounds; for gn-stylegan every phase) and exits.
 
 ## gn-stylegan schedule
