@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import PIL.Image
 import pytest
+import torch
 
 from torch_utils import persistence
 from training import progressive
@@ -329,3 +330,30 @@ def test_paths_after_equals_signs_expand_the_home_directory(tmp_path, monkeypatc
     run_cli('dataset_tool.py', '--source=~/digits.zip', '--dest=~/copy.zip')
     result = run_cli('train.py', '--data=~/copy.zip', '--outdir=~/runs', '--dry-run')
     assert f'"path": "{tmp_path / "copy.zip"}"' in result.stdout
+
+
+def test_two_nodes_under_torchrun_train_as_two_gpus(dataset_zip, tmp_path):
+    """Two torchrun launchers, one per "node" (--nnodes=2, loopback rendezvous, gloo), with a shared --outdir: the
+    final G, D and G_ema equal those of --gpus=2 bit for bit, and only global rank 0 makes a run directory."""
+    import socket
+    common = ['--cfg=quickstart', f'--data={dataset_zip}', '--steps=3', '--batch=4', '--tick=0.004', '--workers=0']
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    launchers = [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=1',
+                                   f'--node_rank={node}', '--master_addr=127.0.0.1', f'--master_port={port}', 'train.py',
+                                   f'--outdir={tmp_path / "nodes"}', *common], cwd=REPO_ROOT, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    outputs = [launcher.communicate(timeout=600)[0] for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [0, 0], outputs
+    run_cli('train.py', f'--outdir={tmp_path / "gpus"}', '--gpus=2', *common)
+    nodes, gpus = only_run_dir(str(tmp_path / 'nodes')), only_run_dir(str(tmp_path / 'gpus'))
+    assert snapshots(nodes) == snapshots(gpus)
+    a = persistence.load_snapshot(os.path.join(nodes, snapshots(nodes)[-1]))
+    b = persistence.load_snapshot(os.path.join(gpus, snapshots(gpus)[-1]))
+    assert a.progress.step == 3
+    for name in ('G', 'D', 'G_ema'):
+        for (key, x), y in zip(a[name].state_dict().items(), b[name].state_dict().values()):
+            assert torch.equal(x, y), f'{name}.{key}'
+    assert 'Exiting...' in outputs[0] and 'Exiting...' not in outputs[1]  # Rank 0 reports; rank 1 trains silently.
