@@ -274,20 +274,23 @@ def main(**opts):
     dataset_name = os.path.splitext(os.path.basename(os.path.normpath(opts.data)))[0]
     desc = f'{dataset_name}-{cfg.name}-{cfg.loss_kwargs.norm}'
 
-    # Print the options and the schedule; a dry run stops here.
+    # Print the options (all of them: training_options.json) and the schedule, last so that it stays in view; a dry
+    # run stops here.
     record = dnnlib.util.to_plain(dict(args, resume_pkl=opts.resume, resume_overrides=resume_overrides, run_desc=desc))
     if rank == 0:
         print()
         print('Training options:')
         print(json.dumps(record, indent=2))
         print()
+        print(f'Run {desc}: --cfg={cfg.name} --norm={cfg.loss_kwargs.norm} --loss={cfg.loss_kwargs.loss} '
+              f'--cr={cfg.loss_kwargs.cr:g} --precision={opts.precision} --seed={opts.seed}, data {opts.data}')
         print('Schedule:')
         for line in dnnlib.util.construct_class_by_name(**args.schedule_kwargs).describe():
             print(f'  {line}')
         print()
     if opts.dry_run:
         if rank == 0:
-            print('Dry run; exiting.')
+            print('Dry run (the options above are what training_options.json would hold); exiting.')
         return
 
     # Run directory.

@@ -36,8 +36,8 @@ class TrainingDiverged(RuntimeError):
     """A loss or a gradient became NaN or Inf: the run stops, keeping its last finite snapshot."""
 
 
-DIVERGENCE_ADVICE = ('the last snapshot written before it is the last finite one; to go on, resume from it with a lower '
-                     'learning rate, fp32 or tf32 instead of fp16/bf16, or another --seed (docs/configs.md)')
+DIVERGENCE_ADVICE = ('the last snapshot written before it is the last finite one; to go on, resume from it with '
+                     '--precision=fp32 --resume-override if the run was fp16 or bf16, or start again with another --seed')
 
 #----------------------------------------------------------------------------
 
