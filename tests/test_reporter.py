@@ -80,11 +80,12 @@ def test_statistics_go_to_stats_jsonl(tmp_path):
     state.step, state.cur_nimg = 4, 16
     stats = reporter.tick(_updaters(), state, done=False)
     assert 'step 4 ' in lines[-1] and 'done  40.0%' in lines[-1] and 'loss_D 2.000' in lines[-1]
-    reporter.end_tick(stats, state)
+    reporter.end_tick(stats, state, chart=True)
     reporter.close()
     entry = json.loads(open(tmp_path / 'stats.jsonl').read())
     assert entry['Loss/D/loss'] == dict(num=2, mean=2.0, std=1.0)
     assert entry['Progress/step']['mean'] == 4 and entry['Progress/kimg']['mean'] == 0.016
+    assert (tmp_path / 'progress.png').is_file()
 
 
 def test_divergence_names_the_first_bad_step_and_network(tmp_path):

@@ -9,7 +9,8 @@ At every tick (kimg_per_tick thousand real images) `TickReporter.tick()`
     prints the progress line (kimg, share done, ETA, phase of progressive growing with its lod,
         sec/kimg, time spent on grids/snapshots/metrics, memory, losses; on a CPU, 'starved' when
         more threads want to run than there are cores: torch_utils/threads.py),
-and `end_tick()` appends the statistics to stats.jsonl and TensorBoard (when installed). `ImageGrids` writes reals.png once
+and `end_tick()` appends the statistics to stats.jsonl and TensorBoard (when installed) and, at a
+snapshot, redraws progress.png, the losses and metrics against kimg (training/charts.py). `ImageGrids` writes reals.png once
 and fakes<kimg>.png of G_ema on fixed latents (one row per class for conditional data).
 Everything is written by process 0; the others only take part in the collective operations.
 """
@@ -27,6 +28,7 @@ import torch
 
 import dnnlib
 from torch_utils import misc, threads, training_stats
+from training.charts import write_progress_chart
 from training.updater import NEVER, NetworkUpdater
 
 #----------------------------------------------------------------------------
@@ -172,8 +174,8 @@ class TickReporter:
         raise TrainingDiverged(f'training diverged {where}{" (loss terms: " + ", ".join(terms) + ")" if terms else ""}; '
                                f'{DIVERGENCE_ADVICE}')
 
-    def end_tick(self, stats: dict, state: Any) -> None:
-        """Append the tick's statistics to stats.jsonl and TensorBoard."""
+    def end_tick(self, stats: dict, state: Any, chart: bool) -> None:
+        """Append the tick's statistics to stats.jsonl and TensorBoard; redraw progress.png if `chart`."""
         if self.rank == 0:
             self.stats_jsonl.write(json.dumps(dict(stats, timestamp=time.time())) + '\n')
             self.stats_jsonl.flush()
@@ -181,6 +183,8 @@ class TickReporter:
                 for name, value in stats.items():
                     self.tb_writer.add_scalar(name, value.mean, global_step=int(state.cur_nimg / 1000))
                 self.tb_writer.flush()
+            if chart:
+                write_progress_chart(self.stats_jsonl.name, os.path.join(self.run_dir, 'progress.png'))
         self.tick_start_nimg, self.tick_start_step, self.tick_start_time = state.cur_nimg, state.step, time.time()
         self.maintenance_time = self.tick_start_time - self.maintenance_start
 

@@ -160,7 +160,7 @@ def training_loop(
             last_snapshot = snapshot_pkl
             if new_best:
                 log(f'New best {best_metric}: {state.best:.4g} -> network-best.pkl')
-        reporter.end_tick(stats, state)
+        reporter.end_tick(stats, state, chart=snapshot_due)
 
     # Done: say where the results are.
     reporter.close()
