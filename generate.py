@@ -16,6 +16,10 @@ Examples:
   # style-mixing figure (rows take coarse, middle or fine styles from the columns).
   python generate.py --network=snap.pkl --seeds=0-7 --trunc=0.7 --outdir=out
   python generate.py --network=snap.pkl --mix-rows=888,829,1898,1733,1614,845 --mix-cols=639,701,687,615,2268 --outdir=out
+
+\b
+  # A latent walk through seeds 0-7 and back to 0 (30 frames between two seeds); .mp4 needs imageio-ffmpeg.
+  python generate.py --network=snap.pkl --seeds=0-7 --video=out/walk.gif --outdir=out
 """
 
 from __future__ import annotations
@@ -163,10 +167,12 @@ def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int
 @click.option('--outdir', help='Where to write the images', metavar='DIR', required=True, callback=dnnlib.util.expand_user)
 @click.option('--batch', help='Images per forward pass (StyleGAN with random noise: 1, so that an image depends on its seed only)', type=click.IntRange(min=1), default=16, show_default=True)
 @click.option('--threads', help='CPU threads  [default: one per core]', type=click.IntRange(min=1))
+@click.option('--video', help='Also write a latent walk through --seeds (and back to the first) to this .gif or .mp4 (mp4: pip install imageio-ffmpeg)', metavar='PATH', callback=dnnlib.util.expand_user)
+@click.option('--video-frames', help='Video frames from one seed to the next (30 per second)', type=click.IntRange(min=1), default=30, show_default=True)
 @click.option('--device', help='cpu, cuda or cuda:N  [default: the first GPU if there is one (CUDA_VISIBLE_DEVICES picks which), else cpu]', metavar='DEVICE')
 def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, truncation_cutoff: int | None, class_idx: int | None,
          noise_mode: str | None, grid: bool, mix_rows: str | None, mix_cols: str | None, mix_styles: str | None, outdir: str,
-         batch: int, threads: int | None, device: str | None) -> None:
+         batch: int, threads: int | None, video: str | None, video_frames: int, device: str | None) -> None:
     # Everything that can be checked is checked before the output directory is made.
     set_threads(threads)
     device = _device(device)
@@ -181,6 +187,8 @@ def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, trunc
         seed_list = _parse_seeds(seeds, '--seeds')
     if os.path.exists(outdir) and not os.path.isdir(outdir):
         raise click.ClickException(f'--outdir: {outdir} exists and is not a directory')
+    if video is not None:
+        _check_video(video, mixing, [] if mixing else seed_list, outdir)
 
     G = _load_generator(network, device, cfg)
     is_stylegan = hasattr(G, 'mapping') and hasattr(G, 'synthesis')
@@ -209,6 +217,9 @@ def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, trunc
                 images = torch.cat([images, -torch.ones(gw * gh - len(seed_list), *images.shape[1:])])  # Black padding.
                 misc.save_image_grid(images, path, (gw, gh))
                 print(f'Wrote {path}')
+            if video is not None:
+                _latent_walk(G, seed_list, c, trunc if is_stylegan else {}, video_frames, device, video)
+                print(f'Wrote {video}')
     except OSError as e:
         if created:  # Nothing of a failed run stays in a directory it made.
             shutil.rmtree(outdir, ignore_errors=True)
@@ -234,6 +245,63 @@ def _generate(G: torch.nn.Module, seeds: list[int], c: torch.Tensor, trunc: dict
                 misc.save_image_grid(im[None], os.path.join(outdir, f'seed{seed:04d}.png'), grid_size=(1, 1))
             images.append(img)
     return torch.cat(images)
+
+
+def _check_video(path: str, mixing: bool, seeds: list[int], outdir: str) -> None:
+    """Refuse, in one line, a --video that cannot be written: style mixing, fewer than two seeds, an unknown
+    format, mp4 without its encoder, or a folder that does not exist (other than --outdir, which is made)."""
+    if mixing or len(seeds) < 2:
+        raise click.ClickException('--video walks through the --seeds: give two or more (and no style mixing)')
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in ('.gif', '.mp4'):
+        raise click.ClickException(f'--video: {path} must end in .gif or .mp4')
+    if extension == '.mp4':
+        try:
+            import imageio_ffmpeg  # noqa: F401  (imageio's mp4 writer)
+        except ImportError:
+            raise click.ClickException('--video: .mp4 needs imageio-ffmpeg (pip install imageio-ffmpeg); .gif works as installed') from None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) and folder != os.path.abspath(outdir):
+        raise click.ClickException(f'--video: no such folder {folder}')
+
+
+def slerp(a: torch.Tensor, b: torch.Tensor, t: float) -> torch.Tensor:
+    """Spherical interpolation between latents a and b (rows): the direction moves along the great circle,
+    (sin((1-t) W) a' + sin(t W) b') / sin W with a', b' the unit directions and W the angle between them, and
+    the length linearly from |a| to |b|; linear where a and b are (nearly) parallel."""
+    norm_a, norm_b = a.norm(dim=-1, keepdim=True), b.norm(dim=-1, keepdim=True)
+    unit_a, unit_b = a / norm_a, b / norm_b
+    angle = (unit_a * unit_b).sum(-1, keepdim=True).clamp(-1, 1).acos()
+    if float(angle.abs().max()) < 1e-6:
+        return torch.lerp(a, b, t)
+    direction = (torch.sin((1 - t) * angle) * unit_a + torch.sin(t * angle) * unit_b) / torch.sin(angle)
+    return torch.lerp(norm_a, norm_b, t) * direction
+
+
+def _latent_walk(G: torch.nn.Module, seeds: list[int], c: torch.Tensor, trunc: dict, frames_per_seed: int,
+                 device: torch.device, path: str) -> None:
+    """Frames of G along great circles between the seeds' latents (in order, then back to the first), 30 fps;
+    StyleGAN's noise fixed (const) so that the picture moves only with the latent."""
+    import imageio.v2 as imageio
+    z = _z(G, seeds + seeds[:1], device)
+    style = dict(trunc, noise_mode='const') if trunc else {}
+    frames = []
+    with torch.no_grad():
+        for i in range(len(seeds)):
+            for j in range(frames_per_seed):
+                img = G(slerp(z[i:i + 1], z[i + 1:i + 2], j / frames_per_seed), c, **style)
+                img = (img[0].permute(1, 2, 0) * 127.5 + 128).clamp(0, 255).to(torch.uint8).cpu().numpy()
+                frames.append(img.repeat(3, axis=2) if img.shape[2] == 1 else img)
+    tmp = f'{path}.{os.getpid()}.tmp{os.path.splitext(path)[1]}'
+    try:
+        if path.lower().endswith('.gif'):
+            imageio.mimsave(tmp, frames, duration=1000 / 30, loop=0)
+        else:
+            imageio.mimsave(tmp, frames, fps=30)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def _style_mixing_figure(G: torch.nn.Module, row_seeds: list[int], col_seeds: list[int], styles: list[list[int]],

@@ -236,3 +236,33 @@ def test_non_finite_weights_are_refused(tmp_path):
     result = invoke(f'--network={path}', f'--outdir={tmp_path / "out"}')
     assert_one_line_error(result, 'non-finite weights')
     assert not (tmp_path / 'out').exists()
+
+
+def test_slerp_moves_along_the_great_circle():
+    torch.manual_seed(0)
+    a, b = torch.randn(1, 64, dtype=torch.float64), torch.randn(1, 64, dtype=torch.float64)
+    angle = torch.arccos((a * b).sum() / (a.norm() * b.norm()))
+    for t in (0.0, 0.25, 0.5, 1.0):
+        x = generate.slerp(a, b, t)
+        # The angle to a grows as t * angle and the one to b shrinks alike (hand-derived property of the great circle).
+        to_a = torch.arccos(((x * a).sum() / (x.norm() * a.norm())).clamp(-1, 1))
+        to_b = torch.arccos(((x * b).sum() / (x.norm() * b.norm())).clamp(-1, 1))
+        assert float(to_a) == pytest.approx(t * float(angle), abs=1e-7)
+        assert float(to_b) == pytest.approx((1 - t) * float(angle), abs=1e-7)
+    torch.testing.assert_close(generate.slerp(a, 2 * a, 0.5), 1.5 * a)  # Parallel: linear.
+
+
+def test_video_walks_through_the_seeds(stylegan_pkl, tmp_path):
+    import imageio.v2 as imageio
+    result = invoke(f'--network={stylegan_pkl}', '--seeds=3,9', '--noise-mode=const', '--video-frames=5',
+                    f'--video={tmp_path / "out" / "walk.gif"}', f'--outdir={tmp_path / "out"}')
+    assert result.exit_code == 0, result.output
+    frames = imageio.mimread(tmp_path / 'out' / 'walk.gif')
+    assert len(frames) == 2 * 5  # 3 -> 9 and back to 3.
+    # The first frame is seed 3 itself (noise const), as generate.py draws it (rounding aside).
+    assert np.abs(frames[0][:, :, :3].astype(np.int32) - read(tmp_path / 'out' / 'seed0003.png')).max() <= 1
+    assert np.abs(frames[5][:, :, :3].astype(np.int32) - read(tmp_path / 'out' / 'seed0009.png')).max() <= 1
+    for args, message in [(['--seeds=3'], 'two or more'), (['--seeds=3,4', f'--video={tmp_path / "w.avi"}'], '.gif or .mp4'),
+                          (['--seeds=3,4', f'--video={tmp_path / "nowhere" / "w.gif"}'], 'no such folder')]:
+        video = [] if any(a.startswith('--video') for a in args) else [f'--video={tmp_path / "w.gif"}']
+        assert_one_line_error(invoke(f'--network={stylegan_pkl}', *args, *video, f'--outdir={tmp_path / "x"}'), message)
