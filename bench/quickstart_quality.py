@@ -151,6 +151,19 @@ def generate(network: str, num: int, seed: int) -> tuple[torch.Tensor, np.ndarra
     c = torch.zeros(num, 0) if classes is None else F.one_hot(torch.from_numpy(classes), 10).float()
     return torch.cat([G(zb, cb) for zb, cb in zip(z.split(256), c.split(256))]), classes
 
+def trained_judge(epochs: int, seed: int) -> dict:
+    """The classifier trained on a stratified 80% of the digits, with what judging needs: `net`, the reference
+    statistics `ref_mu`, `ref_sigma` of its training split's features, and the held-out `test_images`,
+    `test_labels` and `accuracy`."""
+    images, labels = load_digits(DIGITS)
+    train_idx, test_idx = stratified_split(labels, 0.2, np.random.default_rng(seed))
+    net = train_classifier(images[train_idx], labels[train_idx], epochs=epochs, seed=seed)
+    _, train_feats = classify(net, images[train_idx])
+    test_probs, _ = classify(net, images[test_idx])
+    return dict(net=net, ref_mu=train_feats.mean(axis=0), ref_sigma=np.cov(train_feats, rowvar=False),
+                test_images=images[test_idx], test_labels=labels[test_idx].numpy(), num_train=len(train_idx),
+                accuracy=float((test_probs.argmax(axis=1) == labels[test_idx].numpy()).mean()))
+
 #----------------------------------------------------------------------------
 
 
@@ -167,18 +180,14 @@ def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, see
         if not os.path.isfile(network):
             raise click.ClickException(f'--network: no such file: {network}')
     start = time.time()
-    images, labels = load_digits(DIGITS)
-    train_idx, test_idx = stratified_split(labels, 0.2, np.random.default_rng(seed))
-    net = train_classifier(images[train_idx], labels[train_idx], epochs=epochs, seed=seed)
-    _, train_feats = classify(net, images[train_idx])
-    test_probs, _ = classify(net, images[test_idx])
-    accuracy = float((test_probs.argmax(axis=1) == labels[test_idx].numpy()).mean())
-    ref_mu, ref_sigma = train_feats.mean(axis=0), np.cov(train_feats, rowvar=False)
-    print(f'Classifier: {len(train_idx)} training digits, {epochs} epochs, held-out accuracy {accuracy:.3f} '
-          f'on {len(test_idx)} digits ({time.time() - start:.0f} s)')
+    j = trained_judge(epochs, seed)
+    net, ref_mu, ref_sigma, accuracy = j['net'], j['ref_mu'], j['ref_sigma'], j['accuracy']
+    num_test = len(j['test_labels'])
+    print(f'Classifier: {j["num_train"]} training digits, {epochs} epochs, held-out accuracy {accuracy:.3f} '
+          f'on {num_test} digits ({time.time() - start:.0f} s)')
 
-    real = judge(net, images[test_idx], labels[test_idx].numpy(), ref_mu, ref_sigma, threshold)
-    rows = [dict(name=f'real digits (held-out {len(test_idx)})', **real)]
+    real = judge(net, j['test_images'], j['test_labels'], ref_mu, ref_sigma, threshold)
+    rows = [dict(name=f'real digits (held-out {num_test})', **real)]
     for network in networks:
         rows.append(dict(name=network, **judge(net, *generate(network, num, seed), ref_mu, ref_sigma, threshold)))
 
@@ -191,8 +200,8 @@ def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, see
     if out is not None:
         result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
                       device='cpu', cpu_count=os.cpu_count(), torch=torch.__version__, num_threads=torch.get_num_threads(),
-                      threshold=threshold, num=num, epochs=epochs, seed=seed, classifier_train=len(train_idx),
-                      classifier_test=len(test_idx), classifier_accuracy=accuracy, rows=rows)
+                      threshold=threshold, num=num, epochs=epochs, seed=seed, classifier_train=j['num_train'],
+                      classifier_test=num_test, classifier_accuracy=accuracy, rows=rows)
         with open(out, 'wt') as f:
             json.dump(result, f, indent=2)
         print(f'Wrote {out}')
