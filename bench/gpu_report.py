@@ -11,12 +11,16 @@ Steps, each recorded in the report (with its log under --outdir):
   3. self-check    the kernels' first-use self-check, run for the configurations the networks use
                    (every activation of bias_act; the [1,2,1], box and [1,3,3,1] resampling of
                    upfirdn2d) in float32, float16 and bfloat16: measured error against the float64
-                   reference, tolerance and milliseconds per check;
-  4. GPU tests     python -m pytest tests/test_ops_gpu.py, in a subprocess;
-  5. op benchmark  bench/ops.py (kernels against references, each case checked before timing);
-  6. training      bench/train_speed.py --linear-d=both --fuse-d=both --precisions=fp32,tf32,bf16
-                   --out=..., if the file exists (else the report says so).
-Without a GPU the report says "no GPU" for 3-6 and still records 1 and 2 (with a CUDA build of
+                   reference (per element, see custom_ops), tolerance, milliseconds, cause of a failure;
+  4. choices       the chooser's decision, kernel or reference, with both timings (forward and
+                   backward, CUDA events), for the activation and resampling StyleGAN runs at
+                   8x8 ... 1024x1024 with its channel counts, in each dtype;
+  5. GPU tests     python -m pytest tests/test_ops_gpu.py, in a subprocess;
+  6. op benchmark  bench/ops.py (kernels against references, each case checked before timing);
+  7. training      bench/train_speed.py --linear-d=both --fuse-d=both --precisions=fp32,tf32,bf16
+                   --out=..., and GN-StyleGAN at 256x256 against no constraint at fp32, tf32, bf16
+                   and fp16, if the file exists (else the report says so).
+Without a GPU the report says "no GPU" for 3-7 and still records 1 and 2 (with a CUDA build of
 torch, 2 is the real build). The Markdown is meant to be pasted into docs/benchmarks.md; the
 JSON holds the same data. Exit status 1 if anything that ran failed.
 """
@@ -41,6 +45,15 @@ from torch_utils import custom_ops  # noqa: E402  pylint: disable=wrong-import-p
 
 PLUGINS = {'bias_act': bias_act._plugin, 'upfirdn2d': upfirdn2d._plugin}  # pylint: disable=protected-access
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# bench/train_speed.py runs: (report key, title, arguments). The choices a GPU decides for the SN-GAN
+# presets: affine vs plain GN D step, one or two D calls, fp32 / TF32 / bf16; for GN-StyleGAN, the
+# precisions (its mixed-precision scheme is autocast, see docs/precision.md).
+TRAINING_RUNS = [
+    ('train_speed', 'Training speed, cifar10-resnet (bench/train_speed.py)',
+     ['--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16']),
+    ('train_speed_stylegan', 'Training speed, gn-stylegan at 256x256 (bench/train_speed.py)',
+     ['--cfg=gn-stylegan', '--resolution=256', '--batch=16', '--norms=gn,none', '--precisions=fp32,tf32,bf16,fp16']),
+]
 
 
 def _has_gpu() -> bool:
@@ -106,8 +119,34 @@ def self_check() -> List[dict]:
         call()
         for config in set(plugin.check_results) - before:
             result = plugin.check_results[config]
-            rows.append(dict(op=name, dtype=str(dtype).replace('torch.', ''), **result,
-                             ok=result['error'] <= result['tolerance']))
+            rows.append(dict(op=name, dtype=str(dtype).replace('torch.', ''), **result, ok=result['cause'] is None))
+    return rows
+
+
+def op_choices() -> List[dict]:
+    """The chooser's decisions for what StyleGAN runs at each resolution: lrelu, blur, 2x up/down (box)."""
+    os.environ[custom_ops.AUTOTUNE_ENV] = '1'
+    for plugin in PLUGINS.values():
+        plugin.choices = {}
+    device = torch.device('cuda')
+    blur, box = upfirdn2d.setup_filter([1, 2, 1], device=device), upfirdn2d.setup_filter([1, 1], device=device)
+    ops = [('bias_act lrelu', PLUGINS['bias_act'], lambda x: bias_act.bias_act(x, None, act='lrelu')),
+           ('filter2d [1,2,1]', PLUGINS['upfirdn2d'], lambda x: upfirdn2d.filter2d(x, blur)),
+           ('upsample2d box', PLUGINS['upfirdn2d'], lambda x: upfirdn2d.upsample2d(x, box)),
+           ('downsample2d box', PLUGINS['upfirdn2d'], lambda x: upfirdn2d.downsample2d(x, box))]
+    rows = []
+    for dtype in DTYPES:
+        for resolution in (8, 32, 128, 512, 1024):
+            shape = [4 if resolution >= 512 else 16, min(16384 // resolution, 512), resolution, resolution]
+            x = torch.randn(shape, device=device).to(dtype)
+            for name, plugin, call in ops:
+                before = set(plugin.choices)
+                call(x)
+                for key in set(plugin.choices) - before:
+                    choice = plugin.choices[key]
+                    rows.append(dict(op=name, shape=str(shape), dtype=str(dtype).replace('torch.', ''),
+                                     kernel_ms=choice['kernel_ms'], reference_ms=choice['reference_ms'],
+                                     chosen='kernel' if choice['kernel'] else 'reference'))
     return rows
 
 
@@ -196,9 +235,15 @@ def markdown(report: dict) -> str:
         lines.append('Not run: no GPU.' if not env['gpus'] else 'Not run: the plugins did not build.')
     else:
         rows = report['self_check']
-        lines += _table(rows, ['op', 'dtype', 'error', 'tolerance', 'where', 'ms', 'ok'])
-        lines += ['', f'{len(rows)} checks, {sum(r["ms"] for r in rows):.0f} ms in all; error is '
-                      'max|CUDA - float64 reference| / max|reference| over value, 1st and 2nd order gradients.']
+        lines += _table(rows, ['op', 'dtype', 'error', 'tolerance', 'where', 'ms', 'ok', 'cause'])
+        lines += ['', f'{len(rows)} checks, {sum(r["ms"] for r in rows):.0f} ms in all; error is the largest '
+                      '|CUDA - float64 reference| / (|reference| + rms(reference)) per element, over value, '
+                      '1st and 2nd order gradients.']
+    lines += ['', '### Kernel or reference (the chooser, first use of each shape)', '']
+    if report['choices'] is None:
+        lines.append('Not run: no GPU.' if not env['gpus'] else 'Not run: the plugins did not build.')
+    else:
+        lines += _table(report['choices'], ['op', 'shape', 'dtype', 'kernel_ms', 'reference_ms', 'chosen'])
     lines += ['', '### GPU tests (tests/test_ops_gpu.py)', '', _step_status(report['gpu_tests'])]
     tests = report['gpu_tests']
     if tests is not None and 'tests' in tests:
@@ -214,14 +259,15 @@ def markdown(report: dict) -> str:
                       f'{len(data["checks"])} cases within tolerance.']
         lines += [f'- FAIL {c["op"]} {c["shape"]} {c["dtype"]}: {c["where"]} off by {c["max_relative_error"]:.2g}'
                   for c in bad]
-    lines += ['', '### Training speed (bench/train_speed.py)', '', _step_status(report['train_speed'])]
-    data = (report['train_speed'] or {}).get('data')
-    if data:
-        rows = data.get('results') if isinstance(data, dict) else None
-        if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
-            lines += [''] + _table(rows, list(dict.fromkeys(k for r in rows for k in r)))
-        else:
-            lines += ['', '```json', json.dumps(data, indent=2)[:20000], '```']
+    for key, title, _ in TRAINING_RUNS:
+        lines += ['', f'### {title}', '', _step_status(report[key])]
+        data = (report[key] or {}).get('data')
+        if data:
+            rows = data.get('results') if isinstance(data, dict) else None
+            if isinstance(rows, list) and rows and all(isinstance(r, dict) for r in rows):
+                lines += [''] + _table(rows, list(dict.fromkeys(k for r in rows for k in r)))
+            else:
+                lines += ['', '```json', json.dumps(data, indent=2)[:20000], '```']
     return '\n'.join(lines) + '\n'
 
 
@@ -244,8 +290,8 @@ def main(outdir: str, quick: bool, timeout: int) -> None:
     created = not os.path.exists(outdir)
     os.makedirs(outdir, exist_ok=True)
     try:
-        report = dict(quick=quick, environment=environment(), build=None, self_check=None, gpu_tests=None,
-                      bench_ops=None, train_speed=None)
+        report = dict(quick=quick, environment=environment(), build=None, self_check=None, choices=None,
+                      gpu_tests=None, bench_ops=None, **{key: None for key, _, _ in TRAINING_RUNS})
         gpu = _has_gpu()
         click.echo(f'GPU: {", ".join(g["name"] for g in report["environment"]["gpus"]) or "no GPU"}')
         if torch.version.cuda is not None:
@@ -255,20 +301,18 @@ def main(outdir: str, quick: bool, timeout: int) -> None:
         if gpu and built:
             click.echo('Self-check...')
             report['self_check'] = self_check()
-        if not os.path.isfile(os.path.join(ROOT, 'bench', 'train_speed.py')):
-            report['train_speed'] = dict(skipped_because='bench/train_speed.py is missing in this checkout')
+            click.echo('Kernel or reference...')
+            report['choices'] = op_choices()
         if gpu:
             click.echo('GPU tests...')
             report['gpu_tests'] = gpu_tests(outdir, timeout)
             click.echo('bench/ops.py...')
             ops_args = ['--repeats=5', '--warmup=2', '--sizes=8,32'] if quick else []
             report['bench_ops'] = _json_bench('bench/ops.py', ops_args, outdir, 'bench-ops', timeout)
-            if report['train_speed'] is None:
-                click.echo('bench/train_speed.py...')
-                # The choices a GPU decides: affine vs plain GN D step, one or two D calls, fp32 / TF32 / bf16.
-                speed_args = ['--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16']
-                speed_args += ['--rounds=2'] if quick else []
-                report['train_speed'] = _json_bench('bench/train_speed.py', speed_args, outdir, 'train-speed', timeout)
+            for key, _, speed_args in TRAINING_RUNS:
+                click.echo(f'bench/train_speed.py {" ".join(speed_args)}...')
+                speed_args = speed_args + (['--rounds=2'] if quick else [])
+                report[key] = _json_bench('bench/train_speed.py', speed_args, outdir, key.replace('_', '-'), timeout)
         text = markdown(report)
         _write(os.path.join(outdir, 'report.json'), json.dumps(report, indent=2, default=str))
         _write(os.path.join(outdir, 'report.md'), text)
@@ -280,7 +324,7 @@ def main(outdir: str, quick: bool, timeout: int) -> None:
     click.echo(f'Wrote {os.path.join(outdir, "report.md")} and report.json')
     failures = [name for name, r in (report['build'] or {}).items() if not r['ok']]
     failures += [f'self-check {r["op"]} {r["dtype"]}' for r in report['self_check'] or [] if not r['ok']]
-    failures += [name for name in ('gpu_tests', 'bench_ops', 'train_speed')
+    failures += [name for name in ('gpu_tests', 'bench_ops', *[key for key, _, _ in TRAINING_RUNS])
                  if report[name] is not None and report[name].get('returncode', 0) != 0]
     if failures:
         click.echo(f'Failed: {", ".join(failures)}', err=True)

@@ -9,15 +9,17 @@
 
 // x: input; b: bias along dimension dim (or an empty tensor); dy: incoming
 // gradient shaped like x (or empty, for the forward mode). Returns a new
-// tensor shaped like x; see BiasActMode for what it holds.
+// tensor shaped like x; see BiasActMode for what it holds. max_blocks: blocks per launch (0: enough
+// for any GPU; smaller values make the kernel's grid-stride loop run, which the self-check exercises).
 static torch::Tensor bias_act(torch::Tensor x, torch::Tensor b, torch::Tensor dy, int64_t dim, int64_t act,
-                              int64_t mode, double alpha, double gain, double clamp)
+                              int64_t mode, double alpha, double gain, double clamp, int64_t max_blocks)
 {
     TORCH_CHECK(x.is_cuda(), "bias_act: x must reside on a CUDA device");
     TORCH_CHECK(x.is_contiguous(), "bias_act: x must be contiguous");
     TORCH_CHECK(dim >= 0 && dim < x.dim(), "bias_act: dim out of range");
     TORCH_CHECK(act >= BIAS_ACT_LINEAR && act <= BIAS_ACT_SWISH, "bias_act: unknown activation id");
     TORCH_CHECK(mode >= BIAS_ACT_FORWARD && mode <= BIAS_ACT_SECOND_GRAD, "bias_act: unknown mode");
+    TORCH_CHECK(max_blocks >= 0, "bias_act: max_blocks must be >= 0");
     if (b.numel() > 0)
     {
         TORCH_CHECK(b.device() == x.device() && b.dtype() == x.dtype(), "bias_act: b must match x in device and dtype");
@@ -48,6 +50,7 @@ static torch::Tensor bias_act(torch::Tensor x, torch::Tensor b, torch::Tensor dy
     p.alpha = alpha;
     p.gain = gain;
     p.clamp = clamp;
+    p.max_blocks = max_blocks;
 
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::ScalarType::Half, at::ScalarType::BFloat16, x.scalar_type(), "bias_act", [&] {

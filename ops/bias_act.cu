@@ -102,7 +102,7 @@ template <class T> cudaError_t launch_bias_act_kernel(const BiasActParams& p, cu
     if (p.size == 0)
         return cudaSuccess;
     const int block_size = 256;
-    const long long max_blocks = 1 << 20;  // enough to fill any GPU; the grid-stride loop covers the rest
+    const long long max_blocks = p.max_blocks > 0 ? p.max_blocks : 1 << 20;  // the grid-stride loop covers the rest
     long long blocks = (p.size + block_size - 1) / block_size;
     dim3 grid(unsigned(blocks < max_blocks ? blocks : max_blocks));
     // 32-bit index arithmetic is markedly cheaper (the channel index divides)

@@ -42,6 +42,7 @@ struct BiasActParams {
     double alpha;       // activation parameter (lrelu slope, elu scale)
     double gain;        // output gain
     double clamp;       // output bound; negative: no clamping
+    long long max_blocks; // blocks per launch before the grid-stride loop takes over; 0: enough for any GPU
 };
 
 // Launches the kernel for element type T (float, double, c10::Half, c10::BFloat16).

@@ -15,9 +15,10 @@ down swapped, the filter flipped, the padding transposed), so the CUDA path
 gets gradients of every order by calling itself.
 """
 
+import collections
 import dataclasses
 import os
-from typing import Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -120,12 +121,15 @@ def upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 1, down:
         raise ValueError(f'upfirdn2d: input {list(x.shape)} with filter {list(f.shape)}, up {cfg.up}, '
                          f'down {cfg.down}, padding {cfg.padding} leaves an empty output')
     if impl == 'cuda' and _plugin.usable(x.device):
-        config = (x.device, x.dtype, cfg, tuple(f.shape))
-        if _plugin.trusted(config, lambda: _self_check(x.device, x.dtype, cfg, f.detach().to(x.device)), x.dtype):
-            # The kernel works on NCHW planes; a channels_last x gets a channels_last result.
-            y = _UpFirDn2dCuda.apply(x.contiguous(), f, cfg)
-            channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-            return y.contiguous(memory_format=torch.channels_last) if channels_last else y
+        # The kernels read and write any strides: a channels_last x gets a channels_last result, without copies.
+        channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        config = (x.device, x.dtype, cfg, tuple(f.shape), channels_last)
+        if _plugin.trusted(config, lambda: _self_check(*config, f.detach().to(x.device)), x.dtype) and \
+                _plugin.faster((config, tuple(x.shape)), lambda x: _UpFirDn2dCuda.apply(x, f, cfg),
+                               lambda x: _upfirdn2d_ref(x, f, cfg), x):
+            return _UpFirDn2dCuda.apply(x, f, cfg)
+        with torch.autocast(x.device.type, enabled=False):  # the result's dtype does not depend on the choice
+            return _upfirdn2d_ref(x, f, cfg)
     return _upfirdn2d_ref(x, f, cfg)
 
 
@@ -188,28 +192,66 @@ def _upfirdn2d_ref(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tens
 # ----------------------------------------------------------------------------
 # CUDA path.
 
-def _run_kernel(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tensor:
+class _TapCache:
+    """Kernel-ready taps of each filter buffer, made once rather than on every call.
+
+    The kernels correlate, with the gain folded into the taps: for a given filter tensor, flip and
+    gain this means one flip, one multiplication and (for filters of up to 4x4 taps, which the
+    specialised kernels take by value) one copy to the host. Entries hold a reference to their
+    filter, so its memory cannot be reused by another tensor while cached; an in-place change of
+    the filter bumps its version and so misses the cache. At most `size` entries, oldest dropped.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self.entries: 'collections.OrderedDict[tuple, tuple]' = collections.OrderedDict()
+
+    def get(self, f: torch.Tensor, flip: bool, gain: float, shape: Tuple[int, int],
+            dtype: torch.dtype) -> Tuple[torch.Tensor, List[float]]:
+        """(taps [h, w] on f's device in `dtype`, the same on the host if at most 4x4 else [])."""
+        key = (id(f), f._version, flip, gain, shape, dtype)
+        entry = self.entries.get(key)
+        if entry is None or entry[0] is not f:
+            taps = f.detach().to(dtype)
+            if flip:
+                taps = taps.flip(list(range(taps.ndim)))
+            taps = (taps * gain).reshape(shape).contiguous()
+            host = taps.flatten().tolist() if max(shape) <= MAX_FIXED_TAPS else []
+            entry = self.entries[key] = (f, taps, host)
+            if len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+        return entry[1], entry[2]
+
+
+MAX_FIXED_TAPS = 4  # UPFIRDN2D_MAX_FIXED_TAPS in upfirdn2d.h
+_taps = _TapCache()
+
+
+def _run_kernel(x: torch.Tensor, f: torch.Tensor, cfg: _Config, max_grid_z: int = 0) -> torch.Tensor:
     """One kernel launch per 2-D filter, two (x pass, then y pass) for a separable one.
 
-    The kernel always correlates, with the gain folded into the taps.
+    The kernel always correlates, with the gain folded into the taps. max_grid_z: see upfirdn2d.cpp.
     """
-    taps = f.to(device=x.device, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32)
-    if not cfg.flip_filter:
-        taps = taps.flip(list(range(taps.ndim)))
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    flip = not cfg.flip_filter
     (upx, upy), (downx, downy), (px0, px1, py0, py1) = cfg.up, cfg.down, cfg.padding
-    x = x.contiguous()  # the incoming gradient of the backward pass can have any layout; x itself is not saved
-    if taps.ndim == 2:
-        return _plugin.get().upfirdn2d(x, (taps * cfg.gain).contiguous(), upx, upy, downx, downy, px0, px1, py0, py1)
-    x = _plugin.get().upfirdn2d(x, (taps * cfg.gain).reshape(1, -1).contiguous(), upx, 1, downx, 1, px0, px1, 0, 0)
-    return _plugin.get().upfirdn2d(x, taps.reshape(-1, 1).contiguous(), 1, upy, 1, downy, 0, 0, py0, py1)
+    plugin = _plugin.get()
+    if f.ndim == 2:
+        taps, host = _taps.get(f, flip, cfg.gain, tuple(f.shape), dtype)
+        return plugin.upfirdn2d(x, taps, host, upx, upy, downx, downy, px0, px1, py0, py1, max_grid_z)
+    taps, host = _taps.get(f, flip, cfg.gain, (1, f.shape[0]), dtype)
+    x = plugin.upfirdn2d(x, taps, host, upx, 1, downx, 1, px0, px1, 0, 0, max_grid_z)
+    taps, host = _taps.get(f, flip, 1.0, (f.shape[0], 1), dtype)
+    return plugin.upfirdn2d(x, taps, host, 1, upy, 1, downy, 0, 0, py0, py1, max_grid_z)
 
 
 class _UpFirDn2dCuda(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, f, cfg):  # pylint: disable=arguments-differ
-        y = _run_kernel(x, f, cfg)
+    def forward(ctx, x, f, cfg, max_grid_z=0):  # pylint: disable=arguments-differ
+        y = _run_kernel(x, f, cfg, max_grid_z)
         ctx.save_for_backward(f)
         ctx.cfg = cfg
+        ctx.max_grid_z = max_grid_z
         ctx.sizes = (x.shape[3], x.shape[2], y.shape[3], y.shape[2], *_get_filter_size(f))
         return y
 
@@ -218,22 +260,30 @@ class _UpFirDn2dCuda(torch.autograd.Function):
         f, = ctx.saved_tensors
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = _UpFirDn2dCuda.apply(dy, f, ctx.cfg.adjoint(*ctx.sizes))
-        return dx, None, None
+            dx = _UpFirDn2dCuda.apply(dy, f, ctx.cfg.adjoint(*ctx.sizes), ctx.max_grid_z)
+        return dx, None, None, None
 
 
-def _self_check(device: torch.device, dtype: torch.dtype, cfg: _Config, f: torch.Tensor) -> Tuple[float, str]:
-    """The kernel against the reference for one configuration and filter, on small random images (see custom_ops)."""
+def _self_check(device: torch.device, dtype: torch.dtype, cfg: _Config, filter_shape: Tuple[int, ...],
+                channels_last: bool, f: torch.Tensor) -> Tuple[float, str]:
+    """The kernel against the reference for one configuration, filter and layout (see custom_ops).
+
+    The output spans 3 x 3 thread blocks of 32 x 8 pixels and 6 image planes; a second launch
+    allows 4 planes per grid, so the kernel's loop over the remaining planes runs too.
+    """
     f_w, f_h = _get_filter_size(f)
-    in_w, in_h = 6, 5
-    while cfg.output_size(in_w, in_h, f_w, f_h)[0] < 3:
+    in_w, in_h = 1, 1
+    while cfg.output_size(in_w, in_h, f_w, f_h)[0] < 70:
         in_w += 1
-    while cfg.output_size(in_w, in_h, f_w, f_h)[1] < 3:
+    while cfg.output_size(in_w, in_h, f_w, f_h)[1] < 20:
         in_h += 1
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.randn([2, 3, in_h, in_w], generator=generator, device=device, dtype=torch.float64).to(dtype)
-    return custom_ops.compare_to_reference(lambda x: _UpFirDn2dCuda.apply(x, f, cfg),
-                                           lambda x: _upfirdn2d_ref(x, f, cfg), [x], ['x'])
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return custom_ops.worst_of([custom_ops.compare_to_reference(lambda x: _UpFirDn2dCuda.apply(x, f, cfg, max_grid_z),
+                                                                lambda x: _upfirdn2d_ref(x, f, cfg), [x], ['x'])
+                                for max_grid_z in (0, 4)])
 
 
 # ----------------------------------------------------------------------------

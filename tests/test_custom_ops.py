@@ -71,7 +71,7 @@ extern "C" void host_bias_act(int dtype, const double* x, const double* b, const
                               long long size, long long channels, long long inner, int act, int mode,
                               double alpha, double gain, double clamp)
 {
-    BiasActParams p = {nullptr, nullptr, nullptr, nullptr, size, channels, inner, act, mode, alpha, gain, clamp};
+    BiasActParams p = {nullptr, nullptr, nullptr, nullptr, size, channels, inner, act, mode, alpha, gain, clamp, 0};
     if (dtype == 0) run<float>(p, x, b, dy, out);
     if (dtype == 1) run<double>(p, x, b, dy, out);
     if (dtype == 2) run<c10::Half>(p, x, b, dy, out);
@@ -81,29 +81,55 @@ extern "C" void host_bias_act(int dtype, const double* x, const double* b, const
     'upfirdn2d': r'''
 #include "upfirdn2d.cu"
 #include <vector>
+template <class T> struct HostRunner
+{
+    const UpFirDn2dParams& p;
+    template <int UP, int DOWN, int TAPS> void run()
+    {
+        for (int oy = 0; oy < p.out_h; oy++)
+            for (int ox = 0; ox < p.out_w; ox++)
+                upfirdn2d_pixel_fixed<T, UP, DOWN, TAPS>(p, ox, oy, 0, 1);
+    }
+};
 template <class T>
-static void run(UpFirDn2dParams p, const double* x, const double* f, double* out)
+static int run(UpFirDn2dParams p, const double* x, long long x_span, const double* f, double* out,
+               long long out_span, int generic)
 {
     typedef typename AccType<T>::type S;
-    std::vector<T> xt(x, x + p.planes * p.in_h * p.in_w), ot(p.planes * p.out_h * p.out_w);
+    std::vector<T> xt(x, x + x_span), ot(out_span);
     std::vector<S> ft(f, f + p.filter_h * p.filter_w);
     p.x = xt.data(); p.f = ft.data(); p.out = ot.data();
-    for (int oy = 0; oy < p.out_h; oy++)
-        for (int ox = 0; ox < p.out_w; ox++)
-            upfirdn2d_pixel<T>(p, ox, oy, 0, 1);
+    HostRunner<T> runner = {p};
+    int taps = 0;
+    if (!generic && visit_fixed(p, runner))
+        taps = upfirdn2d_fixed_taps(p);
+    else
+        for (int oy = 0; oy < p.out_h; oy++)
+            for (int ox = 0; ox < p.out_w; ox++)
+                upfirdn2d_pixel<T>(p, ox, oy, 0, 1);
     for (size_t i = 0; i < ot.size(); i++)
         out[i] = double(ot[i]);
+    return taps;
 }
-extern "C" void host_upfirdn2d(int dtype, const double* x, const double* f, double* out, long long planes,
-                               int in_w, int in_h, int out_w, int out_h, int up_x, int up_y, int down_x,
-                               int down_y, int pad_x0, int pad_y0, int filter_w, int filter_h)
+// Returns the taps per axis of the specialised kernel that served, 0 for the generic kernel.
+extern "C" int host_upfirdn2d(int dtype, const double* x, long long x_span, const long long* x_stride,
+                              const double* f, const double* taps, double* out, long long out_span,
+                              const long long* out_stride, long long planes, int channels, const int* ints,
+                              int generic)
 {
-    UpFirDn2dParams p = {nullptr, nullptr, nullptr, planes, in_w, in_h, out_w, out_h, up_x, up_y,
-                         down_x, down_y, pad_x0, pad_y0, filter_w, filter_h};
-    if (dtype == 0) run<float>(p, x, f, out);
-    if (dtype == 1) run<double>(p, x, f, out);
-    if (dtype == 2) run<c10::Half>(p, x, f, out);
-    if (dtype == 3) run<c10::BFloat16>(p, x, f, out);
+    UpFirDn2dParams p = {};
+    p.planes = planes; p.channels = channels;
+    p.in_w = ints[0]; p.in_h = ints[1]; p.out_w = ints[2]; p.out_h = ints[3]; p.up_x = ints[4]; p.up_y = ints[5];
+    p.down_x = ints[6]; p.down_y = ints[7]; p.pad_x0 = ints[8]; p.pad_y0 = ints[9]; p.filter_w = ints[10];
+    p.filter_h = ints[11];
+    for (int i = 0; i < 4; i++) { p.x_stride[i] = x_stride[i]; p.out_stride[i] = out_stride[i]; }
+    if (upfirdn2d_fixed_taps(p) > 0)
+        for (int i = 0; i < p.filter_w * p.filter_h; i++)
+            p.taps[i] = taps[i];
+    if (dtype == 0) return run<float>(p, x, x_span, f, out, out_span, generic);
+    if (dtype == 1) return run<double>(p, x, x_span, f, out, out_span, generic);
+    if (dtype == 2) return run<c10::Half>(p, x, x_span, f, out, out_span, generic);
+    return run<c10::BFloat16>(p, x, x_span, f, out, out_span, generic);
 }
 ''',
 }
@@ -136,16 +162,29 @@ def _as_float64(tensor):
     return None if tensor.numel() == 0 else np.ascontiguousarray(tensor.detach().cpu().double().numpy())
 
 
+def _span(tensor):
+    """The elements of a tensor's storage from its first to its last element, as a float64 array."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return np.ascontiguousarray(tensor.detach().as_strided([span], [1]).cpu().double().numpy())
+
+
 class _HostPlugin:
-    """Stands in for the compiled extensions: same calls and checks as bias_act.cpp / upfirdn2d.cpp."""
+    """Stands in for the compiled extensions: same calls and checks as bias_act.cpp / upfirdn2d.cpp.
 
-    def __init__(self, library):
+    generic=True sends every upfirdn2d call to the generic kernel; `served` counts the calls per
+    kernel (taps per axis of the specialisation, 0 for the generic kernel).
+    """
+
+    def __init__(self, library, generic=False):
         self.library = library
+        self.generic = generic
         self.calls = collections.Counter()  # (op, mode) -> number of calls
+        self.served = collections.Counter()  # upfirdn2d kernel (0: generic, else taps per axis) -> calls
 
-    def bias_act(self, x, b, dy, dim, act, mode, alpha, gain, clamp):
+    def bias_act(self, x, b, dy, dim, act, mode, alpha, gain, clamp, max_blocks):
         self.calls['bias_act', mode] += 1
         assert x.is_contiguous() and (b.numel() == 0 or b.dtype == x.dtype) and (mode == 0 or dy.shape == x.shape)
+        assert max_blocks >= 0
         out = np.empty(x.shape, dtype=np.float64)
         inner = int(np.prod(x.shape[dim + 1:]))
         self.library.host_bias_act(
@@ -155,20 +194,30 @@ class _HostPlugin:
             ctypes.c_double(gain), ctypes.c_double(clamp))
         return torch.from_numpy(out).to(x.dtype)
 
-    def upfirdn2d(self, x, f, up_x, up_y, down_x, down_y, pad_x0, pad_x1, pad_y0, pad_y1):
+    def upfirdn2d(self, x, f, taps, up_x, up_y, down_x, down_y, pad_x0, pad_x1, pad_y0, pad_y1, max_grid_z):
         self.calls['upfirdn2d', 0] += 1
         tap_type = torch.float64 if x.dtype == torch.float64 else torch.float32
-        assert x.is_contiguous() and f.is_contiguous() and f.ndim == 2 and f.dtype == tap_type
+        assert x.ndim == 4 and f.is_contiguous() and f.ndim == 2 and f.dtype == tap_type and 0 <= max_grid_z <= 65535
+        assert taps == (f.flatten().tolist() if max(f.shape) <= upfirdn2d.MAX_FIXED_TAPS else [])
         batch, channels, in_h, in_w = x.shape
         filter_h, filter_w = f.shape
         out_w = (in_w * up_x + pad_x0 + pad_x1 - filter_w) // down_x + 1
         out_h = (in_h * up_y + pad_y0 + pad_y1 - filter_h) // down_y + 1
-        out = np.empty([batch, channels, out_h, out_w], dtype=np.float64)
-        ints = [in_w, in_h, out_w, out_h, up_x, up_y, down_x, down_y, pad_x0, pad_y0, filter_w, filter_h]
-        self.library.host_upfirdn2d(ctypes.c_int(_DTYPE_IDS[x.dtype]), _pointer(_as_float64(x)),
-                                    _pointer(_as_float64(f)), _pointer(out), ctypes.c_longlong(batch * channels),
-                                    *[ctypes.c_int(value) for value in ints])
-        return torch.from_numpy(out).to(x.dtype)
+        out = torch.empty([batch, channels, out_h, out_w], dtype=torch.float64,
+                          memory_format=torch.channels_last if x.is_contiguous(memory_format=torch.channels_last)
+                          and not x.is_contiguous() else torch.contiguous_format)
+        out_span = np.empty(out.numel(), dtype=np.float64)
+        ints = (ctypes.c_int * 12)(in_w, in_h, out_w, out_h, up_x, up_y, down_x, down_y, pad_x0, pad_y0, filter_w,
+                                   filter_h)
+        strides = lambda t: (ctypes.c_longlong * 4)(*t.stride())  # noqa: E731
+        x_span = _span(x)
+        host_taps = np.array(taps or [0.0], dtype=np.float64)
+        served = self.library.host_upfirdn2d(
+            ctypes.c_int(_DTYPE_IDS[x.dtype]), _pointer(x_span), ctypes.c_longlong(x_span.size), strides(x),
+            _pointer(_as_float64(f)), _pointer(host_taps), _pointer(out_span), ctypes.c_longlong(out_span.size),
+            strides(out), ctypes.c_longlong(batch * channels), ctypes.c_int(channels), ints, ctypes.c_int(self.generic))
+        self.served[served] += 1
+        return torch.from_numpy(out_span).as_strided(out.shape, out.stride()).to(x.dtype)
 
 
 @pytest.fixture
@@ -189,8 +238,10 @@ def cpu_kernel_path(monkeypatch):
             monkeypatch.setattr(op._plugin, 'failed', False)
             monkeypatch.setattr(op._plugin, 'verdicts', {})
             monkeypatch.setattr(op._plugin, 'check_results', {})
+            monkeypatch.setattr(op._plugin, 'choices', {})
         return plugin
     monkeypatch.delenv(custom_ops.SELF_CHECK_ENV, raising=False)
+    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '0')  # the host build is no GPU: timing it would say nothing
     return install
 
 
@@ -271,6 +322,36 @@ def test_host_upfirdn2d_kernel_matches_reference(host_plugin, case):
     _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
 
 
+# Every compile-time specialisation: (up, down) on both axes and a square filter of 1-4 taps.
+_SPECIALISATIONS = [(up, down, taps) for up, down in [(1, 1), (2, 1), (1, 2)] for taps in (1, 2, 3, 4)]
+
+
+@pytest.mark.parametrize('up, down, taps', _SPECIALISATIONS, ids=str)
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+def test_host_upfirdn2d_every_specialisation(host_plugin, up, down, taps, layout):
+    """Values and gradients of both orders against the reference; the specialised kernel serves every pass."""
+    torch.manual_seed(taps * 10 + up * 3 + down)
+    f = torch.randn([taps, taps])
+    x = torch.randn([2, 3, 9, 11], dtype=torch.float64)
+    if layout == 'channels_last':
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    padding = tuple(int(p) for p in torch.randint(-1, taps + 1, [4]))  # crops, none, and more than the filter
+    for flip_filter, gain in [(False, 1.0), (True, -2.5)]:
+        cfg = upfirdn2d._Config(up=(up, up), down=(down, down), padding=padding, flip_filter=flip_filter, gain=gain)
+        kernel = _grads(lambda x: upfirdn2d._UpFirDn2dCuda.apply(x, f, cfg), [x])
+        reference = _grads(lambda x: upfirdn2d._upfirdn2d_ref(x, f, cfg), [x])
+        _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
+        assert kernel[0].is_contiguous(memory_format=torch.channels_last) == (layout == 'channels_last')
+    # The forward pass and both adjoints (up <-> down) are specialisations too.
+    assert set(host_plugin.served) == {taps} and host_plugin.served[taps] >= 6
+    host_plugin.generic = True  # the generic kernel, same sums in the same order: the same float32 results
+    x32 = x.detach().float()
+    generic = upfirdn2d._UpFirDn2dCuda.apply(x32, f, cfg)
+    host_plugin.generic = False
+    assert torch.equal(upfirdn2d._UpFirDn2dCuda.apply(x32, f, cfg), generic) and host_plugin.served[0] == 1
+
+
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 def test_host_upfirdn2d_kernel_low_precision(host_plugin, dtype):
     torch.manual_seed(0)
@@ -342,74 +423,136 @@ def test_host_upfirdn2d_keeps_channels_last(host_kernels, cpu_kernel_path):
     assert kernel[0].is_contiguous(memory_format=torch.channels_last) and not kernel[0].is_contiguous()
 
 # ----------------------------------------------------------------------------
-# Self-check.
+# Self-check: failures stay with their configuration.
 
 
 class _WithoutSecondDerivative(_HostPlugin):
     """bias_act whose act'' term is lost (what the contiguity bug did): mode 2 returns zeros."""
 
-    def bias_act(self, x, b, dy, dim, act, mode, alpha, gain, clamp):
-        out = super().bias_act(x, b, dy, dim, act, mode, alpha, gain, clamp)
-        return torch.zeros_like(out) if mode == 2 else out
+    def bias_act(self, *args):
+        out = super().bias_act(*args)
+        return torch.zeros_like(out) if args[5] == 2 else out
 
 
-class _OnePercentOff(_HostPlugin):
-    """upfirdn2d whose output is 1% too large."""
+class _UpsamplingOnePercentOff(_HostPlugin):
+    """upfirdn2d whose upsampling passes are 1% too large; everything else is right."""
+
+    def upfirdn2d(self, x, f, taps, up_x, *args):
+        return super().upfirdn2d(x, f, taps, up_x, *args) * (1.01 if up_x > 1 else 1)
+
+
+class _UpsamplingCannotLaunch(_HostPlugin):
+    """upfirdn2d whose upsampling kernel fails to launch, as one built for another GPU would."""
+
+    def upfirdn2d(self, x, f, taps, up_x, *args):
+        if up_x > 1:
+            raise RuntimeError('CUDA error: no kernel image is available for execution on the device')
+        return super().upfirdn2d(x, f, taps, up_x, *args)
+
+
+class _WithoutPlaneLoop(_HostPlugin):
+    """upfirdn2d without the loop over planes beyond the grid: with max_grid_z > 0, later planes stay 0."""
 
     def upfirdn2d(self, *args):
-        return super().upfirdn2d(*args) * 1.01
+        out = super().upfirdn2d(*args)
+        max_grid_z = args[-1]
+        if max_grid_z:
+            out.view(-1, *out.shape[2:])[max_grid_z:] = 0
+        return out
 
 
-def _run_ops(x):
-    """Both ops on x, in the configurations a StyleGAN layer uses, plus a second bias_act config."""
-    f = upfirdn2d.setup_filter([1, 2, 1])
+class _WithoutGridStrideLoop(_HostPlugin):
+    """bias_act without the grid-stride loop: with max_blocks > 0, elements beyond max_blocks * 256 stay 0."""
+
+    def bias_act(self, *args):
+        out = super().bias_act(*args)
+        max_blocks = args[-1]
+        if max_blocks:
+            out.view(-1)[max_blocks * 256:] = 0
+        return out
+
+
+def _bias_act_pair(x):
+    """(swish: smooth, uses the second-derivative mode; relu: piecewise linear, never does)."""
     b = torch.linspace(-1, 1, x.shape[1], dtype=x.dtype)
-    return [bias_act.bias_act(x, b, act='swish'), bias_act.bias_act(x, b, act='elu'), upfirdn2d.upsample2d(x, f)]
+    return bias_act.bias_act(x, b, act='swish'), bias_act.bias_act(x, b, act='relu')
 
 
-@pytest.mark.parametrize('broken_op, plugin_class, where, expected_error', [
-    ('bias_act', _WithoutSecondDerivative, 'second-order gradient w.r.t. x', None),
-    # Every kernel pass 1% too large: the first-order gradient (forward, then the adjoint) is 1.01^2 times the
-    # reference's, 0.0201 of its magnitude (as is the second-order one; the first quantity at the maximum is named).
-    ('upfirdn2d', _OnePercentOff, 'gradient w.r.t. x', 1.01 ** 2 - 1),
-])
-def test_self_check_warns_once_and_falls_back(host_kernels, cpu_kernel_path, broken_op, plugin_class, where,
-                                              expected_error):
+def _upfirdn2d_pair(x):
+    """(upsampling by 2: the config broken below; a 3x3 blur at the same size: a healthy one)."""
+    f = upfirdn2d.setup_filter([1, 2, 1])
+    return upfirdn2d.upsample2d(x, f), upfirdn2d.filter2d(x, f)
+
+
+def _reference_pair(pair, x):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter('error')
+        plugins = (bias_act._plugin, upfirdn2d._plugin)
+        saved = [plugin.device_type for plugin in plugins]
+        for plugin in plugins:
+            plugin.device_type = 'cuda'  # the CPU tensors take the reference path
+        try:
+            return pair(x)
+        finally:
+            for plugin, device_type in zip(plugins, saved):
+                plugin.device_type = device_type
+
+
+@pytest.mark.parametrize('plugin_class, pair, cause', [
+    (_WithoutSecondDerivative, _bias_act_pair, 'second-order gradient w.r.t. x off by'),
+    (_UpsamplingOnePercentOff, _upfirdn2d_pair, 'off by'),
+    (_UpsamplingCannotLaunch, _upfirdn2d_pair, 'RuntimeError: CUDA error: no kernel image is available'),
+], ids=lambda value: getattr(value, '__name__', None))
+def test_self_check_failure_stays_with_its_config(host_kernels, cpu_kernel_path, plugin_class, pair, cause):
+    """One warning naming op, config and cause; the broken config gets the reference, a second keeps the kernel."""
     plugin = cpu_kernel_path(plugin_class(host_kernels))
     x = _input_in_layout('contiguous')
     state = torch.get_rng_state()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        first = _run_ops(x)
-        second = _run_ops(x)
+        first = pair(x)
+        plugin.calls.clear()
+        second = pair(x)
     assert torch.equal(torch.get_rng_state(), state)  # the check draws from its own generator
     assert len(caught) == 1, [str(w.message) for w in caught]
     message = str(caught[0].message)
-    assert message.startswith(f'{broken_op}: the CUDA kernel disagrees with the reference') and where in message
-    assert 'reference implementation from now on' in message
-    error = float(re.search(r'off by ([0-9.e+-]+)', message).group(1))
-    if expected_error is None:
-        assert error > 0.1
-    else:
-        assert error == pytest.approx(expected_error, rel=1e-2)
-    broken_plugin = bias_act._plugin if broken_op == 'bias_act' else upfirdn2d._plugin
-    assert broken_plugin.get() is None  # the reference from now on
-    plugin.calls.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')
-        third = _run_ops(x)
-    assert all(count == 0 for (op, _), count in plugin.calls.items() if op == broken_op)
-    with torch.no_grad():
-        expected = [bias_act.bias_act(x, torch.linspace(-1, 1, 3, dtype=x.dtype), act=act, impl='ref')
-                    for act in ('swish', 'elu')] + [upfirdn2d.upsample2d(x, upfirdn2d.setup_filter([1, 2, 1]),
-                                                                          impl='ref')]
-    for results in (first, second, third):
+    op = 'bias_act' if pair is _bias_act_pair else 'upfirdn2d'
+    assert message.startswith(f'{op}: the CUDA kernel failed its self-check for cpu, float64, ')
+    assert cause in message and 'uses the reference implementation from now on, others keep the kernel' in message
+    if 'off by' in cause:
+        error = float(re.search(r'off by ([0-9.e+-]+)', message).group(1))
+        if plugin_class is _UpsamplingOnePercentOff:
+            # Each quantity passes through the broken upsampling once or twice (the adjoint, a downsampling, is
+            # right): it is 1.01 or 1.0201 times the reference's. Per element against |q_i| + rms(q), the worst
+            # element is off by e * max|q| / (max|q| + rms(q)) with e = 0.01 or 0.0201: between 0.005 and 0.0201.
+            assert 0.01 / 2 < error < 0.0201
+        else:
+            assert error > 0.1
+    expected = _reference_pair(pair, x)
+    for results in (first, second):
         for y, e in zip(results, expected):
-            torch.testing.assert_close(y, e, rtol=1e-9, atol=1e-9)  # the broken forward (1% off) never served
+            torch.testing.assert_close(y, e, rtol=1e-9, atol=1e-9)  # the broken config is never served
+    healthy_calls = plugin.calls[op, 0]
+    assert healthy_calls > 0  # the second config still runs on the kernel
+    if op == 'upfirdn2d':
+        assert healthy_calls == 1 and plugin.served == {3: plugin.served[3]}  # the 3x3 blur, specialised
+
+
+@pytest.mark.parametrize('plugin_class, pair', [(_WithoutPlaneLoop, _upfirdn2d_pair),
+                                                (_WithoutGridStrideLoop, _bias_act_pair)],
+                         ids=lambda value: getattr(value, '__name__', None))
+def test_self_check_reaches_beyond_the_first_grid(host_kernels, cpu_kernel_path, plugin_class, pair):
+    """A kernel that forgets the planes or elements beyond one grid fails its check (the old inputs fit one block)."""
+    cpu_kernel_path(plugin_class(host_kernels))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        pair(_input_in_layout('contiguous'))
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2 and all(' off by ' in m for m in messages), messages  # both configs
 
 
 def test_self_check_can_be_switched_off(host_kernels, cpu_kernel_path, monkeypatch):
-    cpu_kernel_path(_OnePercentOff(host_kernels))
+    cpu_kernel_path(_UpsamplingOnePercentOff(host_kernels))
     monkeypatch.setenv(custom_ops.SELF_CHECK_ENV, '0')
     x = _input_in_layout('contiguous')
     f = upfirdn2d.setup_filter([1, 2, 1])
@@ -417,6 +560,44 @@ def test_self_check_can_be_switched_off(host_kernels, cpu_kernel_path, monkeypat
         warnings.simplefilter('error')
         y = upfirdn2d.upsample2d(x, f)
     torch.testing.assert_close(y, upfirdn2d.upsample2d(x, f, impl='ref') * 1.01)  # the kernel, unchecked
+
+
+def test_training_step_survives_a_kernel_that_cannot_launch(host_kernels, cpu_kernel_path):
+    """A StyleGAN G and D step where upsampling's kernel fails at launch: warnings, then reference values."""
+    from training.networks import stylegan
+    plugin = cpu_kernel_path(_UpsamplingCannotLaunch(host_kernels))
+    torch.manual_seed(0)
+    G = stylegan.Generator(c_dim=0, img_resolution=16, img_channels=1, z_dim=8, w_dim=8, fmap_base=32, fmap_max=8)
+    D = stylegan.Discriminator(c_dim=0, img_resolution=16, img_channels=1, fmap_base=32, fmap_max=8)
+    G.set_lod(0.5)  # fading in 16x16: the upsampled 8x8 image and the new level
+    D.set_lod(0.5)
+    z = torch.randn([4, 8])
+
+    def step():
+        torch.manual_seed(1)  # the same per-layer noise each time
+        G.zero_grad()
+        D.zero_grad()
+        D(G(z, None), None).square().sum().backward()
+        return [p.grad.clone() for p in [*G.parameters(), *D.parameters()] if p.grad is not None]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        grads = step()
+        step()
+    # One warning per configuration that needs the upsampling kernel: G's 2x upsampling, and D's 2x
+    # downsampling, whose gradient upsamples; none on the second step.
+    messages = sorted(str(w.message) for w in caught)
+    assert len(messages) == 2 and all('(RuntimeError: CUDA error: no kernel image' in m for m in messages)
+    assert 'down=(2, 2)' in messages[0] and 'up=(2, 2)' in messages[1]
+    assert plugin.calls['bias_act', 0] > 0 and plugin.served[3] > 0  # the other configs keep their kernels
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        upfirdn2d._plugin.device_type = bias_act._plugin.device_type = 'cuda'  # all reference (undone by the fixture)
+        expected = step()
+    # float32 kernels against float32 references, rounding apart (over all parameters: some gradients are
+    # zero up to rounding, e.g. of biases that an instance normalization cancels).
+    grads, expected = torch.cat([g.flatten() for g in grads]), torch.cat([e.flatten() for e in expected])
+    assert (grads - expected).norm() <= 1e-4 * expected.norm()
+
 
 # ----------------------------------------------------------------------------
 # Fallback when the build is impossible, and what the user is told.
@@ -530,6 +711,7 @@ def fake_toolkit(tmp_path, monkeypatch):
                 'case "$*" in\n'
                 f'  *--dryrun*) echo "#\\$ _HERE_={home}/bin" >&2; echo "#\\$ TOP={home}/bin/.." >&2;;\n'
                 '  *--list-gpu-arch*) printf "compute_75\\ncompute_80\\ncompute_86\\ncompute_90\\n";;\n'
+                '  *--version*) echo "Cuda compilation tools, release 99.1, V99.1.66";;\n'
                 'esac\n')
     for var in ('CUDA_HOME', 'CUDA_PATH', 'TORCH_CUDA_ARCH_LIST'):
         monkeypatch.delenv(var, raising=False)
@@ -577,6 +759,23 @@ def test_missing_toolkit_is_one_clear_cause(fake_toolkit, tmp_path, monkeypatch)
                                 'include/cuda_runtime.h')
 
 
+def test_toolkit_of_another_cuda_major_is_refused(fake_toolkit, monkeypatch):
+    """torch built with CUDA 12.8, the toolkit is 99.1: one plain line; a different minor version passes."""
+    monkeypatch.setenv('CUDA_HOME', str(fake_toolkit))
+    monkeypatch.setattr(torch.version, 'cuda', '12.8')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.cuda, 'get_arch_list', lambda: ['sm_80', 'sm_90'])
+    with pytest.raises(custom_ops.BuildError) as info:
+        custom_ops.get_plugin('gngan_bias_act_plugin', sources=['bias_act.cpp', 'bias_act.cu'],
+                              headers=['bias_act.h'], source_dir=OPS_DIR)
+    assert info.value.cause == (f'the CUDA toolkit at {fake_toolkit} is CUDA 99.1, but this PyTorch '
+                                f'({torch.__version__}) was built with CUDA 12.8; install a CUDA 12.x toolkit and '
+                                'set CUDA_HOME to it')
+    monkeypatch.setattr(torch.version, 'cuda', '99.0')
+    monkeypatch.setattr(torch.utils.cpp_extension, 'is_ninja_available', lambda: True)
+    assert custom_ops._check_build_environment() == (str(fake_toolkit), '8.0;9.0+PTX')
+
+
 def test_arch_list_without_gpu_follows_torch_within_nvcc(fake_toolkit, monkeypatch):
     """No GPU: torch's own targets; sm_50 is older than anything this nvcc offers, sm_120 newer (-> 9.0 PTX)."""
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
@@ -593,3 +792,64 @@ def test_arch_list_follows_visible_gpus_and_the_environment(fake_toolkit, monkey
     assert custom_ops.cuda_arch_list(nvcc) == '8.0;8.6+PTX'
     monkeypatch.setenv('TORCH_CUDA_ARCH_LIST', '7.0')
     assert custom_ops.cuda_arch_list(nvcc) == '7.0'
+
+# ----------------------------------------------------------------------------
+# The chooser: a trusted kernel serves a shape only if it is at least as fast as the reference.
+
+
+@pytest.fixture
+def fake_clock(host_kernels, cpu_kernel_path, monkeypatch):
+    """(plugin, set_times): the kernel path on the host build, timed by a clock that reads the given milliseconds."""
+    plugin = cpu_kernel_path(_HostPlugin(host_kernels))
+    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '1')
+    timings = []  # one entry per timed path: 'kernel' or 'reference'
+    times = {}
+
+    def timer(fn, device):
+        before = sum(plugin.calls.values())
+        fn()
+        path = 'kernel' if sum(plugin.calls.values()) > before else 'reference'
+        timings.append(path)
+        return times[path]
+    monkeypatch.setattr(upfirdn2d._plugin, 'timer', timer)
+    monkeypatch.setattr(bias_act._plugin, 'timer', timer)
+    return plugin, times, timings
+
+
+@pytest.mark.parametrize('kernel_ms, reference_ms, kernel_serves', [(1.0, 2.0, True), (2.0, 1.0, False),
+                                                                     (1.0, 1.0, True)])
+def test_chooser_picks_the_faster_path_per_shape(fake_clock, kernel_ms, reference_ms, kernel_serves):
+    plugin, times, timings = fake_clock
+    times.update(kernel=kernel_ms, reference=reference_ms)
+    f = upfirdn2d.setup_filter([1, 2, 1])
+    x = _input_in_layout('contiguous')
+    upfirdn2d.upsample2d(x, f)  # self-check, then timing
+    assert timings == ['kernel', 'reference']
+    (key, choice), = upfirdn2d._plugin.choices.items()
+    assert key[1] == tuple(x.shape) and choice == dict(kernel_ms=kernel_ms, reference_ms=reference_ms,
+                                                       kernel=kernel_serves)
+    plugin.calls.clear()
+    y = upfirdn2d.upsample2d(x, f)  # cached: no more timing
+    assert timings == ['kernel', 'reference'] and (plugin.calls['upfirdn2d', 0] > 0) == kernel_serves
+    torch.testing.assert_close(y, upfirdn2d.upsample2d(x, f, impl='ref'), rtol=1e-9, atol=1e-9)
+    upfirdn2d.upsample2d(x[:1], f)  # another shape, the same configuration: timed on its own
+    assert timings == ['kernel', 'reference'] * 2 and len(upfirdn2d._plugin.choices) == 2
+
+
+def test_chooser_covers_bias_act(fake_clock):
+    plugin, times, timings = fake_clock
+    times.update(kernel=3.0, reference=1.0)
+    x = _input_in_layout('contiguous')
+    y = bias_act.bias_act(x, None, act='lrelu')
+    # Forward launches: the self-check's two and the timed one; the call itself is the reference's.
+    assert timings == ['kernel', 'reference'] and plugin.calls['bias_act', 0] == 3
+    torch.testing.assert_close(y, bias_act.bias_act(x, None, act='lrelu', impl='ref'))
+
+
+def test_chooser_can_be_switched_off(fake_clock, monkeypatch):
+    plugin, times, timings = fake_clock
+    times.update(kernel=5.0, reference=1.0)
+    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '0')
+    plugin.calls.clear()
+    upfirdn2d.upsample2d(_input_in_layout('contiguous'), upfirdn2d.setup_filter([1, 2, 1]))
+    assert timings == [] and upfirdn2d._plugin.choices == {} and plugin.served[3] > 0  # untimed, the kernel serves

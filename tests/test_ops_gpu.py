@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ops import bias_act, conv2d_resample, upfirdn2d
-from tests.test_custom_ops import _UPFIRDN2D_CASES
+from tests.test_custom_ops import _SPECIALISATIONS, _UPFIRDN2D_CASES
 from torch_utils import custom_ops
 from training.loss import GANLoss
 from training.networks import biggan, sngan, stylegan
@@ -45,7 +45,7 @@ def plugins():
 
 @pytest.fixture
 def kernel_calls(plugins, monkeypatch):
-    """Counts kernel launches per op; the self-check is off, so every launch belongs to the test."""
+    """Counts kernel launches per op; self-check and chooser are off, so every launch belongs to the test."""
     calls = collections.Counter()
     for name, op in (('bias_act', bias_act), ('upfirdn2d', upfirdn2d)):
         def spy(*args, _name=name, _run=op._run_kernel, **kwargs):
@@ -53,6 +53,7 @@ def kernel_calls(plugins, monkeypatch):
             return _run(*args, **kwargs)
         monkeypatch.setattr(op, '_run_kernel', spy)
     monkeypatch.setenv(custom_ops.SELF_CHECK_ENV, '0')
+    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '0')
     monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)  # float32 convolutions in float32
     monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
     return calls
@@ -119,6 +120,7 @@ def _compare_op(op, inputs, dtype):
 def test_plugins_build_and_pass_their_self_check(plugins, monkeypatch):
     """With the self-check on, the configurations the networks use run silently and keep the kernels."""
     monkeypatch.delenv(custom_ops.SELF_CHECK_ENV, raising=False)
+    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '0')
     for plugin in plugins.values():
         for attribute in ('verdicts', 'check_results'):
             monkeypatch.setattr(plugin, attribute, {})
@@ -141,6 +143,23 @@ def test_plugins_build_and_pass_their_self_check(plugins, monkeypatch):
     for plugin in plugins.values():
         for config, result in plugin.check_results.items():
             assert result['error'] <= result['tolerance'], config
+
+
+
+def test_chooser_times_both_paths_on_the_gpu(plugins, monkeypatch):
+    """With CUDA events: one choice per configuration and shape, both times positive, the result right either way."""
+    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '1')
+    plugin = plugins['upfirdn2d']
+    monkeypatch.setattr(plugin, 'choices', {})
+    blur = upfirdn2d.setup_filter([1, 2, 1], device='cuda')
+    for shape in ([8, 64, 128, 128], [8, 64, 32, 32]):
+        x = torch.randn(shape, device='cuda')
+        y = upfirdn2d.upsample2d(x, blur)
+        torch.testing.assert_close(y, upfirdn2d.upsample2d(x, blur, impl='ref'), rtol=1e-4, atol=1e-4)
+    assert len(plugin.choices) == 2
+    for choice in plugin.choices.values():
+        assert choice['kernel_ms'] > 0 and choice['reference_ms'] > 0
+        assert choice['kernel'] == (choice['kernel_ms'] <= choice['reference_ms'])
 
 # ----------------------------------------------------------------------------
 # bias_act.
@@ -216,6 +235,22 @@ def test_upfirdn2d(kernel_calls, case, dtype):
     x = torch.randn([4, 8, 16, 17], device='cuda')
     args = dict(up=up, down=down, padding=padding, flip_filter=flip_filter, gain=gain)
     _compare_op(lambda x: upfirdn2d.upfirdn2d(x, f, **args), [x], dtype)
+    assert kernel_calls['upfirdn2d'] >= 3
+
+
+@pytest.mark.parametrize('dtype', DTYPES, ids=str)
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('up, down, taps', _SPECIALISATIONS, ids=str)
+def test_upfirdn2d_specialisations(kernel_calls, up, down, taps, layout, dtype):
+    """Each compile-time specialisation on images spanning several thread blocks, in both layouts."""
+    torch.manual_seed(taps)
+    f = torch.randn([taps, taps], device='cuda')
+    x = torch.randn([3, 5, 37, 70], device='cuda')
+    if layout == 'channels_last':
+        x = x.contiguous(memory_format=torch.channels_last)
+    padding = [taps // 2, (taps - 1) // 2, taps - 1, 0]
+    actual = _compare_op(lambda x: upfirdn2d.upfirdn2d(x, f, up=up, down=down, padding=padding), [x], dtype)
+    assert actual[0].is_contiguous(memory_format=torch.channels_last) == (layout == 'channels_last')
     assert kernel_calls['upfirdn2d'] >= 3
 
 

@@ -19,17 +19,29 @@ that nvcc reports itself (`nvcc --dryrun` prints its own location), and at the
 usual install prefixes; a candidate counts only if it holds bin/nvcc and
 include/cuda_runtime.h. cuda_arch_list() targets the visible GPUs, or without
 one the architectures the installed torch was built for, limited to those the
-toolkit's nvcc can generate; $TORCH_CUDA_ARCH_LIST, when set, wins.
+toolkit's nvcc can generate; $TORCH_CUDA_ARCH_LIST, when set, wins. A toolkit whose CUDA
+major version differs from the one torch was built with is refused with a plain message (a
+different minor version builds and runs: CUDA's minor version compatibility).
 
 Failure. A failed build raises BuildError: one line naming the cause plus the
 compiler's own error lines (not the command lines). GNGAN_VERBOSE_BUILD=1
 streams the full build log instead.
 
 Self-check. LazyPlugin.trusted() runs an op's check (compare_to_reference on
-small random inputs: values, first- and second-order gradients) the first time
-each (device, dtype, configuration) appears in a process. On disagreement it
-warns once and the op uses its reference implementation from then on.
+random inputs spanning several thread blocks, once more with a launch too small
+to cover them so that the kernels' grid-stride and plane loops run; values,
+first- and second-order gradients, judged per element) the first time each
+(device, dtype, configuration) appears in a process. On disagreement, or on any
+error while checking (a launch failure, a CUDA error), it warns once naming the
+op, the configuration and the cause, and that configuration uses the reference
+implementation from then on; other configurations keep the kernel.
 GNGAN_OPS_SELFCHECK=0 switches the check off (for benchmarking).
+
+Choice. LazyPlugin.faster() times a trusted kernel against the reference, forward
+and backward, the first time each configuration and shape appears (CUDA events,
+median of five after a warm-up) and lets the faster one serve it for the rest of
+the process, so a kernel never makes training slower. GNGAN_OPS_AUTOTUNE=0 always
+uses the kernel. bench/gpu_report.py lists the choices.
 """
 
 import contextlib
@@ -49,6 +61,7 @@ import torch.utils.cpp_extension
 
 VERBOSE_BUILD_ENV = 'GNGAN_VERBOSE_BUILD'  # 1: show the toolkit found, the target architectures and the full build log
 SELF_CHECK_ENV = 'GNGAN_OPS_SELFCHECK'  # 0: trust the kernels without comparing them with the references
+AUTOTUNE_ENV = 'GNGAN_OPS_AUTOTUNE'  # 0: use a trusted kernel without timing it against the reference
 
 USUAL_PREFIXES = ['/usr/local/cuda', '/usr/local/cuda-*', '/opt/cuda', '/usr']  # last resort, in this order
 _TOOLKIT_FILES = [os.path.join('bin', 'nvcc'), os.path.join('include', 'cuda_runtime.h')]
@@ -188,6 +201,17 @@ def cuda_arch_list(nvcc: str) -> str:
     return ';'.join(unique[:-1] + [unique[-1] + '+PTX'])
 
 
+def toolkit_cuda_version(cuda_home: str) -> Optional[str]:
+    """The CUDA version of a toolkit, 'X.Y', as its nvcc reports it ('release X.Y'), else None."""
+    try:
+        result = subprocess.run([os.path.join(cuda_home, 'bin', 'nvcc'), '--version'], capture_output=True,
+                                text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r'release (\d+\.\d+)', result.stdout)
+    return match.group(1) if match else None
+
+
 def _check_build_environment() -> Tuple[str, str]:
     """(CUDA toolkit directory, arch list); raises BuildError with a one-line cause when building is impossible."""
     if torch.version.cuda is None:
@@ -196,6 +220,13 @@ def _check_build_environment() -> Tuple[str, str]:
     if cuda_home is None:
         raise BuildError('the CUDA toolkit was not found (tried: ' + ('; '.join(tried) or 'nothing') +
                          '); set CUDA_HOME to the directory holding bin/nvcc and include/cuda_runtime.h')
+    toolkit = toolkit_cuda_version(cuda_home)
+    if toolkit is not None and toolkit.split('.')[0] != torch.version.cuda.split('.')[0]:
+        # PyTorch itself refuses such builds: a kernel built with another major version of CUDA
+        # than the torch it links against may not load, or fail at launch on an older driver.
+        raise BuildError(f'the CUDA toolkit at {cuda_home} is CUDA {toolkit}, but this PyTorch '
+                         f'({torch.__version__}) was built with CUDA {torch.version.cuda}; install a CUDA '
+                         f'{torch.version.cuda.split(".")[0]}.x toolkit and set CUDA_HOME to it')
     if not torch.utils.cpp_extension.is_ninja_available():
         raise BuildError('ninja was not found; pip install ninja')
     return cuda_home, cuda_arch_list(os.path.join(cuda_home, 'bin', 'nvcc'))
@@ -309,8 +340,8 @@ def get_plugin(module_name: str, sources: Sequence[str], headers: Optional[Seque
 # ----------------------------------------------------------------------------
 # Self-check.
 
-# Largest accepted max|kernel - reference| / max|reference| per quantity, by the kernel's dtype.
-SELF_CHECK_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 1e-1}
+# Largest accepted error per element (see compare_to_reference), by the kernel's dtype.
+SELF_CHECK_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}
 
 
 def compare_to_reference(kernel: Callable, reference: Callable, inputs: Sequence[Optional[torch.Tensor]],
@@ -321,8 +352,14 @@ def compare_to_reference(kernel: Callable, reference: Callable, inputs: Sequence
     inputs, so the second-order pass (target sum(r_i * grad_i)) runs through the
     backward of the backward, as gradient normalization does. r, r_i are drawn
     from a private generator: the global random state is left untouched.
-    Returns (worst relative error, which quantity), the error of a quantity q being
-    max|q_kernel - q_reference| / max(max|q_reference|, 1e-3).
+    Returns (worst error, which quantity). Errors are judged per element, against the
+    element's own magnitude plus the quantity's root mean square:
+
+        error(q) = max_i |q_kernel[i] - q_reference[i]| / (|q_reference[i]| + rms(q_reference))
+
+    so a wrong small element counts as much as a wrong large one (the RMS term only keeps
+    elements at zero crossings, where rounding of the terms dominates, from counting as
+    infinitely wrong). NaN counts as the worst error.
     """
     present = [i for i, x in enumerate(inputs) if x is not None]
     device = inputs[present[0]].device
@@ -341,27 +378,58 @@ def compare_to_reference(kernel: Callable, reference: Callable, inputs: Sequence
         results.append([y, *first, *second])
     labels = ['value'] + [f'gradient w.r.t. {names[i]}' for i in present] + \
              [f'second-order gradient w.r.t. {names[i]}' for i in present]
-    worst, where = 0.0, labels[0]
+    errors = []
     for label, expected, actual in zip(labels, *results):
         expected = torch.zeros([1], device=device) if expected is None else expected.detach().double()
         actual = torch.zeros([1], device=device) if actual is None else actual.detach().double()
-        error = ((actual - expected).abs().max() / expected.abs().max().clamp(min=1e-3)).item()
-        if not error <= worst:  # NaN counts as the worst
-            worst, where = error, label
-    return worst, where
+        scale = expected.abs() + expected.square().mean().sqrt()
+        error = ((actual - expected).abs() / scale.clamp(min=1e-300)).max().item()
+        errors.append((error, label))
+    return worst_of(errors)
+
+
+def worst_of(results: Sequence[Tuple[float, str]]) -> Tuple[float, str]:
+    """The (error, where) pair with the largest error, NaN counting as the largest."""
+    return max(results, key=lambda result: float('inf') if result[0] != result[0] else result[0])
+
+
+def time_call(fn: Callable[[], Any], device: torch.device, repeats: int = 5) -> float:
+    """Median milliseconds of fn() on `device` after one warm-up call: CUDA events on a GPU, else the wall clock."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == 'cuda':
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            start_s = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start_s) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def _describe(config: Hashable) -> str:
+    """A configuration tuple as one readable line (dataclasses and dtypes print themselves)."""
+    return ', '.join(str(part).replace('torch.', '') for part in config) if isinstance(config, tuple) else str(config)
 
 
 class LazyPlugin:
-    """A plugin that an op builds on first use, checks, and otherwise replaces by its reference.
+    """A plugin that an op builds on first use, checks, times, and otherwise replaces by its reference.
 
     get() tries get_plugin() once per process. If that fails for any reason
     (no CUDA toolkit, CPU-only PyTorch, compiler error), it warns once that the
     op falls back to its slower reference implementation, with the cause and
     the compiler's error lines, and returns None from then on. trusted() runs
-    the op's self-check for each new configuration (see the module docstring).
+    the op's self-check for each new configuration, faster() times the kernel
+    against the reference for each new shape (see the module docstring).
     """
 
     device_type = 'cuda'  # tensors on other devices always take the reference path
+    timer = staticmethod(time_call)  # (fn, device) -> milliseconds; the tests install a fake clock
 
     def __init__(self, op_name: str, module_name: str, sources: Sequence[str], headers: Sequence[str],
                  source_dir: str, **build_kwargs: Any):
@@ -369,9 +437,10 @@ class LazyPlugin:
         self.plugin_args = dict(module_name=module_name, sources=sources, headers=headers, source_dir=source_dir,
                                 **build_kwargs)
         self.module = None  # the loaded extension, once built
-        self.failed = False  # set after a failed build or self-check, so we never retry or warn twice
+        self.failed = False  # set after a failed build, so we never retry or warn twice
         self.verdicts: Dict[Hashable, bool] = {}  # configuration -> passed its self-check (or was not checked)
-        self.check_results: Dict[Hashable, dict] = {}  # configuration -> error, where, tolerance, milliseconds
+        self.check_results: Dict[Hashable, dict] = {}  # configuration -> error, where, tolerance, milliseconds, cause
+        self.choices: Dict[Hashable, dict] = {}  # configuration and shape -> kernel_ms, reference_ms, kernel
 
     def get(self):
         if self.module is None and not self.failed:
@@ -394,27 +463,58 @@ class LazyPlugin:
     def trusted(self, config: Hashable, check: Callable[[], Tuple[float, str]], dtype: torch.dtype) -> bool:
         """Whether the kernel may serve `config` (which includes device and dtype).
 
-        The first time a config appears, check() compares the kernel with the
-        reference and returns (error, where); above SELF_CHECK_TOLERANCE[dtype]
-        this warns once and disables the kernel for the rest of the process.
+        The first time a config appears, check() runs the kernel against the reference
+        and returns (error, where). An error above SELF_CHECK_TOLERANCE[dtype], or any
+        exception on the way (a launch failure, a CUDA error, a failed allocation), warns
+        once and sends this config to the reference for the rest of the process; other
+        configs keep the kernel.
         """
         verdict = self.verdicts.get(config)
         if verdict is None:
             verdict = True
             if _flag(SELF_CHECK_ENV, '1'):
-                start = time.perf_counter()
-                with torch.inference_mode(False), torch.enable_grad(), \
-                        torch.autocast(self.device_type, enabled=False):
-                    error, where = check()  # ends in .item(): the time includes the device's work
                 tolerance = SELF_CHECK_TOLERANCE.get(dtype, 1e-1)
-                self.check_results[config] = dict(error=error, where=where, tolerance=tolerance,
+                start = time.perf_counter()
+                try:
+                    with torch.inference_mode(False), torch.enable_grad(), \
+                            torch.autocast(self.device_type, enabled=False):
+                        error, where = check()  # ends in .item(): the time includes the device's work
+                    cause = None if error <= tolerance else \
+                        f'{where} off by {error:.2g} of its magnitude, tolerance {tolerance:g}'
+                except Exception as err:  # pylint: disable=broad-except  # whatever failed, the reference works
+                    error, where = float('nan'), 'exception'
+                    cause = f'{type(err).__name__}: {" ".join(str(err).split())[:300]}'
+                self.check_results[config] = dict(error=error, where=where, tolerance=tolerance, cause=cause,
                                                   ms=(time.perf_counter() - start) * 1e3)
-                if not error <= tolerance:
+                if cause is not None:
                     verdict = False
-                    self.module, self.failed = None, True
-                    warnings.warn(f'{self.op_name}: the CUDA kernel disagrees with the reference implementation '
-                                  f'({where} off by {error:.2g} of its magnitude, tolerance {tolerance:g}, for '
-                                  f'{config}); using the reference implementation from now on.', RuntimeWarning,
-                                  stacklevel=3)
+                    warnings.warn(f'{self.op_name}: the CUDA kernel failed its self-check for {_describe(config)} '
+                                  f'({cause}); this configuration uses the reference implementation from now on, '
+                                  f'others keep the kernel.', RuntimeWarning, stacklevel=3)
             self.verdicts[config] = verdict
         return verdict
+
+    def faster(self, key: Hashable, kernel: Callable[[torch.Tensor], torch.Tensor],
+               reference: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> bool:
+        """Whether the kernel is at least as fast as the reference for `key` (a configuration and a shape).
+
+        The first time a key appears, kernel(x) and reference(x) each run forward and
+        backward on a copy of x (one warm-up, then the median of five, by self.timer) and
+        the faster one serves the key for the rest of the process. GNGAN_OPS_AUTOTUNE=0:
+        always the kernel, untimed.
+        """
+        if not _flag(AUTOTUNE_ENV, '1'):
+            return True
+        choice = self.choices.get(key)
+        if choice is None:
+            x = x.detach().clone().requires_grad_()
+
+            def forward_backward(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+                with torch.inference_mode(False), torch.enable_grad(), torch.autocast(x.device.type, enabled=False):
+                    y = fn(x)
+                    torch.autograd.grad(y, [x], torch.ones_like(y))
+            kernel_ms = self.timer(lambda: forward_backward(kernel), x.device)
+            reference_ms = self.timer(lambda: forward_backward(reference), x.device)
+            choice = self.choices[key] = dict(kernel_ms=kernel_ms, reference_ms=reference_ms,
+                                              kernel=kernel_ms <= reference_ms)
+        return choice['kernel']
