@@ -7,10 +7,15 @@ Without a GPU, these things are still checked here:
     autograd Functions (and, with CPU tensors routed through the ops' kernel
     path, the whole op: layout handling and self-check included) and must agree
     with the PyTorch references in values and in first and second order
-    gradients, for contiguous, channels_last and sliced inputs;
-  * the self-check warns once and falls back when a kernel is deliberately broken;
+    gradients, for contiguous, channels_last and sliced inputs, and for every
+    compile-time specialisation of the upfirdn2d kernel;
+  * a deliberately broken kernel (wrong values, a failed launch, a missing loop
+    over planes or grid strides) fails its self-check with one warning, and only
+    its configuration falls back to the reference; a training step goes on;
+  * the chooser between kernel and reference, driven by a fake clock;
   * toolkit discovery on a fake wrapper nvcc and a fake toolkit tree, the arch
-    list, and the build failure report (the compiler's lines, not ninja's commands).
+    list, a toolkit of another CUDA major version, and the build failure report
+    (the compiler's lines, not ninja's commands).
 The real JIT build and CUDA against the reference run in tests/test_ops_gpu.py.
 """
 
