@@ -137,7 +137,9 @@ def judge(net: DigitClassifier, images: torch.Tensor, classes: np.ndarray | None
 @torch.no_grad()
 def generate(network: str, num: int, seed: int) -> tuple[torch.Tensor, np.ndarray | None]:
     """`num` images from the snapshot's EMA generator (its plain G if it has none), latents from `seed`, and
-    the class each was generated for (0, 1, ..., 9, 0, ... for a conditional G; None for an unconditional one)."""
+    the class each was generated for (0, 1, ..., 9, 0, ... for a conditional G; None for an unconditional one).
+    A progressive G snapshotted while growing draws at its active resolution; those images are brought to
+    32x32 by nearest-neighbour upsampling, as the growing run itself shows them to D (training/progressive.py)."""
     try:
         snapshot = persistence.load_snapshot(network)
     except (OSError, persistence.UnsafeSnapshotError) as e:
@@ -149,7 +151,10 @@ def generate(network: str, num: int, seed: int) -> tuple[torch.Tensor, np.ndarra
     z = torch.from_numpy(np.random.default_rng(seed).standard_normal([num, G.z_dim])).float()
     classes = np.arange(num) % 10 if G.c_dim else None
     c = torch.zeros(num, 0) if classes is None else F.one_hot(torch.from_numpy(classes), 10).float()
-    return torch.cat([G(zb, cb) for zb, cb in zip(z.split(256), c.split(256))]), classes
+    images = torch.cat([G(zb, cb) for zb, cb in zip(z.split(256), c.split(256))])
+    if images.shape[-1] < 32:
+        images = F.interpolate(images, size=[32, 32], mode='nearest')
+    return images, classes
 
 def trained_judge(epochs: int, seed: int) -> dict:
     """The classifier trained on a stratified 80% of the digits, with what judging needs: `net`, the reference

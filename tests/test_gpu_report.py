@@ -1,14 +1,11 @@
 """bench/gpu_report.py without a GPU: it records the environment, says what it could not run, and exits 0."""
 
 import json
-import os
-import sys
 
 import torch
 from click.testing import CliRunner
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'bench'))
-import gpu_report  # noqa: E402  pylint: disable=wrong-import-position
+from bench import gpu_report
 
 
 def test_report_without_gpu(tmp_path, monkeypatch):

@@ -1,0 +1,27 @@
+"""bench/quickstart_quality.py: what it feeds the digit classifier."""
+
+import numpy as np
+import torch
+
+from bench import quickstart_quality
+from torch_utils import persistence
+from training.networks import stylegan
+
+
+def test_growing_stylegan_snapshot_is_judged_at_32x32(tmp_path):
+    """A progressive G snapshotted at lod 2 draws 8x8 images; each becomes 4x4 blocks of its own pixels."""
+    torch.manual_seed(0)
+    G = stylegan.Generator(c_dim=0, img_resolution=32, img_channels=1, z_dim=8, w_dim=8, fmap_base=32, fmap_max=8)
+    G.eval().set_lod(2)  # (as loaded: eval mode, no style mixing)
+    path = str(tmp_path / 'snapshot.pkl')
+    persistence.save_snapshot(path, dict(G_ema=G))
+    torch.manual_seed(1)  # the per-layer noise of both calls below
+    images, classes = quickstart_quality.generate(path, num=5, seed=3)
+    torch.manual_seed(1)
+    z = torch.from_numpy(np.random.default_rng(3).standard_normal([5, 8])).float()
+    with torch.no_grad():
+        small = G(z, torch.zeros([5, 0]))
+    assert classes is None and small.shape == (5, 1, 8, 8) and images.shape == (5, 1, 32, 32)
+    for i in range(4):
+        for j in range(4):
+            torch.testing.assert_close(images[:, :, i::4, j::4], small, rtol=1e-5, atol=1e-6)
