@@ -102,7 +102,8 @@ def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> tuple[
     return dnnlib.EasyDict(dataset.init_kwargs), dataset
 
 
-EXPERIMENT_DEFAULTS = dict(cfg='quickstart', norm=None, loss=None, cr=None, precision='tf32', seed=0, data=QUICKSTART_DATA)
+EXPERIMENT_DEFAULTS = dict(cfg='quickstart', norm=None, loss=None, cr=None, precision='tf32', seed=0, data=QUICKSTART_DATA,
+                           xflip=None)  # None: the preset's.
 
 
 def _load_resume(resume: str) -> dnnlib.EasyDict:
@@ -192,6 +193,7 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--resolution', help='gn-stylegan: final resolution of progressive growing (default: the data\'s)', type=int)
 @click.option('--cmax', help='gn-stylegan: maximum feature maps per layer (512 in the paper)', type=click.IntRange(min=1))
 @click.option('--lod-kimg', help='gn-stylegan: thousands of images per resolution phase and per fade-in  [default: 600]', type=click.FloatRange(min=0, min_open=True))
+@click.option('--xflip', help='Mirror the real images left-right at random  [default: the preset\'s: on for the paper\'s presets, off for quickstart; with --resume: the snapshot\'s]', type=bool)
 @click.option('--seed', help='Random seed (initial weights, data order, latents, grids)  [default: 0; with --resume: the snapshot\'s]', type=click.IntRange(min=0))
 @click.option('--tick', help='Progress line every this many kimg', type=click.FloatRange(min=0, min_open=True), default=4, show_default=True)
 @click.option('--snap', help='Snapshot (networks, image grid, metrics) every this many ticks', type=click.IntRange(min=1), default=50, show_default=True)
@@ -201,8 +203,8 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--best-metric', help='FID metric that decides network-best.pkl  [default: the first FID in --metrics]', metavar='NAME')
 @click.option('--detector', help='Inception-v3 detector (TorchScript) of FID, IS and KID: path or URL (offline machines)', metavar='PATH_OR_URL', callback=dnnlib.util.expand_user)
 @click.option('--pr-detector', help='VGG16 detector (TorchScript) of precision/recall: path or URL (offline machines)', metavar='PATH_OR_URL', callback=dnnlib.util.expand_user)
-@click.option('--resume', help='Continue from a network snapshot (optimizer state, progress and random streams included) in a new run directory; --cfg, --norm, --loss, --cr, --precision, --seed and --data default to the snapshot\'s', metavar='PKL', callback=dnnlib.util.expand_user)
-@click.option('--resume-override', help='With --resume: accept --cfg, --norm, --loss, --cr, --precision, --seed or --data differing from the snapshot\'s (recorded in training_options.json)', is_flag=True)
+@click.option('--resume', help='Continue from a network snapshot (optimizer state, progress and random streams included) in a new run directory; --cfg, --norm, --loss, --cr, --precision, --seed, --data and --xflip default to the snapshot\'s', metavar='PKL', callback=dnnlib.util.expand_user)
+@click.option('--resume-override', help='With --resume: accept --cfg, --norm, --loss, --cr, --precision, --seed, --data or --xflip differing from the snapshot\'s (recorded in training_options.json)', is_flag=True)
 @click.option('--threads', help='CPU threads per process  [default: one per core, shared out between the --gpus processes on a CPU]; idle threads sleep at once (OMP_WAIT_POLICY=PASSIVE unless set), so a busy machine slows a run about in proportion', type=click.IntRange(min=1))
 @click.option('--workers', help='DataLoader worker processes per process  [default: 3 with CUDA, 0 on a CPU, where workers would compete with training for the cores]', type=click.IntRange(min=0))
 @click.option('--dry-run', help='Print the options and the schedule (phases, batches, accumulation, lr) and exit', is_flag=True)
@@ -225,6 +227,8 @@ def main(**opts):
         cfg = configs.get_config(opts.cfg, norm=opts.norm, loss=opts.loss, cr=opts.cr)
     except ValueError as e:
         raise click.ClickException(str(e))
+    if opts.xflip is not None:
+        cfg.xflip = opts.xflip
     training_set_kwargs, dataset = _open_dataset(opts.data, use_labels=bool(cfg.conditional))  # 'if-labels' too.
     try:
         args = configs.training_options(
@@ -268,7 +272,7 @@ def main(**opts):
                 network_snapshot_ticks=opts.snap, metrics=metrics, metric_kwargs=metric_kwargs,
                 best_metric=best_metric, experiment=dict(cfg=cfg.name, norm=cfg.loss_kwargs.norm, loss=cfg.loss_kwargs.loss,
                                                          cr=cfg.loss_kwargs.cr, precision=opts.precision, seed=opts.seed,
-                                                         data=training_set_kwargs.path))
+                                                         data=training_set_kwargs.path, xflip=cfg.xflip))
     if resume is not None:
         _check_resume_networks(resume, args, opts)
     dataset_name = os.path.splitext(os.path.basename(os.path.normpath(opts.data)))[0]
@@ -283,7 +287,8 @@ def main(**opts):
         print(json.dumps(record, indent=2))
         print()
         print(f'Run {desc}: --cfg={cfg.name} --norm={cfg.loss_kwargs.norm} --loss={cfg.loss_kwargs.loss} '
-              f'--cr={cfg.loss_kwargs.cr:g} --precision={opts.precision} --seed={opts.seed}, data {opts.data}')
+              f'--cr={cfg.loss_kwargs.cr:g} --precision={opts.precision} --seed={opts.seed} '
+              f'--xflip={str(cfg.xflip).lower()}, data {opts.data}')
         print('Schedule:')
         for line in dnnlib.util.construct_class_by_name(**args.schedule_kwargs).describe():
             print(f'  {line}')

@@ -97,7 +97,8 @@ Every preset takes:
   accumulated gradient is the full batch's (BatchNorm statistics are per round, as they are per GPU).
 
 Random horizontal flips are applied to the real images of every paper preset (not `quickstart`:
-mirrored digits are not digits; the preset key `xflip`). `train.py --dry-run`
+mirrored digits are not digits; the preset key `xflip`); `--xflip=0` switches them off, e.g. for
+gn-stylegan on the digits. `train.py --dry-run`
 prints the schedule of a run (steps, batches, rounds; for gn-stylegan every phase) and exits.
 
 ## gn-stylegan schedule

@@ -225,6 +225,16 @@ def test_dry_run_prints_the_v1_phase_table(tmp_path):
         assert not os.path.exists(tmp_path / 'runs')
 
 
+@pytest.mark.parametrize('flag, expected', [([], True), (['--xflip=0'], False), (['--xflip=true'], True)])
+def test_xflip_flag_overrides_the_presets_flips(tmp_path, flag, expected):
+    """gn-stylegan flips the reals as the paper does; --xflip=0 (mirrored digits are not digits) switches that off
+    for the training loop and records it with the experiment."""
+    result = run_cli('train.py', '--cfg=gn-stylegan', *flag, '--dry-run')
+    options = json.loads(result.stdout[result.stdout.index('{'):result.stdout.index('\n}\n') + 2])
+    assert options['xflip'] is expected and options['experiment']['xflip'] is expected
+    assert f'--xflip={str(expected).lower()},' in result.stdout
+
+
 def test_diverged_run_ends_with_one_line(tmp_path, monkeypatch, capsys):
     """train.py in-process with one NaN pixel injected into the reals: one line naming step and network, exit 1."""
     from click.testing import CliRunner
@@ -303,17 +313,20 @@ def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
     run_cli('train.py', *common, f'--data={dataset_zip}', '--loss=ns', '--seed=3')
     snap = os.path.join(only_run_dir(outdir), snapshots(only_run_dir(outdir))[-1])
     assert persistence.load_snapshot(snap).experiment == dict(cfg='quickstart', norm='gn', loss='ns', cr=0.0,
-                                                              precision='tf32', seed=3, data=os.path.abspath(dataset_zip))
+                                                              precision='tf32', seed=3, data=os.path.abspath(dataset_zip),
+                                                              xflip=False)
 
     run_cli('train.py', *common[:1], '--steps=3', *common[2:], f'--resume={snap}')
     resumed = json.load(open(os.path.join(outdir, sorted(os.listdir(outdir))[-1], 'training_options.json')))
     assert resumed['experiment'] == dict(cfg='quickstart', norm='gn', loss='ns', cr=0.0, precision='tf32', seed=3,
-                                         data=os.path.abspath(dataset_zip))
+                                         data=os.path.abspath(dataset_zip), xflip=False)
     assert resumed['loss_kwargs']['loss'] == 'ns' and resumed['random_seed'] == 3 and resumed['resume_overrides'] == []
 
-    result = run_cli('train.py', *common, f'--resume={snap}', '--norm=gp1', '--loss=ns', '--seed=4', check=False)
+    result = run_cli('train.py', *common, f'--resume={snap}', '--norm=gp1', '--loss=ns', '--seed=4', '--xflip=1',
+                     check=False)
     assert result.returncode != 0 and result.stderr.strip().splitlines() == [
-        f'Error: --resume: {snap} was trained with other options: --norm=gp1 (was gn); --seed=4 (was 3); leave them '
+        f'Error: --resume: {snap} was trained with other options: --norm=gp1 (was gn); --seed=4 (was 3); --xflip=True '
+        f'(was False); leave them '
         f'out to take the snapshot\'s, or add --resume-override to change them on purpose']
     assert len(os.listdir(outdir)) == 2  # No run directory for the refused run.
 
