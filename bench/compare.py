@@ -3,7 +3,7 @@
     python bench/compare.py --out=compare-sngan --settings=gn:hinge,sn:hinge,gp1:wasserstein,r1:ns,none:hinge \\
         --seeds=0,1,2 --steps=3000 --snaps=5
     python bench/compare.py --out=compare-stylegan --cfg=gn-stylegan --settings=gn:hinge,r1:ns,none:ns \\
-        --seeds=0,1,2 --kimg=60 --snaps=4 --extra="--cmax=32 --batch=16 --lod-kimg=10"
+        --seeds=0,1,2 --kimg=24 --snaps=3 --extra="--cmax=32 --batch=32 --lod-kimg=6 --resolution=16 --xflip=0"
 
 Every (setting, seed) is one `train.py` run (--cfg, --norm, --loss, --seed, the same length for all,
 plus --extra) into <out>/runs/<norm>-<loss>-seed<seed>/, with --snaps snapshots spread evenly over the

@@ -138,15 +138,16 @@ def judge(net: DigitClassifier, images: torch.Tensor, classes: np.ndarray | None
 def generate(network: str, num: int, seed: int) -> tuple[torch.Tensor, np.ndarray | None]:
     """`num` images from the snapshot's EMA generator (its plain G if it has none), latents from `seed`, and
     the class each was generated for (0, 1, ..., 9, 0, ... for a conditional G; None for an unconditional one).
-    A progressive G snapshotted while growing draws at its active resolution; those images are brought to
-    32x32 by nearest-neighbour upsampling, as the growing run itself shows them to D (training/progressive.py)."""
+    A progressive G snapshotted while growing draws at its active resolution, and one grown only to 8x8 or
+    16x16 (train.py --resolution) draws at that; those images are brought to 32x32 by nearest-neighbour
+    upsampling, as a growing run itself shows them to D (training/progressive.py)."""
     try:
         snapshot = persistence.load_snapshot(network)
     except (OSError, persistence.UnsafeSnapshotError) as e:
         raise click.ClickException(f'--network: {e}')
     G = snapshot.get('G_ema', snapshot.get('G'))
-    if G is None or G.c_dim not in (0, 10) or G.img_channels != 1 or G.img_resolution != 32:
-        raise click.ClickException(f'--network: {network} holds no 32x32 grayscale digit generator '
+    if G is None or G.c_dim not in (0, 10) or G.img_channels != 1 or G.img_resolution not in (8, 16, 32):
+        raise click.ClickException(f'--network: {network} holds no 8x8, 16x16 or 32x32 grayscale digit generator '
                                    f'(unconditional or with the ten digit classes)')
     z = torch.from_numpy(np.random.default_rng(seed).standard_normal([num, G.z_dim])).float()
     classes = np.arange(num) % 10 if G.c_dim else None
