@@ -530,9 +530,10 @@ def encode_png(pixels: np.ndarray) -> bytes:
 @click.option('--resolution', help='Output size, e.g. 256x256 (resizes images that differ)', callback=parse_resolution, metavar='WxH')
 @click.option('--transform', help='Crop before resizing to --resolution', type=click.Choice(['center-crop', 'center-crop-wide']))
 @click.option('--subset', help='CIFAR-10: train (default) or test; STL-10: unlabeled (default), train or test', type=click.Choice(['train', 'test', 'unlabeled']))
+@click.option('--drop-labels', help='Write the images without their labels (dataset.json says null): class-conditional presets then refuse the data, \'quickstart\' trains unconditionally', is_flag=True)
 @click.option('--threads', help='CPU threads of torch  [default: one per core]; the image conversion itself runs on one', type=click.IntRange(min=1))
 def main(source: str, dest: str, max_images: Optional[int], resolution: Optional[tuple[int, int]], transform: Optional[str], subset: Optional[str],
-         threads: Optional[int]) -> None:
+         drop_labels: bool, threads: Optional[int]) -> None:
     """Convert an image dataset into the zip format that training reads.
 
     \b
@@ -543,11 +544,13 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
     python dataset_tool.py --source=celeba-hq-1024/ --dest=celebahq-256.zip --resolution=256x256
     python dataset_tool.py --source=church_outdoor_train_lmdb/ --dest=church256.zip \\
         --resolution=256x256 --transform=center-crop
+    python dataset_tool.py --source=data/digits32.zip --dest=digits32-unlabeled.zip --drop-labels
 
     \b
     Output: PNGs named 00000/img00000000.png, ... and a dataset.json of
     {"labels": [[file name, class index], ...]} (or null for unlabeled
-    sources). An image folder or zip keeps the labels of its own dataset.json.
+    sources and with --drop-labels). An image folder or zip keeps the labels of
+    its own dataset.json.
     Grayscale sources stay 1-channel. All images must come out square and of
     one size; --resolution (with --transform for non-square sources) sees to it.
     """
@@ -576,7 +579,7 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
             write(name, encode_png(pixels))
             labels.append([name, item.label])
             progress.update()
-        has_labels = len(labels) > 0 and labels[0][1] is not None
+        has_labels = len(labels) > 0 and labels[0][1] is not None and not drop_labels
         write('dataset.json', json.dumps({'labels': labels if has_labels else None}).encode())
 
 #----------------------------------------------------------------------------

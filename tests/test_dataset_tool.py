@@ -120,6 +120,20 @@ def test_zip_source_without_labels(tmp_path):
         np.testing.assert_array_equal(got, want)
     assert not ImageFolderDataset(str(tmp_path / 'out'), use_labels=True).has_labels
 
+def test_drop_labels(tmp_path):
+    rng = np.random.default_rng(5)
+    images = {f'{idx}.png': random_pixels(rng, 4, 4, 1) for idx in range(3)}
+    make_image_folder(str(tmp_path / 'src'), images, {f'{idx}.png': idx for idx in range(3)})
+    for dest, flags in (('kept', ()), ('dropped', ('--drop-labels',))):
+        result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / dest}', *flags)
+        assert result.exit_code == 0, result.output
+    _, kept_pixels, kept_labels = read_output(str(tmp_path / 'kept'))
+    names, pixels, labels = read_output(str(tmp_path / 'dropped'))
+    assert kept_labels is not None and labels is None and names == expected_names(3)
+    for got, want in zip(pixels, kept_pixels):
+        np.testing.assert_array_equal(got, want)
+    assert not ImageFolderDataset(str(tmp_path / 'dropped'), use_labels=True).has_labels
+
 def test_rebuild_is_byte_identical(tmp_path):
     rng = np.random.default_rng(2)
     make_image_folder(str(tmp_path / 'src'), {f'{idx}.png': random_pixels(rng, 4, 4, 1) for idx in range(3)}, {f'{idx}.png': idx for idx in range(3)})
