@@ -67,6 +67,10 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_
     logger = dnnlib.util.Logger(os.path.join(args.run_dir, 'log.txt')) if rank == 0 else None
     try:
         training_loop.training_loop(rank=rank, **args)
+        if torch.distributed.is_initialized():
+            # Leave together: a process that tears gloo down while another still writes the last snapshot
+            # was seen once (CI, 2026-11-25) to abort with 'terminate called without an active exception'.
+            torch.distributed.barrier()
     except (TrainingDiverged, DatasetError, OSError) as e:
         print(f'Error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
