@@ -155,7 +155,7 @@ def _check_resume_networks(snapshot: dnnlib.EasyDict, args: dnnlib.EasyDict, opt
         net = snapshot[name]
         if persistence.class_name_of(type(net)) != class_name or dnnlib.util.to_plain(net.init_kwargs) != dnnlib.util.to_plain(expected):
             raise click.ClickException(f'--resume: the {name} of {opts.resume} is not the network that --cfg={opts.cfg} '
-                                       f'builds for this data; resume with the same --cfg, --norm, --cmax and --data')
+                                       f'builds for this data; resume with the same --cfg, --norm, --cmax, --tanh and --data')
 
 
 def _check_outdir(outdir: str) -> None:
@@ -197,6 +197,7 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--resolution', help='gn-stylegan: final resolution of progressive growing (default: the data\'s)', type=int)
 @click.option('--cmax', help='gn-stylegan: maximum feature maps per layer (512 in the paper)', type=click.IntRange(min=1))
 @click.option('--lod-kimg', help='gn-stylegan: thousands of images per resolution phase and per fade-in  [default: 600]', type=click.FloatRange(min=0, min_open=True))
+@click.option('--tanh', help='gn-stylegan: pass the generator\'s images through tanh, bounding them to (-1, 1) as the data is (StyleGAN v1\'s output is linear; small runs on flat-background data such as the digits need it, docs/results.md)', type=bool, default=False, show_default=True)
 @click.option('--xflip', help='Mirror the real images left-right at random  [default: the preset\'s: on for the paper\'s presets, off for quickstart; with --resume: the snapshot\'s]', type=bool)
 @click.option('--seed', help='Random seed (initial weights, data order, latents, grids)  [default: 0; with --resume: the snapshot\'s]', type=click.IntRange(min=0))
 @click.option('--tick', help='Progress line every this many kimg', type=click.FloatRange(min=0, min_open=True), default=4, show_default=True)
@@ -238,7 +239,8 @@ def main(**opts):
         args = configs.training_options(
             cfg, resolution=dataset.resolution, channels=dataset.num_channels, label_dim=dataset.label_dim,
             num_gpus=opts.gpus, batch=opts.batch, batch_gpu=opts.batch_gpu, kimg=opts.kimg, steps=opts.steps,
-            max_resolution=opts.resolution, cmax=opts.cmax, lod_kimg=opts.lod_kimg, precision=opts.precision)
+            max_resolution=opts.resolution, cmax=opts.cmax, lod_kimg=opts.lod_kimg, tanh=opts.tanh,
+            precision=opts.precision)
     except ValueError as e:
         raise click.ClickException(str(e))
 

@@ -146,10 +146,18 @@ def test_training_options_progressive():
     assert opts.G_kwargs.fmap_max == opts.D_kwargs.fmap_max == 64 and opts.G_kwargs.img_resolution == 128
 
 
+def test_tanh_reaches_the_progressive_generator_only_when_asked():
+    from training.configs import training_options
+    cfg = get_config('gn-stylegan')
+    assert training_options(cfg, resolution=32, channels=1, label_dim=0, tanh=True).G_kwargs.output_tanh is True
+    assert 'output_tanh' not in training_options(cfg, resolution=32, channels=1, label_dim=0).G_kwargs  # Old snapshots.
+
+
 @pytest.mark.parametrize('name, kwargs, message', [
     ('cifar10-resnet', dict(steps=3, kimg=1), 'not both'),
     ('cifar10-resnet', dict(resolution=48), 'built for 32x32'),
     ('cifar10-resnet', dict(cmax=8), 'gn-stylegan only'),
+    ('quickstart', dict(tanh=True), 'gn-stylegan only'),
     ('cifar10-biggan', dict(label_dim=0), 'class-conditional'),
     ('cifar10-resnet', dict(num_gpus=3), 'not divisible by --gpus=3'),
     ('gn-stylegan', dict(steps=3), '--kimg, not --steps'),

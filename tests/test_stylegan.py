@@ -165,6 +165,23 @@ def test_generator_fade_in():
         torch.testing.assert_close(synth(level + 1 - 2 ** -30), prev_up, rtol=1e-5, atol=1e-5)
 
 
+@torch.no_grad()
+def test_output_tanh_bounds_the_blended_image():
+    """output_tanh=True gives tanh of the linear G's image, taken after a fade-in's blend (not of each level)."""
+    linear, bounded = tiny_G().eval(), tiny_G(output_tanh=True).eval()  # Same seed: same weights.
+    ws = linear.mapping(torch.randn(3, 16), torch.zeros(3, 0))
+
+    def synth(G, lod):
+        G.set_lod(lod)
+        return G.synthesis(ws, noise_mode='const').double()
+
+    for lod in [0, 0.5, 1.25, 2]:
+        expected = torch.from_numpy(np.tanh(synth(linear, lod).numpy()))
+        torch.testing.assert_close(synth(bounded, lod), expected, rtol=1e-6, atol=1e-6)
+    blend_of_tanh = 0.5 * np.tanh(synth(linear, 0).numpy()) + 0.5 * np.tanh(nearest_up(synth(linear, 1)).numpy())
+    assert np.abs(synth(bounded, 0.5).numpy() - blend_of_tanh).max() > 1e-2  # The two orders differ here.
+
+
 def test_discriminator_fade_in_start_sees_previous_level():
     D = tiny_D()
     img, c = torch.randn(4, 3, 16, 16), torch.zeros(4, 0)

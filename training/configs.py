@@ -127,7 +127,7 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
 def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, label_dim: int, num_gpus: int = 1,
                      batch: int | None = None, batch_gpu: int | None = None, kimg: float | None = None,
                      steps: int | None = None, max_resolution: int | None = None, cmax: int | None = None,
-                     lod_kimg: float | None = None, precision: str = 'tf32') -> dnnlib.EasyDict:
+                     lod_kimg: float | None = None, tanh: bool = False, precision: str = 'tf32') -> dnnlib.EasyDict:
     """The training loop's network, optimizer, loss and schedule kwargs for preset `cfg` on a dataset of
     `resolution`x`resolution` images with `channels` channels and `label_dim` classes (0: no labels),
     with the command line's overrides applied. Every check of those overrides lives here; a bad
@@ -137,6 +137,7 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
         batch_gpu       cap on the samples one process handles at once (the rest: accumulation rounds)
         kimg, steps     run length in thousands of real images or in G steps (fixed presets only)
         max_resolution, cmax, lod_kimg   gn-stylegan only: final resolution, feature-map cap, phase length
+        tanh            gn-stylegan only: G's images through tanh (v1's are linear)
         precision       arithmetic of the networks (training/loss.py): fp32, tf32, bf16, fp16
     """
     progressive_run = cfg.arch == 'stylegan'
@@ -145,8 +146,8 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
         raise ValueError('give --kimg or --steps, not both')
     if cfg.conditional is True and label_dim == 0:
         raise ValueError(f'--cfg={cfg.name} is class-conditional, but the dataset has no labels')
-    if not progressive_run and (max_resolution is not None or cmax is not None or lod_kimg is not None):
-        raise ValueError('--resolution, --cmax and --lod-kimg apply to --cfg=gn-stylegan only')
+    if not progressive_run and (max_resolution is not None or cmax is not None or lod_kimg is not None or tanh):
+        raise ValueError('--resolution, --cmax, --lod-kimg and --tanh apply to --cfg=gn-stylegan only')
     if not progressive_run and cfg.get('resolution', resolution) != resolution:  # No resolution: any.
         raise ValueError(f'--cfg={cfg.name} is built for {cfg.resolution}x{cfg.resolution} images, '
                          f'but the dataset holds {resolution}x{resolution}')
@@ -167,6 +168,8 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
             raise ValueError(f'--resolution={final} exceeds the dataset resolution {resolution}')
         fmap = {} if cmax is None else dict(fmap_max=cmax)
         opts.G_kwargs = dnnlib.EasyDict(cfg.G_kwargs, img_resolution=final, **common, **fmap)
+        if tanh:  # Only then: a G without it keeps the kwargs of snapshots written before the option.
+            opts.G_kwargs.output_tanh = True
         opts.D_kwargs = dnnlib.EasyDict(cfg.D_kwargs, img_resolution=final, **common, **fmap)
         phase = progressive.PHASE_KIMG if lod_kimg is None else lod_kimg
         opts.schedule_kwargs = dnnlib.EasyDict(

@@ -31,6 +31,11 @@ lerp(block_R(fromRGB_R(img)), fromRGB_R/2(downsample(img)), frac). So at the sta
 (frac -> 1) the output is the nearest-upsampled output of the previous level, exactly as in the
 release. `training.progressive.process_reals` brings full-resolution reals to what D sees.
 
+Output range. v1's images are the linear toRGB output (the blend above during a fade-in); with
+output_tanh (train.py --tanh, not in v1) they are tanh of it, bounded to (-1, 1) as the data is.
+Small runs on data with flat backgrounds need it: the digits (docs/results.md), whose black
+background a linear output only approximates with speckle that a narrow D hardly penalizes.
+
 Mixed precision (--precision=bf16|fp16, training/precision.py). Both networks run under
 torch.autocast: convolutions and dense layers in the low-precision dtype, and the ops that follow
 them (bias_act, upfirdn2d, fma) in their input's dtype. What is sensitive to rounding stays in
@@ -334,11 +339,13 @@ class SynthesisNetwork(nn.Module):
         img_channels,           # Number of output color channels.
         fmap_base=8192,         # Channels at resolution 2**r: min(fmap_base / 2**(r - 1), fmap_max).
         fmap_max=512,           # Maximum number of channels.
+        output_tanh=False,      # Bound the images to (-1, 1) with tanh (not in v1, whose output is linear).
     ):
         super().__init__()
         self.w_dim = w_dim
         self.img_resolution = img_resolution
         self.img_channels = img_channels
+        self.output_tanh = output_tanh
         self.img_resolution_log2 = _resolution_log2(img_resolution)
         self.num_ws = 2 * self.img_resolution_log2 - 2
         nf = lambda stage: min(int(fmap_base / 2 ** stage), fmap_max)
@@ -368,7 +375,7 @@ class SynthesisNetwork(nn.Module):
         top_img = getattr(self, f'b{2 ** top_log2}').torgb(x)
         if frac > 0:
             top_img = torch.lerp(top_img, upfirdn2d.upsample2d(img, self.box_filter), frac)
-        return top_img
+        return torch.tanh(top_img) if self.output_tanh else top_img
 
 #----------------------------------------------------------------------------
 
@@ -389,7 +396,7 @@ class Generator(nn.Module):
         w_dim=512,              # Intermediate latent (w) dimensionality.
         style_mixing_prob=0.9,  # Probability of mixing the styles of two latents in training mode.
         mapping_kwargs=None,    # Arguments for MappingNetwork.
-        **synthesis_kwargs,     # Arguments for SynthesisNetwork (fmap_base, fmap_max).
+        **synthesis_kwargs,     # Arguments for SynthesisNetwork (fmap_base, fmap_max, output_tanh).
     ):
         super().__init__()
         self.z_dim = z_dim
