@@ -33,8 +33,8 @@ release. `training.progressive.process_reals` brings full-resolution reals to wh
 
 Output range. v1's images are the linear toRGB output (the blend above during a fade-in); with
 output_tanh (train.py --tanh, not in v1) they are tanh of it, bounded to (-1, 1) as the data is.
-Small runs on data with flat backgrounds need it: the digits (docs/results.md), whose black
-background a linear output only approximates with speckle that a narrow D hardly penalizes.
+Small runs on data with flat backgrounds need it: on the digits (docs/results.md) the linear
+output drew gray, speckled backgrounds, a quarter of its pixels outside [-1, 1], and collapsed.
 
 Mixed precision (--precision=bf16|fp16, training/precision.py). Both networks run under
 torch.autocast: convolutions and dense layers in the low-precision dtype, and the ops that follow
