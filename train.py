@@ -198,6 +198,7 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--cmax', help='gn-stylegan: maximum feature maps per layer (512 in the paper)', type=click.IntRange(min=1))
 @click.option('--lod-kimg', help='gn-stylegan: thousands of images per resolution phase and per fade-in  [default: 600]', type=click.FloatRange(min=0, min_open=True))
 @click.option('--tanh', help='gn-stylegan: pass the generator\'s images through tanh, bounding them to (-1, 1) as the data is (StyleGAN v1\'s output is linear; small runs on flat-background data such as the digits need it, docs/results.md)', type=bool, default=False, show_default=True)
+@click.option('--lr-rampdown', help='gn-stylegan: thousands of images at the end of the run over which the learning rates fall linearly to 0 (StyleGAN v1\'s stay constant)  [default: 0, none]', type=click.FloatRange(min=0))
 @click.option('--xflip', help='Mirror the real images left-right at random  [default: the preset\'s: on for the paper\'s presets, off for quickstart; with --resume: the snapshot\'s]', type=bool)
 @click.option('--seed', help='Random seed (initial weights, data order, latents, grids)  [default: 0; with --resume: the snapshot\'s]', type=click.IntRange(min=0))
 @click.option('--tick', help='Progress line every this many kimg', type=click.FloatRange(min=0, min_open=True), default=4, show_default=True)
@@ -240,7 +241,7 @@ def main(**opts):
             cfg, resolution=dataset.resolution, channels=dataset.num_channels, label_dim=dataset.label_dim,
             num_gpus=opts.gpus, batch=opts.batch, batch_gpu=opts.batch_gpu, kimg=opts.kimg, steps=opts.steps,
             max_resolution=opts.resolution, cmax=opts.cmax, lod_kimg=opts.lod_kimg, tanh=opts.tanh,
-            precision=opts.precision)
+            lr_rampdown=opts.lr_rampdown, precision=opts.precision)
     except ValueError as e:
         raise click.ClickException(str(e))
 

@@ -127,7 +127,7 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
 def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, label_dim: int, num_gpus: int = 1,
                      batch: int | None = None, batch_gpu: int | None = None, kimg: float | None = None,
                      steps: int | None = None, max_resolution: int | None = None, cmax: int | None = None,
-                     lod_kimg: float | None = None, tanh: bool = False, precision: str = 'tf32') -> dnnlib.EasyDict:
+                     lod_kimg: float | None = None, tanh: bool = False, lr_rampdown: float | None = None, precision: str = 'tf32') -> dnnlib.EasyDict:
     """The training loop's network, optimizer, loss and schedule kwargs for preset `cfg` on a dataset of
     `resolution`x`resolution` images with `channels` channels and `label_dim` classes (0: no labels),
     with the command line's overrides applied. Every check of those overrides lives here; a bad
@@ -138,6 +138,7 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
         kimg, steps     run length in thousands of real images or in G steps (fixed presets only)
         max_resolution, cmax, lod_kimg   gn-stylegan only: final resolution, feature-map cap, phase length
         tanh            gn-stylegan only: G's images through tanh (v1's are linear)
+        lr_rampdown     gn-stylegan only: kimg over which the learning rates fall linearly to 0 at the run's end
         precision       arithmetic of the networks (training/loss.py): fp32, tf32, bf16, fp16
     """
     progressive_run = cfg.arch == 'stylegan'
@@ -146,8 +147,9 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
         raise ValueError('give --kimg or --steps, not both')
     if cfg.conditional is True and label_dim == 0:
         raise ValueError(f'--cfg={cfg.name} is class-conditional, but the dataset has no labels')
-    if not progressive_run and (max_resolution is not None or cmax is not None or lod_kimg is not None or tanh):
-        raise ValueError('--resolution, --cmax, --lod-kimg and --tanh apply to --cfg=gn-stylegan only')
+    if not progressive_run and (max_resolution is not None or cmax is not None or lod_kimg is not None or tanh
+                                or lr_rampdown is not None):
+        raise ValueError('--resolution, --cmax, --lod-kimg, --tanh and --lr-rampdown apply to --cfg=gn-stylegan only')
     if not progressive_run and cfg.get('resolution', resolution) != resolution:  # No resolution: any.
         raise ValueError(f'--cfg={cfg.name} is built for {cfg.resolution}x{cfg.resolution} images, '
                          f'but the dataset holds {resolution}x{resolution}')
@@ -176,6 +178,8 @@ def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, la
             class_name='training.schedule.ProgressiveSchedule', max_resolution=final,
             total_kimg=progressive.TOTAL_KIMG if kimg is None else kimg, phase_kimg=phase, fade_kimg=phase,
             max_batch=batch, num_gpus=num_gpus, batch_gpu=batch_gpu, group_size=cfg.D_kwargs.mbstd_group_size)
+        if lr_rampdown is not None:  # Only then: the schedule kwargs of runs before the option stay as they were.
+            opts.schedule_kwargs.lr_rampdown_kimg = lr_rampdown
     else:
         opts.G_kwargs = dnnlib.EasyDict(cfg.G_kwargs, img_resolution=resolution, **common)
         opts.D_kwargs = dnnlib.EasyDict(cfg.D_kwargs, img_resolution=resolution, **common)

@@ -145,8 +145,9 @@ class ProgressiveSchedule:
 
     At cur_nimg real images: lod = progressive.lod_at(...), active resolution R = max_resolution /
     2**floor(lod); global minibatch batch[R] (capped at `max_batch`) for D and G alike; Adam learning
-    rate lr[R] for both; G EMA decay beta = 0.5 ** (minibatch / (ema_kimg * 1000)), a half-life of
-    ema_kimg thousand images. The optimizer state id is (floor(lod), ceil(lod)): it changes when a
+    rate lr[R] for both, times min(1, kimg_left / lr_rampdown_kimg) when a ramp-down is asked for
+    (linear to 0 at the end of the run; v1's rate is constant); G EMA decay beta = 0.5 ** (minibatch /
+    (ema_kimg * 1000)), a half-life of ema_kimg thousand images. The optimizer state id is (floor(lod), ceil(lod)): it changes when a
     fade-in starts and when it ends, where v1 resets Adam (`reset_opt_for_new_lod`).
     """
 
@@ -160,6 +161,7 @@ class ProgressiveSchedule:
         lr: dict | None = None,                         # Learning rate by resolution (default progressive.LR).
         max_batch: int | None = None,                   # Cap on the global minibatch (--batch).
         ema_kimg: float = progressive.EMA_KIMG,         # Half-life of the G EMA in thousands of images.
+        lr_rampdown_kimg: float = 0,                    # Learning rates fall linearly to 0 over the run's last kimg (0: constant).
         num_gpus: int = 1,
         batch_gpu: int | None = None,
         group_size: int = 1,
@@ -172,6 +174,9 @@ class ProgressiveSchedule:
         self.max_resolution, self.start_resolution = max_resolution, start_resolution
         self.phase_kimg, self.fade_kimg, self.total_kimg = phase_kimg, fade_kimg, total_kimg
         self.ema_kimg, self.num_gpus, self.group_size = ema_kimg, num_gpus, group_size
+        if lr_rampdown_kimg < 0:
+            raise ValueError(f'the learning-rate ramp-down must be at least 0 kimg, got {lr_rampdown_kimg}')
+        self.lr_rampdown_kimg = lr_rampdown_kimg
         self.levels = []  # Active resolutions of the run, lowest first.
         res = start_resolution
         while res <= max_resolution:
@@ -193,9 +198,16 @@ class ProgressiveSchedule:
         batch = self.batch[res]
         share = batch // self.num_gpus
         rounds = share // self.batch_gpu[res]
+        lr = self.lr[res] * self._lr_scale(cur_nimg)
         return StepPlan(batch_D=batch, batch_G=batch, share_D=share, share_G=share, rounds_D=rounds, rounds_G=rounds,
-                        n_dis=1, lr_G=self.lr[res], lr_D=self.lr[res], ema_beta=0.5 ** (batch / (self.ema_kimg * 1000)),
+                        n_dis=1, lr_G=lr, lr_D=lr, ema_beta=0.5 ** (batch / (self.ema_kimg * 1000)),
                         lod=lod, optimizer_state_id=(math.floor(lod), math.ceil(lod)))
+
+    def _lr_scale(self, cur_nimg: int) -> float:
+        # scale = clip((total_kimg - kimg) / lr_rampdown_kimg, 0, 1): 1 until the ramp-down, then linear to 0.
+        if self.lr_rampdown_kimg == 0:
+            return 1.0
+        return min(max((self.total_kimg * 1000 - cur_nimg) / (self.lr_rampdown_kimg * 1000), 0.0), 1.0)
 
     def done(self, step: int, cur_nimg: int) -> bool:
         return cur_nimg >= self.total_kimg * 1000
@@ -237,4 +249,7 @@ class ProgressiveSchedule:
             lines.append(f'{f"{kind} {res}x{res}":<20s} {f"{start:,g} - {min(end, self.total_kimg):,g}":>19s} '
                          f'{self.batch[res]:>12d} {self.batch_gpu[res]:>8d} {per_gpu // self.batch_gpu[res]:>6d} '
                          f'{self.lr[res]:>8g}')
+        if self.lr_rampdown_kimg > 0:
+            start = max(self.total_kimg - self.lr_rampdown_kimg, 0)
+            lines.append(f'learning rates fall linearly to 0 from kimg {start:,g} to {self.total_kimg:,g}')
         return lines
