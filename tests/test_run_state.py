@@ -53,6 +53,13 @@ def test_snapshot_then_resume_restores_everything():
     for name in OPTIMIZERS:
         assert int(fresh_opts[name].state_dict()['state'][0]['step']) == 1
     assert torch.equal(torch.rand(4), expected_torch)
+    # Training on leaves the snapshot's tensors alone: processes spawned with it share them (train.py --gpus).
+    snapshot_moment = snapshot['G_opt_state']['state'][0]['exp_avg'].clone()
+    for p in fresh_nets['G'].parameters():
+        p.grad = torch.full_like(p, 3.0)
+    fresh_opts['G_opt'].step()
+    assert int(snapshot['G_opt_state']['state'][0]['step']) == 1
+    assert torch.equal(snapshot['G_opt_state']['state'][0]['exp_avg'], snapshot_moment)
     assert np.array_equal(resumed.label_rng.integers(1000, size=4), expected_labels)
 
 

@@ -127,7 +127,7 @@ def test_conditional_biggan(dataset_zip, tmp_path):
 def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
     """Both launchers start two gloo processes that train together and only rank 0 writes. That the gradients are
     averaged (not summed) cannot show here, Adam being nearly scale-invariant: tests/test_misc.py checks
-    misc.all_reduce_mean_grads against a mean computed separately."""
+    misc.all_reduce_mean_grads against a mean computed separately. Then both resume the snapshot together."""
     outdir = str(tmp_path / 'runs')
     result = run_cli(*launcher, f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=2',
                      '--batch=4', '--workers=0')
@@ -136,6 +136,13 @@ def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
     assert persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[0])).progress.cur_nimg == 2 * 4
     assert result.stdout.count('Exiting...') == 1 and result.stdout.count('Training options') == 1  # Only rank 0 prints.
     assert json.load(open(os.path.join(run_dir, 'training_options.json')))['num_gpus'] == 2
+    # Resumed by two processes: they must not share the snapshot's Adam state (spawned processes receive its
+    # tensors in shared memory), or their networks drift apart and the consistency check at the snapshot fails.
+    run_cli(*launcher, f'--outdir={outdir}', f'--resume={os.path.join(run_dir, snapshots(run_dir)[0])}', '--steps=4',
+            '--batch=4', '--workers=0')
+    resumed_dir = os.path.join(outdir, sorted(os.listdir(outdir))[-1])
+    resumed = persistence.load_snapshot(os.path.join(resumed_dir, snapshots(resumed_dir)[-1]))
+    assert resumed.progress.step == 4 and resumed.G_opt_state['state'][0]['step'] == 4  # Not 2 + 2 per process.
 
 
 def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
@@ -184,7 +191,8 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--resume=/nonexistent.pkl'], '--resume'),
     (['--metrics=fid1k_wrong'], 'unknown'),
     (['--cfg=gn-stylegan', '--resolution=64'], 'exceeds'),
-    (['--tanh=1'], '--tanh apply to --cfg=gn-stylegan only'),
+    (['--tanh=1'], '--tanh and --lr-rampdown apply to --cfg=gn-stylegan only'),
+    (['--lr-rampdown=10'], '--tanh and --lr-rampdown apply to --cfg=gn-stylegan only'),
     # Metrics that could not be computed are found before the first step, not at the first snapshot.
     (['--metrics=fid10k_full', '--detector=/nonexistent/inception.pt'], 'cannot load the feature detector /nonexistent/inception.pt'),
     (['--metrics=is50k', '--detector={notes}'], 'pass --detector=PATH_OR_URL of a TorchScript detector'),

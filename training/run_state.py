@@ -19,6 +19,7 @@ resume, random streams restart from the seed when the process count differs (the
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import numpy as np
@@ -96,7 +97,10 @@ class RunState:
         for name in NETWORKS:
             misc.copy_params_and_buffers(snapshot[name], nets[name], require_all=True)
         for name in OPTIMIZERS:
-            optimizers[name].load_state_dict(snapshot[f'{name}_state'])
+            # A copy: load_state_dict keeps the given tensors where their device and dtype match, and the
+            # snapshot's tensors are shared memory when processes were spawned with it (train.py --gpus on a
+            # CPU): without the copy every process would step the same Adam moments and counters in place.
+            optimizers[name].load_state_dict(copy.deepcopy(snapshot[f'{name}_state']))
         progress = snapshot['progress']
         self.step, self.cur_nimg, self.cur_tick = progress['step'], progress['cur_nimg'], progress['cur_tick']
         self.consumed = progress['consumed']
