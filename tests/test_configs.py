@@ -153,11 +153,20 @@ def test_tanh_reaches_the_progressive_generator_only_when_asked():
     assert 'output_tanh' not in training_options(cfg, resolution=32, channels=1, label_dim=0).G_kwargs  # Old snapshots.
 
 
+def test_lr_rampdown_reaches_the_progressive_schedule_only_when_asked():
+    from training.configs import training_options
+    cfg = get_config('gn-stylegan')
+    opts = training_options(cfg, resolution=32, channels=1, label_dim=0, kimg=160, lr_rampdown=128)
+    assert opts.schedule_kwargs.lr_rampdown_kimg == 128
+    assert 'lr_rampdown_kimg' not in training_options(cfg, resolution=32, channels=1, label_dim=0).schedule_kwargs
+
+
 @pytest.mark.parametrize('name, kwargs, message', [
     ('cifar10-resnet', dict(steps=3, kimg=1), 'not both'),
     ('cifar10-resnet', dict(resolution=48), 'built for 32x32'),
     ('cifar10-resnet', dict(cmax=8), 'gn-stylegan only'),
     ('quickstart', dict(tanh=True), 'gn-stylegan only'),
+    ('quickstart', dict(lr_rampdown=10), 'gn-stylegan only'),
     ('cifar10-biggan', dict(label_dim=0), 'class-conditional'),
     ('cifar10-resnet', dict(num_gpus=3), 'not divisible by --gpus=3'),
     ('gn-stylegan', dict(steps=3), '--kimg, not --steps'),

@@ -69,6 +69,22 @@ def test_progressive_phase_labels_and_table():
     assert len(lines) == 2 + 7  # 4 stable phases, 3 fade-ins.
 
 
+def test_progressive_lr_rampdown_is_linear_to_zero_over_the_last_kimg():
+    # 160 kimg, ramp-down over the last 128: lr[R] until kimg 32, then 1e-3 * (160 - kimg) / 128, by hand.
+    s = schedule.ProgressiveSchedule(max_resolution=32, phase_kimg=8, fade_kimg=8, total_kimg=160, max_batch=32,
+                                     lr_rampdown_kimg=128)
+    for kimg, lr in [(0, 1e-3), (31.99, 1e-3), (32, 1e-3), (96, 0.5e-3), (144, 1.25e-4), (160, 0.0), (170, 0.0)]:
+        plan = s.plan(0, round(kimg * 1000))
+        assert plan.lr_G == plan.lr_D == pytest.approx(lr, rel=1e-12, abs=1e-18)
+    assert s.describe()[-1] == 'learning rates fall linearly to 0 from kimg 32 to 160'
+    longer = schedule.ProgressiveSchedule(max_resolution=32, total_kimg=100, lr_rampdown_kimg=400)  # Longer than the run.
+    assert longer.plan(0, 0).lr_G == pytest.approx(1e-3 * 100 / 400, rel=1e-12)
+    constant = schedule.ProgressiveSchedule(max_resolution=32, total_kimg=160)
+    assert constant.plan(0, 159_992).lr_G == 1e-3 and 'fall' not in constant.describe()[-1]
+    with pytest.raises(ValueError, match='at least 0 kimg'):
+        schedule.ProgressiveSchedule(max_resolution=32, lr_rampdown_kimg=-1)
+
+
 def test_fixed_schedule_linear_decay_and_ema_start():
     s = schedule.FixedSchedule(batch_D=64, batch_G=128, n_dis=5, lr_G=2e-4, lr_D=4e-4, total_steps=200,
                                lr_decay='linear', ema_beta=0.9999, ema_start=50, num_gpus=2, batch_gpu=16)
