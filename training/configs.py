@@ -127,7 +127,8 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
 def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, label_dim: int, num_gpus: int = 1,
                      batch: int | None = None, batch_gpu: int | None = None, kimg: float | None = None,
                      steps: int | None = None, max_resolution: int | None = None, cmax: int | None = None,
-                     lod_kimg: float | None = None, tanh: bool = False, lr_rampdown: float | None = None, precision: str = 'tf32') -> dnnlib.EasyDict:
+                     lod_kimg: float | None = None, tanh: bool = False, lr_rampdown: float | None = None,
+                     precision: str = 'tf32') -> dnnlib.EasyDict:
     """The training loop's network, optimizer, loss and schedule kwargs for preset `cfg` on a dataset of
     `resolution`x`resolution` images with `channels` channels and `label_dim` classes (0: no labels),
     with the command line's overrides applied. Every check of those overrides lives here; a bad

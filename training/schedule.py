@@ -146,9 +146,10 @@ class ProgressiveSchedule:
     At cur_nimg real images: lod = progressive.lod_at(...), active resolution R = max_resolution /
     2**floor(lod); global minibatch batch[R] (capped at `max_batch`) for D and G alike; Adam learning
     rate lr[R] for both, times min(1, kimg_left / lr_rampdown_kimg) when a ramp-down is asked for
-    (linear to 0 at the end of the run; v1's rate is constant); G EMA decay beta = 0.5 ** (minibatch /
-    (ema_kimg * 1000)), a half-life of ema_kimg thousand images. The optimizer state id is (floor(lod), ceil(lod)): it changes when a
-    fade-in starts and when it ends, where v1 resets Adam (`reset_opt_for_new_lod`).
+    (linear to 0 at the end of the run; v1's rate is constant); G EMA decay beta = 0.5 ** (minibatch
+    / (ema_kimg * 1000)), a half-life of ema_kimg thousand images. The optimizer state id is
+    (floor(lod), ceil(lod)): it changes when a fade-in starts and when it ends, where v1 resets Adam
+    (`reset_opt_for_new_lod`).
     """
 
     def __init__(self,
@@ -161,7 +162,7 @@ class ProgressiveSchedule:
         lr: dict | None = None,                         # Learning rate by resolution (default progressive.LR).
         max_batch: int | None = None,                   # Cap on the global minibatch (--batch).
         ema_kimg: float = progressive.EMA_KIMG,         # Half-life of the G EMA in thousands of images.
-        lr_rampdown_kimg: float = 0,                    # Learning rates fall linearly to 0 over the run's last kimg (0: constant).
+        lr_rampdown_kimg: float = 0,                    # Lrs fall linearly to 0 over the run's last kimg (0: constant).
         num_gpus: int = 1,
         batch_gpu: int | None = None,
         group_size: int = 1,
