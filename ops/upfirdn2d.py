@@ -11,14 +11,15 @@ scipy.signal.upfirdn does along one axis, up to the padding convention.
 
 A 2-D filter is applied as is; a 1-D filter is separable and applied along
 both axes. The op is linear in x and its adjoint is again an upfirdn2d (up and
-down swapped, the filter flipped, the padding transposed), so the CUDA path
-gets gradients of every order by calling itself.
+down swapped, the filter flipped, the padding transposed), so both paths get
+gradients of every order by calling themselves (_UpFirDn2d).
 """
 
 import collections
 import dataclasses
+import functools
 import os
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -125,12 +126,12 @@ def upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 1, down:
         channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
         config = (x.device, x.dtype, cfg, tuple(f.shape), channels_last)
         if _plugin.trusted(config, lambda: _self_check(*config, f.detach().to(x.device)), x.dtype) and \
-                _plugin.faster((config, tuple(x.shape)), lambda x: _UpFirDn2dCuda.apply(x, f, cfg),
-                               lambda x: _upfirdn2d_ref(x, f, cfg), x):
-            return _UpFirDn2dCuda.apply(x, f, cfg)
+                _plugin.faster((config, tuple(x.shape)), lambda x: _UpFirDn2d.apply(x, f, cfg, _run_kernel),
+                               lambda x: _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref), x):
+            return _UpFirDn2d.apply(x, f, cfg, _run_kernel)
         with torch.autocast(x.device.type, enabled=False):  # the result's dtype does not depend on the choice
-            return _upfirdn2d_ref(x, f, cfg)
-    return _upfirdn2d_ref(x, f, cfg)
+            return _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref)
+    return _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +167,13 @@ class _Config:
 
 
 def _upfirdn2d_ref(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tensor:
-    """Standard ops (zero insertion by strided assignment, F.pad, depthwise F.conv2d with stride)."""
+    """Standard ops (zero insertion by strided assignment, F.pad, depthwise F.conv2d with stride).
+
+    Differentiable by torch's autograd as it stands (the tests' independent reference); upfirdn2d()
+    runs it inside _UpFirDn2d, whose backward is the adjoint op rather than the gradients of these
+    ops: in a double backward (gradient normalization, R1) torch would also differentiate the
+    depthwise convolutions' own backward, which on a CPU costs more than the op (docs/benchmarks.md).
+    """
     batch, channels, in_h, in_w = x.shape
     (upx, upy), (downx, downy) = cfg.up, cfg.down
     if upx > 1 or upy > 1:
@@ -245,22 +252,26 @@ def _run_kernel(x: torch.Tensor, f: torch.Tensor, cfg: _Config, max_grid_z: int 
     return plugin.upfirdn2d(x, taps, host, 1, upy, 1, downy, 0, 0, py0, py1, max_grid_z)
 
 
-class _UpFirDn2dCuda(torch.autograd.Function):
+class _UpFirDn2d(torch.autograd.Function):
+    """upfirdn2d by `run` (_run_kernel or _upfirdn2d_ref); its backward is the adjoint upfirdn2d by
+    the same `run`, so gradients of every order are this Function again."""
+
     @staticmethod
-    def forward(ctx, x, f, cfg, max_grid_z=0):  # pylint: disable=arguments-differ
-        y = _run_kernel(x, f, cfg, max_grid_z)
+    def forward(ctx, x: torch.Tensor, f: torch.Tensor, cfg: _Config,  # pylint: disable=arguments-differ
+                run: Callable[[torch.Tensor, torch.Tensor, _Config], torch.Tensor]) -> torch.Tensor:
+        y = run(x, f, cfg)
         ctx.save_for_backward(f)
         ctx.cfg = cfg
-        ctx.max_grid_z = max_grid_z
+        ctx.run = run
         ctx.sizes = (x.shape[3], x.shape[2], y.shape[3], y.shape[2], *_get_filter_size(f))
         return y
 
     @staticmethod
-    def backward(ctx, dy):  # pylint: disable=arguments-differ
+    def backward(ctx, dy: torch.Tensor):  # pylint: disable=arguments-differ
         f, = ctx.saved_tensors
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = _UpFirDn2dCuda.apply(dy, f, ctx.cfg.adjoint(*ctx.sizes), ctx.max_grid_z)
+            dx = _UpFirDn2d.apply(dy, f, ctx.cfg.adjoint(*ctx.sizes), ctx.run)
         return dx, None, None, None
 
 
@@ -281,9 +292,10 @@ def _self_check(device: torch.device, dtype: torch.dtype, cfg: _Config, filter_s
     x = torch.randn([2, 3, in_h, in_w], generator=generator, device=device, dtype=torch.float64).to(dtype)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    return custom_ops.worst_of([custom_ops.compare_to_reference(lambda x: _UpFirDn2dCuda.apply(x, f, cfg, max_grid_z),
+    kernels = [functools.partial(_run_kernel, max_grid_z=max_grid_z) for max_grid_z in (0, 4)]
+    return custom_ops.worst_of([custom_ops.compare_to_reference(lambda x: _UpFirDn2d.apply(x, f, cfg, kernel),
                                                                 lambda x: _upfirdn2d_ref(x, f, cfg), [x], ['x'])
-                                for max_grid_z in (0, 4)])
+                                for kernel in kernels])
 
 
 # ----------------------------------------------------------------------------

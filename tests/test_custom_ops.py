@@ -322,7 +322,7 @@ def test_host_upfirdn2d_kernel_matches_reference(host_plugin, case):
     x = torch.randn([2, 3, 6, 7], dtype=torch.float64, requires_grad=True)
     cfg = upfirdn2d._Config(up=upfirdn2d._parse_scaling(up), down=upfirdn2d._parse_scaling(down),
                             padding=tuple(padding), flip_filter=flip_filter, gain=gain)
-    kernel = _grads(lambda x: upfirdn2d._UpFirDn2dCuda.apply(x, f, cfg), [x])
+    kernel = _grads(lambda x: upfirdn2d._UpFirDn2d.apply(x, f, cfg, upfirdn2d._run_kernel), [x])
     reference = _grads(lambda x: upfirdn2d._upfirdn2d_ref(x, f, cfg), [x])
     _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
 
@@ -344,7 +344,7 @@ def test_host_upfirdn2d_every_specialisation(host_plugin, up, down, taps, layout
     padding = tuple(int(p) for p in torch.randint(-1, taps + 1, [4]))  # crops, none, and more than the filter
     for flip_filter, gain in [(False, 1.0), (True, -2.5)]:
         cfg = upfirdn2d._Config(up=(up, up), down=(down, down), padding=padding, flip_filter=flip_filter, gain=gain)
-        kernel = _grads(lambda x: upfirdn2d._UpFirDn2dCuda.apply(x, f, cfg), [x])
+        kernel = _grads(lambda x: upfirdn2d._UpFirDn2d.apply(x, f, cfg, upfirdn2d._run_kernel), [x])
         reference = _grads(lambda x: upfirdn2d._upfirdn2d_ref(x, f, cfg), [x])
         _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
         assert kernel[0].is_contiguous(memory_format=torch.channels_last) == (layout == 'channels_last')
@@ -352,9 +352,10 @@ def test_host_upfirdn2d_every_specialisation(host_plugin, up, down, taps, layout
     assert set(host_plugin.served) == {taps} and host_plugin.served[taps] >= 6
     host_plugin.generic = True  # the generic kernel, same sums in the same order: the same float32 results
     x32 = x.detach().float()
-    generic = upfirdn2d._UpFirDn2dCuda.apply(x32, f, cfg)
+    generic = upfirdn2d._UpFirDn2d.apply(x32, f, cfg, upfirdn2d._run_kernel)
     host_plugin.generic = False
-    assert torch.equal(upfirdn2d._UpFirDn2dCuda.apply(x32, f, cfg), generic) and host_plugin.served[0] == 1
+    specialised = upfirdn2d._UpFirDn2d.apply(x32, f, cfg, upfirdn2d._run_kernel)
+    assert torch.equal(specialised, generic) and host_plugin.served[0] == 1
 
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
@@ -363,7 +364,7 @@ def test_host_upfirdn2d_kernel_low_precision(host_plugin, dtype):
     x = torch.randn([1, 2, 8, 8]).to(dtype)
     f = upfirdn2d.setup_filter([1, 3, 3, 1])
     cfg = upfirdn2d._Config(up=(2, 2), down=(1, 1), padding=(2, 1, 2, 1), flip_filter=False, gain=4.0)
-    y = upfirdn2d._UpFirDn2dCuda.apply(x, f, cfg)
+    y = upfirdn2d._UpFirDn2d.apply(x, f, cfg, upfirdn2d._run_kernel)
     assert y.dtype == dtype
     # float32 accumulation, one rounding to the output's dtype: half an ulp.
     rtol = {torch.float16: 2 ** -11, torch.bfloat16: 2 ** -8}[dtype]

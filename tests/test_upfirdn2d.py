@@ -128,6 +128,51 @@ def test_gradcheck_and_gradgradcheck(up, down, padding, separable):
     assert torch.autograd.gradgradcheck(fn, [x], fast_mode=True)
 
 
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+@pytest.mark.parametrize('up, down, padding', [(2, 1, [2, 1, 2, 1]), (1, 2, [1, 1, 1, 1]),
+                                               ([1, 2], [3, 1], [-1, 2, 3, 0])])
+def test_reference_path_gradients_equal_autograd_of_the_plain_ops(up, down, padding, layout):
+    """upfirdn2d() on a CPU differentiates by its adjoint (_UpFirDn2d), not through the ops: values
+    and gradients of both orders, as gradient normalization takes them, equal torch's autograd
+    through _upfirdn2d_ref itself, for either layout of the input."""
+    torch.manual_seed(0)
+    f = torch.randn([3, 4], dtype=torch.float64)
+    x = torch.randn([2, 3, 7, 9], dtype=torch.float64)
+    if layout == 'channels_last':
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    cfg = upfirdn2d._Config(up=upfirdn2d._parse_scaling(up), down=upfirdn2d._parse_scaling(down),
+                            padding=upfirdn2d._parse_padding(padding), flip_filter=False, gain=1.3)
+
+    def grads(fn):  # [y, dL/dx, d(<dL/dx, s>)/dx] for L = sum(r * y^2): the second pass runs through the backward
+        torch.manual_seed(1)
+        y = fn(x)
+        first, = torch.autograd.grad((torch.randn(y.shape, dtype=y.dtype) * y * y).sum(), [x], create_graph=True)
+        second, = torch.autograd.grad((first * torch.randn(first.shape, dtype=first.dtype)).sum(), [x])
+        return y, first, second
+
+    op = grads(lambda x: upfirdn2d.upfirdn2d(x, f, up=up, down=down, padding=padding, gain=1.3, impl='ref'))
+    for actual, expected in zip(op, grads(lambda x: upfirdn2d._upfirdn2d_ref(x, f, cfg))):
+        torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_reference_path_under_autocast():
+    """Under CPU autocast the reference op computes in bfloat16; its gradient arrives in the input's
+    float32 and equals, to bfloat16 rounding, the float64 gradient of the plain ops."""
+    torch.manual_seed(0)
+    f = upfirdn2d.setup_filter([1, 2, 1])
+    x = torch.randn([2, 3, 8, 8], requires_grad=True)
+    r = torch.randn([2, 3, 4, 4])
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        y = upfirdn2d.downsample2d(x, f, impl='ref')  # padding (1, 0, 1, 0): see downsample2d
+    g, = torch.autograd.grad((y.float() * r).sum(), [x])
+    assert y.dtype == torch.bfloat16 and g.dtype == torch.float32
+    x64 = x.detach().double().requires_grad_()
+    cfg = upfirdn2d._Config(up=(1, 1), down=(2, 2), padding=(1, 0, 1, 0), flip_filter=False, gain=1.0)
+    expected, = torch.autograd.grad((upfirdn2d._upfirdn2d_ref(x64, f.double(), cfg) * r.double()).sum(), [x64])
+    torch.testing.assert_close(g.double(), expected, rtol=2 ** -6, atol=2 ** -8)
+
+
 @pytest.mark.parametrize('up, down, padding', [(2, 1, [2, 1, 2, 1]), (1, 2, [0, 3, -1, 2]),
                                                ([3, 1], [2, 4], [4, 0, 1, 5])])
 def test_adjoint_padding(up, down, padding):
