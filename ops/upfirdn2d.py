@@ -167,7 +167,7 @@ class _Config:
 
 
 def _upfirdn2d_ref(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tensor:
-    """Standard ops (zero insertion by strided assignment, F.pad, depthwise F.conv2d with stride).
+    """Standard ops (zero insertion by strided assignment, padding, depthwise F.conv2d with stride).
 
     Differentiable by torch's autograd as it stands (the tests' independent reference); upfirdn2d()
     runs it inside _UpFirDn2d, whose backward is the adjoint op rather than the gradients of these
@@ -180,7 +180,12 @@ def _upfirdn2d_ref(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tens
         upsampled = x.new_zeros([batch, channels, in_h * upy, in_w * upx])
         upsampled[:, :, ::upy, ::upx] = x
         x = upsampled
-    x = F.pad(x, list(cfg.padding))  # F.pad crops for negative amounts
+    px0, px1, py0, py1 = cfg.padding
+    pad_x, pad_y = 0, 0  # Zero padding done by the convolution itself: symmetric and not a crop.
+    if px0 == px1 >= 0 and py0 == py1 >= 0:
+        pad_x, pad_y = px0, py0
+    else:
+        x = F.pad(x, list(cfg.padding))  # F.pad crops for negative amounts
 
     # F.conv2d computes a correlation, so a convolution flips the filter. A
     # stride equal to the downsampling factor evaluates only the kept outputs.
@@ -189,11 +194,11 @@ def _upfirdn2d_ref(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tens
         f = f.flip(list(range(f.ndim)))
     if f.ndim == 2:
         weight = (f * cfg.gain)[np.newaxis, np.newaxis].repeat([channels, 1, 1, 1])
-        return F.conv2d(x, weight, stride=(downy, downx), groups=channels)
+        return F.conv2d(x, weight, stride=(downy, downx), padding=(pad_y, pad_x), groups=channels)
     weight_x = (f * cfg.gain).reshape(1, 1, 1, -1).repeat([channels, 1, 1, 1])
     weight_y = f.reshape(1, 1, -1, 1).repeat([channels, 1, 1, 1])
-    x = F.conv2d(x, weight_x, stride=(1, downx), groups=channels)
-    return F.conv2d(x, weight_y, stride=(downy, 1), groups=channels)
+    x = F.conv2d(x, weight_x, stride=(1, downx), padding=(0, pad_x), groups=channels)
+    return F.conv2d(x, weight_y, stride=(downy, 1), padding=(pad_y, 0), groups=channels)
 
 
 # ----------------------------------------------------------------------------

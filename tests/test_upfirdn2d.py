@@ -59,6 +59,7 @@ SEPARABLE_CASES = [  # up, down, padding
     (1, 1, [0, 0, 0, 0]), (2, 1, [2, 1, 2, 1]), (4, 1, [3, 2, 1, 4]), (1, 2, [1, 1, 0, 3]),
     (1, 4, [2, 5, 2, 2]), (2, 2, [1, 2, 3, 0]), (4, 2, [0, 0, 5, 5]), (2, 4, [4, 1, 1, 4]),
     (2, 1, [-1, 3, 2, -2]), (1, 2, [-2, -1, 4, 3]), ([1, 2], [4, 1], [2, 3, -1, 1]),
+    (1, 2, [3, 3, 1, 1]),  # symmetric per axis: padded by the convolution itself
 ]
 
 
@@ -80,6 +81,7 @@ def test_separable_matches_scipy(taps, up, down, padding):
 @pytest.mark.parametrize('up, down, padding, flip_filter', [
     (1, 1, [1, 2, 0, 1], False), (2, 1, [2, 0, 1, 3], True), (1, 2, [0, 3, -1, 2], False),
     ([3, 2], [2, 3], [4, -1, 2, 2], True),
+    (1, 1, [1, 1, 2, 2], False), ([2, 1], [1, 2], [3, 3, 0, 0], True),  # symmetric: padded by the convolution
 ])
 def test_non_separable_matches_direct_evaluation(up, down, padding, flip_filter):
     rng = np.random.default_rng(0)
