@@ -18,9 +18,11 @@ Examples:
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
+import signal
 import socket
 import sys
 
@@ -47,6 +49,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _end_with_parent() -> None:
+    """Have Linux send this spawned process SIGTERM when train.py's own process ends, however it ends (a
+    `kill`, the out-of-memory killer). torch's spawn asks for SIGINT instead, which a process started in the
+    background by a script (`nohup python train.py ... &`) ignores: its workers trained on by themselves."""
+    if not sys.platform.startswith('linux'):
+        return
+    PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    parent = torch.multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # Ended before the request was made.
+        sys.exit(1)
+
+
 def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_threads: int | None) -> None:
     """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, with
     `num_threads` CPU threads (None: the cores shared out between the processes on a CPU, torch's default on a GPU).
@@ -57,6 +72,8 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_
     from training import training_loop
     from training.dataset import DatasetError
     from training.reporter import TrainingDiverged
+    if init_method is not None:  # Spawned by --gpus=N.
+        _end_with_parent()
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', rank)))
     elif num_threads is None and args.num_gpus > 1:

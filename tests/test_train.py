@@ -5,11 +5,14 @@ one-line errors of train.py. Every command runs as a real process, as a user wou
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import PIL.Image
+import psutil
 import pytest
 import torch
 
@@ -143,6 +146,37 @@ def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
     resumed_dir = os.path.join(outdir, sorted(os.listdir(outdir))[-1])
     resumed = persistence.load_snapshot(os.path.join(resumed_dir, snapshots(resumed_dir)[-1]))
     assert resumed.progress.step == 4 and resumed.G_opt_state['state'][0]['step'] == 4  # Not 2 + 2 per process.
+
+
+def test_killing_train_py_ends_the_processes_it_spawned(dataset_zip, tmp_path):
+    """`kill` (SIGTERM) of train.py running --gpus=2 ends its two training processes too, also when it was started
+    in the background by a script (`nohup python train.py ... &`), which starts it with SIGINT ignored: torch's
+    spawn asks Linux for a SIGINT to its processes when their parent dies, and an ignored SIGINT let both
+    train on by themselves into the run directory."""
+    outdir = tmp_path / 'runs'
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    train = subprocess.Popen([sys.executable, 'train.py', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}',
+                              '--steps=1000000', '--batch=4', '--workers=0', '--gpus=2'],
+                             cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # As `&` in a script.
+    workers = []
+    try:
+        deadline = time.time() + 300
+        while not (outdir.is_dir() and any((d / 'log.txt').is_file() for d in outdir.iterdir())):  # Both have joined.
+            assert train.poll() is None and time.time() < deadline, 'train.py ended or never started training'
+            time.sleep(0.5)
+        workers = [p for p in psutil.Process(train.pid).children(recursive=True) if 'spawn_main' in ' '.join(p.cmdline())]
+        assert len(workers) == 2
+        train.terminate()
+        train.wait(timeout=60)
+        _, alive = psutil.wait_procs(workers, timeout=60)
+        assert not alive, f'{len(alive)} spawned process(es) still running after train.py was killed'
+    finally:
+        for p in [train, *workers]:
+            try:
+                p.kill()
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
 
 
 def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
