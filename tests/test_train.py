@@ -148,6 +148,7 @@ def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
     assert resumed.progress.step == 4 and resumed.G_opt_state['state'][0]['step'] == 4  # Not 2 + 2 per process.
 
 
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the parent-death signal is Linux only')
 def test_killing_train_py_ends_the_processes_it_spawned(dataset_zip, tmp_path):
     """`kill` (SIGTERM) of train.py running --gpus=2 ends its two training processes too, also when it was started
     in the background by a script (`nohup python train.py ... &`), which starts it with SIGINT ignored: torch's
