@@ -165,8 +165,6 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     device = torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
     if threads is not None:
         torch.set_num_threads(threads)
-    if device.type == 'cuda':
-        torch.backends.cudnn.benchmark = True
     if clock == 'process' and device.type == 'cuda':
         raise click.ClickException('--clock=process measures CPU time, which says nothing about GPU work; use --clock=wall')
     clock_fn = time.perf_counter if clock == 'wall' else time.process_time
@@ -187,7 +185,6 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
         for run in runs:
             for net in ('D', 'G'):
                 run.step(net, record=round_idx >= warmup)
-    precision_lib.Precision('fp32').apply()
 
     rows = [run.result() for run in runs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')
