@@ -148,6 +148,18 @@ def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
     assert resumed.progress.step == 4 and resumed.G_opt_state['state'][0]['step'] == 4  # Not 2 + 2 per process.
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='NCCL between processes needs two GPUs')
+def test_two_process_nccl_run(dataset_zip, tmp_path):
+    """--gpus=2 on two GPUs: an NCCL group, one process per GPU, the same networks in both at the snapshot."""
+    outdir = str(tmp_path / 'runs')
+    run_cli('train.py', '--gpus=2', '--device=cuda', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}',
+            '--steps=2', '--batch=4')
+    run_dir = only_run_dir(outdir)
+    assert persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[0])).progress.cur_nimg == 2 * 4
+    assert json.load(open(os.path.join(run_dir, 'training_options.json')))['device'] == 'cuda'
+
+
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the parent-death signal is Linux only')
 def test_killing_train_py_ends_the_processes_it_spawned(dataset_zip, tmp_path):
     """`kill` (SIGTERM) of train.py running --gpus=2 ends its two training processes too, also when it was started
