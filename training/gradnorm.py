@@ -38,7 +38,6 @@ the loss checks it once before relying on it (training/loss.py).
 from __future__ import annotations
 
 import copy
-
 from typing import Callable, NamedTuple, Sequence
 
 import torch
