@@ -143,7 +143,7 @@ def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: i
     if out is not None:
         write_json_atomic(out, dict(
             benchmark='relative error of GN training gradients against float64 (GANLoss, one D and one G step)',
-            device='cuda' if torch.cuda.is_available() else f'CPU ({os.cpu_count()} cores)', torch=torch.__version__,
+            device=f'CPU ({os.cpu_count()} cores)', torch=torch.__version__,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), results=rows))
         print(f'Results written to {out}')
 
