@@ -40,6 +40,7 @@ import PIL.Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dnnlib  # noqa: E402
+from torch_utils import bounded_read  # noqa: E402
 from training.dataset import DatasetError, image_channels  # noqa: E402
 
 CIFAR10_SIZE = 32     # CIFAR-10 images are 32x32 RGB, stored as rows of 3*32*32 bytes (channel, row, column).
@@ -96,7 +97,7 @@ def parse_labels(data: bytes, name: str) -> Optional[dict[str, int]]:
     expected = 'expected {"labels": [["file name", class index], ...]} or {"labels": null}'
     try:
         labels = json.loads(data)['labels']
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError) as err:  # RecursionError: nested too deeply.
         raise click.ClickException(f'{name}: {expected}') from err
     if labels is None:
         return None
@@ -152,17 +153,23 @@ def open_image_folder(root: str, max_images: Optional[int]) -> Source:
     return open_image_collection(fnames, read, lambda fname: os.path.join(root, fname), max_images)
 
 def open_image_zip(path: str, max_images: Optional[int]) -> Source:
+    """Images of a zip archive, read within torch_utils/bounded_read.py's bound: an entry is decompressed only
+    when it expands to at most the archive's size + ENTRY_ALLOWANCE."""
     try:
-        archive = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as err:
+        archive = bounded_read.ZipArchive(path)
+    except bounded_read.RefusedFileError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:
         raise click.ClickException(f'cannot open zip archive {path}: {err}') from err
 
     def read(fname: str) -> bytes:
         try:
             return archive.read(fname)
-        except (OSError, zipfile.BadZipFile, zlib.error, EOFError) as err:
+        except bounded_read.RefusedFileError as err:
+            raise click.ClickException(str(err)) from err
+        except OSError as err:
             raise click.ClickException(f'cannot read {fname} in {path}: {err}') from err
-    fnames = [info.filename for info in archive.infolist() if not info.is_dir()]
+    fnames = [info.filename for info in archive.entries.values() if not info.is_dir()]
     return open_image_collection(fnames, read, lambda fname: f'{path}:{fname}' if fname else path, max_images)
 
 #----------------------------------------------------------------------------
