@@ -195,8 +195,12 @@ def detector_bytes() -> bytes:
 class Case:
     entry: str          # The command, as the table shows it.
     file: str           # What is hostile about the file.
-    argv: list[str]     # Arguments after the script.
-    file_size: int      # Bytes of the hostile file.
+    path: str           # The hostile file.
+    argv: list[str]     # The script, then its arguments.
+
+    @property
+    def file_size(self) -> int:
+        return os.path.getsize(self.path)
 
 
 @dataclasses.dataclass
@@ -237,30 +241,26 @@ def hostile_cases(folder: str, bomb_bytes: int) -> list[Case]:
     detector = write('detector.pt', detector_bytes())
     images = write('images.zip', zip_bytes([stored(f'img{i}.png', png_bytes(i * 50)) for i in range(4)]))
     out = os.path.join(folder, 'out')
-    cases = []
-    for name in ('snapshot zip bomb', 'snapshot entry claiming more than the file', 'truncated snapshot'):
-        cases += [Case('generate.py --network', name, ['generate.py', f'--network={files[name]}', '--seeds=0', f'--outdir={out}'], 0),
-                  Case('calc_metrics.py --network', name, ['calc_metrics.py', f'--network={files[name]}', '--metrics=is50k',
-                                                          f'--detector={detector}', '--num-gen=2'], 0),
-                  Case('train.py --resume', name, ['train.py', f'--resume={files[name]}', f'--outdir={out}', '--kimg=0.001'], 0),
-                  Case('legacy.py --source', name, ['legacy.py', f'--source={files[name]}', '--cfg=cifar10-cnn',
-                                                   f'--dest={out}.pkl'], 0)]
-    for name in ('npz bomb (sigma.npy)', 'npz claiming 40000x40000'):
-        cases += [Case('calc_metrics.py --ref-stats', name, ['calc_metrics.py', f'--images={images}', f'--ref-stats={files[name]}',
-                                                            f'--detector={detector}', '--metrics=fid50k_full'], 0),
-                  Case('train.py --ref-stats', name, ['train.py', f'--ref-stats={files[name]}', f'--outdir={out}', '--kimg=0.001',
-                                                     '--metrics=fid50k_full'], 0)]
-    for name in ('image entry bomb', 'dataset.json bomb'):
-        cases += [Case('train.py --data', name, ['train.py', f'--data={files[name]}', f'--outdir={out}', '--kimg=0.001'], 0),
-                  Case('dataset_tool.py --source', name, ['dataset_tool.py', f'--source={files[name]}',
-                                                         f'--dest={out}-{len(cases)}.zip'], 0)]
-    cases.append(Case('calc_metrics.py --images', 'image entry bomb', ['calc_metrics.py', f'--images={files["image entry bomb"]}',
-                                                                      f'--detector={detector}', '--metrics=is50k', '--num-gen=2'], 0))
-    for name in ('detector zip bomb', 'detector not TorchScript'):
-        cases.append(Case('calc_metrics.py --detector', name, ['calc_metrics.py', f'--images={images}', f'--detector={files[name]}',
-                                                              '--metrics=is50k', '--num-gen=4'], 0))
-    for case in cases:
-        case.file_size = os.path.getsize(files[case.file])
+    cases: list[Case] = []
+
+    def add(entry: str, file: str, *args: str) -> None:
+        cases.append(Case(entry, file, files[file], [entry.split()[0], *args]))
+    for file in ('snapshot zip bomb', 'snapshot entry claiming more than the file', 'truncated snapshot'):
+        add('generate.py --network', file, f'--network={files[file]}', '--seeds=0', f'--outdir={out}')
+        add('calc_metrics.py --network', file, f'--network={files[file]}', '--metrics=is50k', f'--detector={detector}', '--num-gen=2')
+        add('train.py --resume', file, f'--resume={files[file]}', f'--outdir={out}', '--kimg=0.001')
+        add('legacy.py --source', file, f'--source={files[file]}', '--cfg=cifar10-cnn', f'--dest={out}.pkl')
+    for file in ('npz bomb (sigma.npy)', 'npz claiming 40000x40000'):
+        add('calc_metrics.py --ref-stats', file, f'--images={images}', f'--ref-stats={files[file]}', f'--detector={detector}',
+            '--metrics=fid50k_full')
+        add('train.py --ref-stats', file, f'--ref-stats={files[file]}', f'--outdir={out}', '--kimg=0.001', '--metrics=fid50k_full')
+    for file in ('image entry bomb', 'dataset.json bomb'):
+        add('train.py --data', file, f'--data={files[file]}', f'--outdir={out}', '--kimg=0.001')
+        add('dataset_tool.py --source', file, f'--source={files[file]}', f'--dest={out}-{len(cases)}.zip')
+    add('calc_metrics.py --images', 'image entry bomb', f'--images={files["image entry bomb"]}', f'--detector={detector}',
+        '--metrics=is50k', '--num-gen=2')
+    for file in ('detector zip bomb', 'detector not TorchScript'):
+        add('calc_metrics.py --detector', file, f'--images={images}', f'--detector={files[file]}', '--metrics=is50k', '--num-gen=4')
     return cases
 
 

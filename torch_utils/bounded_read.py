@@ -59,6 +59,11 @@ _LOCAL_HEADER_SIZE = 30
 _MAX_COMMENT = 0xFFFF
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
 class RefusedFileError(ValueError):
     """A file from outside that is refused before it is read: it could not be read within the bound, or is
     not the archive it should be. The message is one line that names the file and says why."""
@@ -98,6 +103,7 @@ class ZipArchive:
 
     def __init__(self, file: BinaryIO | str, name: str | None = None, torch_format: bool = False) -> None:
         self.name = name if name is not None else str(file)
+        self.zip: zipfile.ZipFile | None = None
         self._owned_file = open(file, 'rb') if isinstance(file, str) else None  # Closed by close().
         try:
             self._check(self._owned_file or file, torch_format)
@@ -107,7 +113,6 @@ class ZipArchive:
 
     def _check(self, file: BinaryIO, torch_format: bool) -> None:
         name = self.name
-        self.zip: zipfile.ZipFile | None = None
         file.seek(0, os.SEEK_END)
         self.file_size = file.tell()
         entries, cd_size, cd_offset, end_start = _end_record(file, self.file_size, name)
@@ -145,7 +150,7 @@ class ZipArchive:
 
     def close(self) -> None:
         """Close the archive, and the file when it was opened here from a path."""
-        if getattr(self, 'zip', None) is not None:
+        if self.zip is not None:
             self.zip.close()
         if self._owned_file is not None:
             self._owned_file.close()
@@ -180,8 +185,8 @@ class ZipArchive:
 
     def read_npy(self, entry: str, accept: Callable[[tuple[int, ...], np.dtype], str | None]) -> np.ndarray:
         """The array of an .npy entry, read only after its header: `accept(shape, dtype)` returns None for an
-        array to read, or why not (refused with that reason). The entry may then be compressed: its declared
-        size must be exactly that of the header and the accepted array, so nothing more is inflated."""
+        array to read, or why not (refused with that reason). The entry may be compressed to any ratio, since
+        its declared size must be exactly that of the header and the accepted array: nothing more is inflated."""
         info = self.entries.get(entry)
         if info is None:
             raise RefusedFileError(f'{self.name}: no entry {entry[:100]}')
@@ -196,7 +201,7 @@ class ZipArchive:
                 else:
                     raise ValueError(f'.npy format version {version[0]}.{version[1]} is not read')
             except (ValueError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-                raise RefusedFileError(f'{what}: not an .npy array ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})') from None
+                raise RefusedFileError(f'{what}: not an .npy array ({_first_line(e)})') from None
             reason = 'it holds Python objects' if dtype.hasobject else accept(shape, dtype)
             if reason is not None:
                 raise RefusedFileError(f'{what}: refused to read: {reason}')
