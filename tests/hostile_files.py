@@ -62,12 +62,20 @@ def deflate_bomb(name: str, num_bytes: int, prefix: bytes = b'') -> Entry:
     return Entry(name, stream, zipfile.ZIP_DEFLATED, crc, num_bytes, len(stream))
 
 
+def _sizes(e: Entry) -> tuple[int, int, bytes]:
+    """(compressed, uncompressed) sizes as the headers hold them, and the extra field: sizes of 4 GiB and
+    more are 0xFFFFFFFF there and in a zip64 extra field (id 1, 16 bytes: uncompressed, compressed)."""
+    if max(e.file_size, e.compress_size) < 0xFFFFFFFF:
+        return e.compress_size, e.file_size, b''
+    return 0xFFFFFFFF, 0xFFFFFFFF, struct.pack('<HHQQ', 1, 16, e.file_size, e.compress_size)
+
+
 def _central_header(e: Entry, offset: int) -> bytes:
     """Central directory header: signature, made-by and needed versions, flags, method, time, date, crc,
-    sizes, name / extra / comment lengths, disk, attributes, the local header's offset; then the name."""
-    name = e.name.encode()
-    return struct.pack('<IHHHHHHIIIHHHHHII', 0x02014b50, 20, 20, 0, e.method, 0, 0x21, e.crc, e.compress_size,
-                       e.file_size, len(name), 0, 0, 0, 0, 0, offset) + name
+    sizes, name / extra / comment lengths, disk, attributes, the local header's offset; then name and extra."""
+    name, (compress_size, file_size, extra) = e.name.encode(), _sizes(e)
+    return struct.pack('<IHHHHHHIIIHHHHHII', 0x02014b50, 45, 45, 0, e.method, 0, 0x21, e.crc, compress_size,
+                       file_size, len(name), len(extra), 0, 0, 0, 0, offset) + name + extra
 
 
 def _end_record(num_entries: int, directory_size: int, directory_offset: int) -> bytes:
@@ -76,13 +84,13 @@ def _end_record(num_entries: int, directory_size: int, directory_offset: int) ->
 
 
 def zip_bytes(entries: list[Entry]) -> bytes:
-    """A zip archive of `entries`, with their declared sizes as given (no zip64: sizes below 4 GiB)."""
+    """A zip archive of `entries`, with their declared sizes as given (zip64 sizes from 4 GiB on)."""
     out, central = io.BytesIO(), []
     for e in entries:
-        offset, name = out.tell(), e.name.encode()
-        # Local file header: signature, version 2.0, flags, method, time, date, crc, sizes, name and extra lengths.
-        out.write(struct.pack('<IHHHHHIIIHH', 0x04034b50, 20, 0, e.method, 0, 0x21, e.crc, e.compress_size,
-                              e.file_size, len(name), 0) + name + e.data)
+        offset, name, (compress_size, file_size, extra) = out.tell(), e.name.encode(), _sizes(e)
+        # Local file header: signature, version 4.5, flags, method, time, date, crc, sizes, name and extra lengths.
+        out.write(struct.pack('<IHHHHHIIIHH', 0x04034b50, 45, 0, e.method, 0, 0x21, e.crc, compress_size,
+                              file_size, len(name), len(extra)) + name + extra + e.data)
         central.append(_central_header(e, offset))
     directory = b''.join(central)
     return out.getvalue() + directory + _end_record(len(entries), len(directory), out.tell())
