@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import torch
+from click.testing import CliRunner
 
+import dataset_tool
 import legacy
 from metrics import frechet_inception_distance, metric_utils
 from tests import hostile_files
@@ -155,6 +157,8 @@ def test_dataset_json_larger_than_labels_can_be_is_refused(tmp_path):
         with pytest.raises(DatasetError) as info:
             ImageFolderDataset(str(tmp_path / name), use_labels=True)
         assert '\n' not in str(info.value) and 'dataset.json' in str(info.value)
+        result = CliRunner().invoke(dataset_tool.main, [f'--source={tmp_path / name}', f'--dest={tmp_path / "out" / name}'])
+        assert result.exit_code == 1 and 'dataset.json' in result.output.strip().splitlines()[-1], result.output
     (tmp_path / 'bomb.zip').write_bytes(hostile_files.image_entry_bomb(BOMB_BYTES))
     with pytest.raises(DatasetError, match='entry img0.png expands to'):
         ImageFolderDataset(str(tmp_path / 'bomb.zip'))

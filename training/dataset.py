@@ -26,6 +26,13 @@ from torch_utils import bounded_read
 _LABELS_ALLOWANCE = 4096
 _LABEL_BYTES = 64
 
+
+def max_labels_size(image_fnames: list[str]) -> int:
+    """The most bytes a dataset.json labelling these images is read with. Parsing JSON takes up to ~24 bytes
+    of Python objects per byte of text (an empty list per '[],'), so a larger file is refused unread and
+    the parse stays proportional to the images, whatever the file holds."""
+    return _LABELS_ALLOWANCE + sum(len(json.dumps(fname)) + _LABEL_BYTES for fname in image_fnames)
+
 class DatasetError(ValueError):
     """A dataset that cannot be used as asked; the message says why in one line, for the user.
 
@@ -299,9 +306,7 @@ class ImageFolderDataset(Dataset):
         if 'dataset.json' not in self._all_fnames:
             return None
         expected = 'expected {"labels": [["file name", class index], ...]} or {"labels": null}'
-        # Read only when no larger than labels of these images can be, so that parsing it (at most ~24 bytes
-        # of Python objects per byte of JSON: an empty list per '[],') stays proportional to the images.
-        max_size = _LABELS_ALLOWANCE + sum(len(json.dumps(fname)) + _LABEL_BYTES for fname in self._image_fnames)
+        max_size = max_labels_size(self._image_fnames)
         size = (os.path.getsize(os.path.join(self._path, 'dataset.json')) if self._kind == 'dir'
                 else self._get_zipfile().entries['dataset.json'].file_size)
         if size > max_size:
