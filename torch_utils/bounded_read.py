@@ -17,8 +17,9 @@ It does so by refusing, before decompressing anything:
 * an entry whose data would lie beyond the start of the central directory (it claims more bytes than
   the file holds), or that is compressed with anything but deflate;
 * in torch's archives (`torch_format`: torch.save, torch.jit.save), any compressed entry but TorchScript
-  source (code/, which torch.jit.save deflates; tensors and pickles are stored), and entries whose sizes
-  add up to more than the file's size + ENTRY_ALLOWANCE: torch reads every entry it needs whole;
+  source (code/, which torch.jit.save deflates; tensors and pickles are stored), entries whose sizes
+  add up to more than the file's size + ENTRY_ALLOWANCE (torch reads every entry it needs whole), and
+  a pickle (data.pkl, constants.pkl) of more than MAX_PICKLE_BYTES;
 * when an entry is read, one that declares more than the file's size + ENTRY_ALLOWANCE uncompressed
   (zipfile never returns more than an entry declares);
 * an .npy entry (`read_npy`) whose header (shape, dtype) the caller does not accept, or whose declared
@@ -43,6 +44,10 @@ import numpy as np
 MEMORY_FACTOR = 4                # Peak memory of reading a file, per byte of the file ...
 MEMORY_ALLOWANCE = 256 << 20     # ... plus this (what lazily imported modules and reference statistics take).
 ENTRY_ALLOWANCE = 64 << 20       # A decompressed entry may exceed the size of its archive by at most this.
+# The largest pickle read from torch's archives (data.pkl, constants.pkl). Unpickling makes up to ~36 bytes of
+# objects per byte (an empty list and its append, 2 bytes: 7.6 MiB became 275 MiB in torch's weights-only
+# unpickler), so 4 MiB stay within MEMORY_ALLOWANCE; a real snapshot's object graph is well under 1 MiB.
+MAX_PICKLE_BYTES = 4 << 20
 _READ_CHUNK = 1 << 20            # Entries are copied into their arrays this many bytes at a time.
 
 # Zip format (PKWARE APPNOTE 6.3): the end of central directory record (22 bytes + comment), the zip64 end
@@ -132,6 +137,10 @@ class ZipArchive:
             self._check_entry(info, self.zip.start_dir, torch_format)
         if torch_format and sum(info.file_size for info in self.entries.values()) > self.max_entry_size():
             raise RefusedFileError(f'{name}: refused to read: its entries claim more bytes than the file holds')
+        for info in self.entries.values() if torch_format else ():
+            if info.filename.endswith('.pkl') and info.file_size > MAX_PICKLE_BYTES:
+                raise RefusedFileError(f'{name}: refused to read: its pickle {info.filename[:100]} is {info.file_size:,} bytes '
+                                       f'(at most {MAX_PICKLE_BYTES:,} are unpickled)')
         file.seek(0)
 
     def _check_entry(self, info: zipfile.ZipInfo, directory_start: int, torch_format: bool) -> None:

@@ -15,7 +15,8 @@ between people. So a snapshot here never pickles a Python object graph. Instead:
 A file that asks for anything else is refused with `UnsafeSnapshotError` and nothing of it runs.
 So is a malformed or oversized file, before it can allocate much: the zip archive passes
 torch_utils/bounded_read.py's check (entries stored uncompressed, as torch.save writes them, and
-within the file; see its bound), the pickled object graph is capped, nesting is capped, every {'class_name': ...} dict passes dnnlib.util.check_class_kwargs, and each network
+within the file; the pickled object graph at most MAX_PICKLE_BYTES; see its bound), nesting is
+capped, every {'class_name': ...} dict passes dnnlib.util.check_class_kwargs, and each network
 is first built on the meta device (shapes, no storage) and compared with its state dict, so that
 kwargs asking for a huge network are refused before anything of that size is allocated.
 """
@@ -44,7 +45,6 @@ from torch_utils import bounded_read
 _SNAPSHOT_FORMAT = 'gngan-snapshot'
 _SNAPSHOT_VERSION = 1
 _MODULE_TAG = '__persistent_module__'
-_MAX_PICKLE_BYTES = 16 << 20  # The pickled object graph (data.pkl); a real snapshot's is well under 1 MiB.
 
 # Entries the training loop writes and the tools read; a snapshot whose entry has another type is refused.
 _ENTRY_TYPES = {'G': torch.nn.Module, 'D': torch.nn.Module, 'G_ema': torch.nn.Module, 'training_set_kwargs': (dict, type(None)),
@@ -193,14 +193,9 @@ def _check_archive(f: BinaryIO, where: str) -> None:
         raise UnsafeSnapshotError(f'{where}: refused to load: not a snapshot (expected the zip archive that torch.save '
                                   f'writes; legacy pickles are not read); nothing in it was run')
     try:
-        archive = bounded_read.check_torch_archive(f, where)
+        bounded_read.check_torch_archive(f, where)
     except bounded_read.RefusedFileError as e:
         raise UnsafeSnapshotError(str(e)) from None
-    for info in archive.entries.values():
-        if info.filename.endswith('data.pkl') and info.file_size > _MAX_PICKLE_BYTES:
-            raise UnsafeSnapshotError(f'{where}: refused to load: its object graph is {info.file_size} bytes '
-                                      f'(at most {_MAX_PICKLE_BYTES} expected)')
-    f.seek(0)
 
 
 def _check_tensor(t: torch.Tensor, where: str) -> None:
