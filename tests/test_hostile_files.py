@@ -9,6 +9,7 @@ in tests/hostile_files.py without allocating what they claim.
 import dataclasses
 import io
 import json
+import os
 import sys
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -36,11 +37,9 @@ def archive_of(raw: bytes, torch_format: bool = False) -> bounded_read.ZipArchiv
     return bounded_read.ZipArchive(io.BytesIO(raw), 'x.zip', torch_format=torch_format)
 
 
-def refused(raw: bytes, torch_format: bool = False, entry: str | None = None) -> str:
+def refused(raw: bytes, torch_format: bool = False) -> str:
     with pytest.raises(bounded_read.RefusedFileError) as info:
-        archive = archive_of(raw, torch_format)
-        if entry is not None:
-            archive.read(entry)
+        archive_of(raw, torch_format)
     assert '\n' not in str(info.value) and str(info.value).startswith('x.zip')
     return str(info.value)
 
@@ -181,6 +180,7 @@ def outcomes(tmp_path_factory):
     return {(case.entry, case.file): (case, outcome, footprints[case.argv[0]]) for case, outcome in zip(cases, results)}
 
 
+@pytest.mark.skipif(not hasattr(os, 'wait4'), reason='the processes are measured with fork and wait4 (POSIX)')
 def test_every_entry_point_refuses_in_one_line_within_the_bound(outcomes):
     """generate.py, calc_metrics.py (--network, --ref-stats, --images, --detector), train.py (--resume,
     --ref-stats, --data), legacy.py and dataset_tool.py, each on every hostile file it reads."""
