@@ -52,10 +52,9 @@ def load_ref_stats(path: str, num_features: int | None = None) -> tuple[np.ndarr
     """
     if not os.path.isfile(path):
         raise ValueError(f'reference statistics {path} do not exist')
-    with open(path, 'rb') as f:
-        if not zipfile.is_zipfile(f):
-            raise ValueError(f'{path} is not an .npz file of mu and sigma')
-        archive = bounded_read.ZipArchive(f, path)  # Its RefusedFileError is a ValueError.
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f'{path} is not an .npz file of mu and sigma')
+    with bounded_read.ZipArchive(path) as archive:  # Its RefusedFileError is a ValueError.
         names = [name[:-len('.npy')] for name in archive.entries if name.endswith('.npy')]
         if not {'mu', 'sigma'} <= set(names):
             raise ValueError(f'{path} holds {", ".join(names) or "no arrays"}, not mu and sigma')
