@@ -115,15 +115,46 @@ extern "C" void host_bias_act(int dtype, const double* x, const double* b, const
 ''',
     'upfirdn2d': r'''
 #include "upfirdn2d.cu"
+#include <cmath>
 #include <vector>
-template <class T> struct HostRunner
+// Runs the planned launch as the GPU would, block by block and plane by plane: every thread
+// stages its share of the input tile, then every thread computes (the order __syncthreads
+// imposes). The shared tile starts as NaN, so reading an entry nobody staged shows.
+struct HostRunner
 {
-    const UpFirDn2dParams& p;
-    template <int UP, int DOWN, int TAPS> void run()
+    int served;  // taps per axis of the specialisation, 0 for the generic kernel
+    int phase;   // PHX + 2 * PHY of the specialisation
+    template <class T, int UP, int DOWN, int TAPS, int PHX, int PHY>
+    void tile(const TileArgs<typename AccType<T>::type, TAPS>& a, dim3 grid)
     {
-        for (int oy = 0; oy < p.out_h; oy++)
-            for (int ox = 0; ox < p.out_w; ox++)
-                upfirdn2d_pixel_fixed<T, UP, DOWN, TAPS>(p, ox, oy, 0, 1);
+        typedef typename AccType<T>::type S;
+        typedef TileShape<UP, DOWN, TAPS> Shape;
+        std::vector<S> shared(Shape::in_w * Shape::in_h);
+        for (unsigned bz = 0; bz < grid.z; bz++)
+            for (unsigned by = 0; by < grid.y; by++)
+                for (unsigned bx = 0; bx < grid.x; bx++)
+                    for (long long plane = bz; plane < a.planes; plane += grid.z)
+                    {
+                        for (size_t i = 0; i < shared.size(); i++)
+                            shared[i] = S(NAN);
+                        for (int thread = 0; thread < TILE_THREADS_X * TILE_THREADS_Y; thread++)
+                            tile_stage<T, UP, DOWN, TAPS, PHX, PHY>(a, bx, by, plane, thread, shared.data());
+                        for (int ty = 0; ty < TILE_THREADS_Y; ty++)
+                            for (int tx = 0; tx < TILE_THREADS_X; tx++)
+                                tile_compute<T, UP, DOWN, TAPS, PHX, PHY>(a, bx, by, plane, tx, ty, shared.data());
+                    }
+        served = TAPS;
+        phase = PHX + 2 * PHY;
+    }
+    template <class T> void generic(const UpFirDn2dParams& p, dim3 grid)
+    {
+        for (unsigned bz = 0; bz < grid.z; bz++)
+            for (unsigned y = 0; y < grid.y * TILE_THREADS_Y; y++)
+                for (unsigned x = 0; x < grid.x * TILE_THREADS_X; x++)
+                    if (int(x) < p.out_w && int(y) < p.out_h)
+                        upfirdn2d_pixel<T>(p, x, y, bz, grid.z);
+        served = 0;
+        phase = 0;
     }
 };
 template <class T>
@@ -134,29 +165,27 @@ static int run(UpFirDn2dParams p, const double* x, long long x_span, const doubl
     std::vector<T> xt(x, x + x_span), ot(out_span);
     std::vector<S> ft(f, f + p.filter_h * p.filter_w);
     p.x = xt.data(); p.f = ft.data(); p.out = ot.data();
-    HostRunner<T> runner = {p};
-    int taps = 0;
-    if (!generic && visit_fixed(p, runner))
-        taps = upfirdn2d_fixed_taps(p);
+    HostRunner runner = {-1, 0};
+    if (generic)
+        runner.generic<T>(p, upfirdn2d_grid(p, 1));
     else
-        for (int oy = 0; oy < p.out_h; oy++)
-            for (int ox = 0; ox < p.out_w; ox++)
-                upfirdn2d_pixel<T>(p, ox, oy, 0, 1);
+        plan_upfirdn2d<T>(p, runner);
     for (size_t i = 0; i < ot.size(); i++)
         out[i] = double(ot[i]);
-    return taps;
+    return runner.served + 16 * runner.phase;
 }
-// Returns the taps per axis of the specialised kernel that served, 0 for the generic kernel.
+// Returns the taps per axis of the specialised kernel that served (0 for the generic kernel) plus
+// 16 times its phase (PHX + 2 * PHY).
 extern "C" int host_upfirdn2d(int dtype, const double* x, long long x_span, const long long* x_stride,
                               const double* f, const double* taps, double* out, long long out_span,
                               const long long* out_stride, long long planes, int channels, const int* ints,
-                              int generic)
+                              int generic, int max_grid_z)
 {
     UpFirDn2dParams p = {};
     p.planes = planes; p.channels = channels;
     p.in_w = ints[0]; p.in_h = ints[1]; p.out_w = ints[2]; p.out_h = ints[3]; p.up_x = ints[4]; p.up_y = ints[5];
     p.down_x = ints[6]; p.down_y = ints[7]; p.pad_x0 = ints[8]; p.pad_y0 = ints[9]; p.filter_w = ints[10];
-    p.filter_h = ints[11];
+    p.filter_h = ints[11]; p.max_grid_z = max_grid_z;
     for (int i = 0; i < 4; i++) { p.x_stride[i] = x_stride[i]; p.out_stride[i] = out_stride[i]; }
     if (upfirdn2d_fixed_taps(p) > 0)
         for (int i = 0; i < p.filter_w * p.filter_h; i++)
@@ -219,6 +248,7 @@ class _HostPlugin:
         self.launches = collections.Counter()  # 'scalar' / 'vectorised' -> bias_act kernel launches
         self.calls = collections.Counter()  # (op, mode) -> number of calls
         self.served = collections.Counter()  # upfirdn2d kernel (0: generic, else taps per axis) -> calls
+        self.phases = collections.Counter()  # (up, down, taps, PHX + 2 * PHY) of the specialised kernels -> calls
 
     def bias_act(self, x, b, dy, dim, act, mode, alpha, gain, clamp, max_blocks, max_chunk):
         self.calls['bias_act', mode] += 1
@@ -258,8 +288,11 @@ class _HostPlugin:
         served = self.library.host_upfirdn2d(
             ctypes.c_int(_DTYPE_IDS[x.dtype]), _pointer(x_span), ctypes.c_longlong(x_span.size), strides(x),
             _pointer(_as_float64(f)), _pointer(host_taps), _pointer(out_span), ctypes.c_longlong(out_span.size),
-            strides(out), ctypes.c_longlong(batch * channels), ctypes.c_int(channels), ints, ctypes.c_int(self.generic))
-        self.served[served] += 1
+            strides(out), ctypes.c_longlong(batch * channels), ctypes.c_int(channels), ints, ctypes.c_int(self.generic),
+            ctypes.c_int(max_grid_z))
+        self.served[served % 16] += 1
+        if served % 16:
+            self.phases[up_x, down_x, served % 16, served // 16] += 1
         return torch.from_numpy(out_span).as_strided(out.shape, out.stride()).to(x.dtype)
 
 
@@ -426,22 +459,27 @@ _SPECIALISATIONS = [(up, down, taps) for up, down in [(1, 1), (2, 1), (1, 2)] fo
 @pytest.mark.parametrize('up, down, taps', _SPECIALISATIONS, ids=str)
 @pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
 def test_host_upfirdn2d_every_specialisation(host_plugin, up, down, taps, layout):
-    """Values and gradients of both orders against the reference; the specialised kernel serves every pass."""
+    """Values and gradients of both orders against the reference; the specialised kernel serves every pass.
+
+    The output spans 2 x 2 tiles of 64 x 16 (and more) and, for upsampling, the paddings take every
+    phase (pad_x0, pad_y0 mod 2), each a kernel of its own; some crop, some exceed the filter.
+    """
     torch.manual_seed(taps * 10 + up * 3 + down)
     f = torch.randn([taps, taps])
-    x = torch.randn([2, 3, 9, 11], dtype=torch.float64)
+    x = torch.randn([1, 2, 20 * down // up + 3, 70 * down // up + 3], dtype=torch.float64)
     if layout == 'channels_last':
         x = x.contiguous(memory_format=torch.channels_last)
     x.requires_grad_()
-    padding = tuple(int(p) for p in torch.randint(-1, taps + 1, [4]))  # crops, none, and more than the filter
-    for flip_filter, gain in [(False, 1.0), (True, -2.5)]:
+    paddings = [(0, 1, 0, taps), (1, -1, 0, 0), (-2, 0, 5, 1), (5, 2, 3, -1)]  # (pad_x0, pad_y0) mod 2: all four
+    for padding, (flip_filter, gain) in zip(paddings, [(False, 1.0), (True, -2.5)] * 2):
         cfg = upfirdn2d._Config(up=(up, up), down=(down, down), padding=padding, flip_filter=flip_filter, gain=gain)
         kernel = _grads(lambda x: upfirdn2d._UpFirDn2d.apply(x, f, cfg, upfirdn2d._run_kernel), [x])
         reference = _grads(lambda x: upfirdn2d._upfirdn2d_ref(x, f, cfg), [x])
         _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
         assert kernel[0].is_contiguous(memory_format=torch.channels_last) == (layout == 'channels_last')
     # The forward pass and both adjoints (up <-> down) are specialisations too.
-    assert set(host_plugin.served) == {taps} and host_plugin.served[taps] >= 6
+    assert set(host_plugin.served) == {taps} and host_plugin.served[taps] >= 12
+    assert {phase for (u, _, _, phase) in host_plugin.phases if u == 2} == ({0, 1, 2, 3} if 2 in (up, down) else set())
     host_plugin.generic = True  # the generic kernel, same sums in the same order: the same float32 results
     x32 = x.detach().float()
     generic = upfirdn2d._UpFirDn2d.apply(x32, f, cfg, upfirdn2d._run_kernel)
