@@ -62,27 +62,31 @@ def bias_act(x: torch.Tensor, b: Optional[torch.Tensor] = None, dim: int = 1, ac
     params = _params.get((act, alpha, gain, clamp, impl))
     if params is None:
         params = _params[act, alpha, gain, clamp, impl] = _parse_params(act, alpha, gain, clamp, impl)
-    spec, alpha, gain, clamp = params
     if impl == 'cuda' and _plugin.usable(x.device):
         # One dictionary look-up per call: everything that depends on the arguments' metadata
         # (validity, memory order, self-check verdict, the chooser's decision) is worked out on the
         # first call with that metadata and kept in _plugin.plans.
-        key = (x.device, x.dtype, x.shape, x.stride(), None if b is None else b.shape, dim, params)
+        key = (x.device, x.dtype, x.shape, x.stride(), None if b is None else b.shape, dim, act, alpha, gain, clamp)
         call = _plugin.plans.get(key)
         if call is None:
-            call = _plugin.plans[key] = _plan_cuda_call(x, b, _check_dim(x, b, dim), spec, alpha, gain, clamp)
+            call = _plugin.plans[key] = _plan_cuda_call(x, b, _check_dim(x, b, dim), *params)
         cfg, dim, order, inverse = call
         if cfg is not None:
             return _apply_kernel(x, b, cfg, order, inverse)
         if torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):  # the result's dtype does not depend on the choice
-                return _bias_act_ref(x, b, dim, spec, alpha, gain, clamp)
-        return _bias_act_ref(x, b, dim, spec, alpha, gain, clamp)
-    return _bias_act_ref(x, b, _check_dim(x, b, dim), spec, alpha, gain, clamp)
+                return _bias_act_ref(x, b, dim, *params)
+        return _bias_act_ref(x, b, dim, *params)
+    key = (x.shape, None if b is None else b.shape, dim)
+    checked_dim = _checked_dims.get(key)
+    if checked_dim is None:
+        checked_dim = _checked_dims[key] = _check_dim(x, b, dim)
+    return _bias_act_ref(x, b, checked_dim, *params)
 
 
 _Params = Tuple[ActivationSpec, float, float, float]
 _params: Dict[tuple, _Params] = {}  # (act, alpha, gain, clamp, impl) as passed -> validated (spec, alpha, gain, clamp)
+_checked_dims: Dict[tuple, int] = {}  # (x.shape, b.shape, dim) of the reference path -> dim in [0, x.ndim)
 
 
 def _parse_params(act: str, alpha: Optional[float], gain: Optional[float], clamp: Optional[float],
@@ -196,7 +200,7 @@ class _CudaConfig:
 
 def _run_kernel(mode: int, x: torch.Tensor, b: Optional[torch.Tensor], dy: Optional[torch.Tensor],
                 cfg: _CudaConfig) -> torch.Tensor:
-    return _plugin.get().bias_act(x, None if b is None else b.to(x.dtype).contiguous(),
+    return _plugin.module.bias_act(x, None if b is None else b.to(x.dtype).contiguous(),
                                   None if dy is None else dy.to(x.dtype).contiguous(), cfg.dim, cfg.act_id, mode,
                                   cfg.alpha, cfg.gain, cfg.clamp, cfg.max_blocks, cfg.max_chunk)
 

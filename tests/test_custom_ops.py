@@ -299,8 +299,9 @@ class _HostPlugin:
 @pytest.fixture
 def host_plugin(host_kernels, monkeypatch):
     plugin = _HostPlugin(host_kernels)
-    monkeypatch.setattr(bias_act._plugin, 'get', lambda: plugin)
-    monkeypatch.setattr(upfirdn2d._plugin, 'get', lambda: plugin)
+    for op in (bias_act, upfirdn2d):
+        monkeypatch.setattr(op._plugin, 'get', lambda: plugin)
+        monkeypatch.setattr(op._plugin, 'module', plugin)
     return plugin
 
 

@@ -52,6 +52,7 @@ def kernel_calls(plugins, monkeypatch):
             calls[_name] += 1
             return _run(*args, **kwargs)
         monkeypatch.setattr(op, '_run_kernel', spy)
+        op._plugin.plans = {}  # decided afresh, under the switches below
     monkeypatch.setenv(custom_ops.SELF_CHECK_ENV, '0')
     monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '0')
     monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)  # float32 convolutions in float32

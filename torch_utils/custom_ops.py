@@ -49,6 +49,9 @@ kernel. bench/gpu_report.py lists the choices.
 Per call. The ops keep, in LazyPlugin.plans, how they serve each combination of
 their arguments' metadata (device, dtype, shape, strides, op settings): a call whose
 metadata was seen before costs one dictionary look-up before the kernel's launch.
+So the switches above are read when a combination is first seen; to apply a change
+to combinations seen before, replace the plugin's verdicts or choices (which drops
+its plans).
 """
 
 import contextlib
@@ -483,10 +486,29 @@ class LazyPlugin:
                                 **build_kwargs)
         self.module = None  # the loaded extension, once built
         self.failed = False  # set after a failed build, so we never retry or warn twice
+        self.plans: Dict[Hashable, Any] = {}  # the op's arguments' metadata -> how it serves them (see the ops)
         self.verdicts: Dict[Hashable, bool] = {}  # configuration -> passed its self-check (or was not checked)
         self.check_results: Dict[Hashable, dict] = {}  # configuration -> error, where, tolerance, milliseconds, cause
         self.choices: Dict[Hashable, dict] = {}  # configuration and shape -> kernel_ms, reference_ms, kernel
-        self.plans: Dict[Hashable, Any] = {}  # the op's arguments' metadata -> how it serves them (see the ops)
+
+    # The plans follow from the verdicts and choices: replacing either (to check or time afresh) drops them.
+    @property
+    def verdicts(self) -> Dict[Hashable, bool]:
+        return self._verdicts
+
+    @verdicts.setter
+    def verdicts(self, value: Dict[Hashable, bool]) -> None:
+        self._verdicts = value
+        self.plans = {}
+
+    @property
+    def choices(self) -> Dict[Hashable, dict]:
+        return self._choices
+
+    @choices.setter
+    def choices(self, value: Dict[Hashable, dict]) -> None:
+        self._choices = value
+        self.plans = {}
 
     def get(self):
         if self.module is None and not self.failed:
