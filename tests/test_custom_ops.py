@@ -27,6 +27,7 @@ import stat
 import os
 import shutil
 import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -558,6 +559,59 @@ def test_host_upfirdn2d_keeps_channels_last(host_kernels, cpu_kernel_path):
     _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
     assert plugin.calls['upfirdn2d', 0] > 0
     assert kernel[0].is_contiguous(memory_format=torch.channels_last) and not kernel[0].is_contiguous()
+
+# ----------------------------------------------------------------------------
+# Host work per call: after the first call with given metadata, the wrappers only look up their plan.
+
+_OPS_FILES = (os.path.realpath(bias_act.__file__), os.path.realpath(upfirdn2d.__file__),
+              os.path.realpath(custom_ops.__file__))
+
+
+def _project_calls(fn):
+    """Counter of (file, function) of the Python calls into ops/ and custom_ops.py while fn() runs."""
+    calls = collections.Counter()
+
+    def profile(frame, event, arg):
+        if event == 'call' and os.path.realpath(frame.f_code.co_filename) in _OPS_FILES:
+            calls[os.path.basename(frame.f_code.co_filename), frame.f_code.co_name] += 1
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+# What a call with known metadata may run of ours: the wrapper, the autograd Functions, the kernel launch.
+_PER_CALL = {('bias_act.py', name) for name in ('bias_act', '_apply_kernel', 'forward', 'backward', '_run_kernel',
+                                                '_bias_grad', '<listcomp>')} | \
+            {('upfirdn2d.py', name) for name in ('upsample2d', '_wrapper_config', '_hashable', '_upfirdn2d', 'forward',
+                                                 'backward', '_run_kernel', 'get')} | \
+            {('custom_ops.py', name) for name in ('usable', 'get')}
+
+
+@pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
+def test_repeated_calls_only_look_up_their_plan(host_kernels, cpu_kernel_path, layout):
+    """No new configuration objects, checks, Functions or timings after the first call of a configuration."""
+    plugin = cpu_kernel_path(_HostPlugin(host_kernels))
+    x = _input_in_layout(layout).requires_grad_()
+    b = torch.randn([3], dtype=torch.float64, requires_grad=True)
+    f = upfirdn2d.setup_filter([1, 2, 1])
+
+    def step():
+        y = upfirdn2d.upsample2d(bias_act.bias_act(x, b, act='swish', clamp=2.0), f)
+        torch.autograd.grad(y.square().sum(), [x, b])
+    step()  # plans, self-checks
+    state = [(len(op._plugin.plans), len(op._plugin.verdicts)) for op in (bias_act, upfirdn2d)]
+    functions = {cls for cls in torch.autograd.Function.__subclasses__()}
+    plugin.calls.clear()
+    calls = _project_calls(step)
+    assert set(calls) <= _PER_CALL, set(calls) - _PER_CALL
+    assert calls['bias_act.py', 'bias_act'] == 1 and calls['upfirdn2d.py', '_upfirdn2d'] == 1
+    assert plugin.calls['bias_act', 0] == 1 and plugin.calls['upfirdn2d', 0] == 2  # on the kernels (upfirdn2d: and adjoint)
+    assert state == [(len(op._plugin.plans), len(op._plugin.verdicts)) for op in (bias_act, upfirdn2d)]
+    assert functions == {cls for cls in torch.autograd.Function.__subclasses__()}
+
 
 # ----------------------------------------------------------------------------
 # Self-check: failures stay with their configuration.
