@@ -14,7 +14,8 @@
 // compute type; then each thread copies the window of inputs its 2 x 2 outputs
 // read into registers and sums the live taps, which sit in registers too (they
 // come by value with the launch, in the compute type), in fully unrolled
-// loops. Offsets within a plane are 32-bit; the plane's offset is computed
+// loops, and writes each row's two outputs with one store where they are
+// adjacent and aligned. Offsets within a plane are 32-bit; the plane's offset is computed
 // once per block. The generic kernel, one thread per output with run-time
 // factors and sizes, serves every other configuration. Both sum the live taps
 // in the same order, row by row, so they give the same results.
@@ -25,6 +26,7 @@
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <string.h>
 #include "upfirdn2d.h"
 
 template <class T> struct AccType { typedef float type; };
@@ -150,6 +152,32 @@ __host__ __device__ __forceinline__ void tile_stage(const TileArgs<typename AccT
     }
 }
 
+// An integer type of N bytes, for stores of a thread's adjacent outputs in one instruction.
+template <int N> struct Bits;
+template <> struct Bits<4> { typedef unsigned int type; };
+template <> struct Bits<8> { typedef uint2 type; };
+template <> struct Bits<16> { typedef uint4 type; };
+
+// The first min(count, TILE_OUTPUTS) of a thread's adjacent outputs in a row, `stride` elements
+// apart: one store where they are adjacent in memory, all present and the address aligned (a warp
+// then writes one contiguous span), else one store each.
+template <class T>
+__host__ __device__ __forceinline__ void store_row(T* p, int stride, int count, const T (&row)[TILE_OUTPUTS])
+{
+    typedef typename Bits<sizeof(T) * TILE_OUTPUTS>::type Pair;
+    if (stride == 1 && count >= TILE_OUTPUTS && reinterpret_cast<unsigned long long>(p) % sizeof(Pair) == 0)
+    {
+        Pair bits;
+        memcpy(&bits, row, sizeof(bits));
+        *reinterpret_cast<Pair*>(p) = bits;
+        return;
+    }
+#pragma unroll
+    for (int ax = 0; ax < TILE_OUTPUTS; ax++)
+        if (ax < count)
+            p[ax * stride] = row[ax];
+}
+
 // Computing: thread (tx, ty) makes its TILE_OUTPUTS x TILE_OUTPUTS outputs from the staged tile.
 template <class T, int UP, int DOWN, int TAPS, int PHX, int PHY>
 __host__ __device__ __forceinline__ void tile_compute(const TileArgs<typename AccType<T>::type, TAPS>& a,
@@ -172,6 +200,8 @@ __host__ __device__ __forceinline__ void tile_compute(const TileArgs<typename Ac
     T* out = static_cast<T*>(a.out) + plane_offset(plane, a.channels, a.out_plane_stride);
 #pragma unroll
     for (int ay = 0; ay < TILE_OUTPUTS; ay++)
+    {
+        T row[TILE_OUTPUTS];
 #pragma unroll
         for (int ax = 0; ax < TILE_OUTPUTS; ax++)
         {
@@ -185,9 +215,11 @@ __host__ __device__ __forceinline__ void tile_compute(const TileArgs<typename Ac
                     if (uy % UP == 0 && ux % UP == 0)
                         acc += a.taps[ky][kx] * win[uy / UP][ux / UP];
                 }
-            if (ox + ax < a.out_w && oy + ay < a.out_h)
-                out[(oy + ay) * a.out_stride_y + (ox + ax) * a.out_stride_x] = T(acc);
+            row[ax] = T(acc);
         }
+        if (oy + ay < a.out_h)
+            store_row(out + (oy + ay) * a.out_stride_y + ox * a.out_stride_x, a.out_stride_x, a.out_w - ox, row);
+    }
 }
 
 template <class T, int UP, int DOWN, int TAPS, int PHX, int PHY>
