@@ -1027,6 +1027,13 @@ def test_chooser_picks_the_faster_path_per_shape(fake_clock, kernel_ms, referenc
     assert timings == ['kernel', 'reference'] * 2 and len(upfirdn2d._plugin.choices) == 2
 
 
+def test_time_call_times_back_to_back_calls_per_call():
+    """Off a GPU: one warm-up call, then rounds of back-to-back calls; the result is per call, not per round."""
+    calls = []
+    ms = custom_ops.time_call(lambda: calls.append(1), torch.device('cpu'), calls=7, rounds=3)
+    assert len(calls) == 1 + 3 * 7 and ms >= 0
+
+
 def test_chooser_covers_bias_act(fake_clock):
     plugin, times, timings = fake_clock
     times.update(kernel=3.0, reference=1.0)

@@ -567,7 +567,7 @@ class LazyPlugin:
         """Whether the kernel is at least as fast as the reference for `key` (a configuration and a shape).
 
         The first time a key appears, kernel(x) and reference(x) each run forward and
-        backward on a copy of x (one warm-up, then the median of five, by self.timer) and
+        backward on a copy of x (device time per call, by self.timer: see time_call) and
         the faster one serves the key for the rest of the process. GNGAN_OPS_AUTOTUNE=0:
         always the kernel, untimed.
         """
