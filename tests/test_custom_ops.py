@@ -613,6 +613,21 @@ def test_repeated_calls_only_look_up_their_plan(host_kernels, cpu_kernel_path, l
     assert functions == {cls for cls in torch.autograd.Function.__subclasses__()}
 
 
+def test_replacing_verdicts_or_choices_plans_afresh(host_kernels, cpu_kernel_path):
+    """The plans follow from the self-check's verdicts and the chooser's choices: replacing them re-decides."""
+    cpu_kernel_path(_HostPlugin(host_kernels))
+    x = _input_in_layout('contiguous')
+    bias_act.bias_act(x, None, act='tanh')
+    assert len(bias_act._plugin.plans) == 1 and len(bias_act._plugin.check_results) == 1
+    bias_act._plugin.check_results.clear()
+    bias_act._plugin.verdicts = {}
+    assert bias_act._plugin.plans == {}
+    bias_act.bias_act(x, None, act='tanh')
+    assert len(bias_act._plugin.check_results) == 1  # checked again
+    bias_act._plugin.choices = {}
+    assert bias_act._plugin.plans == {}
+
+
 # ----------------------------------------------------------------------------
 # Self-check: failures stay with their configuration.
 

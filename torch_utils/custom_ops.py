@@ -465,6 +465,21 @@ def _describe(config: Hashable) -> str:
     return ', '.join(str(part).replace('torch.', '') for part in config) if isinstance(config, tuple) else str(config)
 
 
+class _DropsPlans:
+    """A LazyPlugin attribute from which its plans follow (verdicts, choices): replacing it, to check or time
+    afresh, drops the plans."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = '_' + name
+
+    def __get__(self, plugin: Optional['LazyPlugin'], owner: Optional[type] = None) -> Any:
+        return self if plugin is None else getattr(plugin, self.slot)
+
+    def __set__(self, plugin: 'LazyPlugin', value: Dict[Hashable, Any]) -> None:
+        setattr(plugin, self.slot, value)
+        plugin.plans = {}
+
+
 class LazyPlugin:
     """A plugin that an op builds on first use, checks, times, and otherwise replaces by its reference.
 
@@ -477,6 +492,8 @@ class LazyPlugin:
     """
 
     device_type = 'cuda'  # tensors on other devices always take the reference path
+    verdicts = _DropsPlans()
+    choices = _DropsPlans()
     timer = staticmethod(time_call)  # (fn, device) -> milliseconds; the tests install a fake clock
 
     def __init__(self, op_name: str, module_name: str, sources: Sequence[str], headers: Sequence[str],
@@ -490,25 +507,6 @@ class LazyPlugin:
         self.verdicts: Dict[Hashable, bool] = {}  # configuration -> passed its self-check (or was not checked)
         self.check_results: Dict[Hashable, dict] = {}  # configuration -> error, where, tolerance, milliseconds, cause
         self.choices: Dict[Hashable, dict] = {}  # configuration and shape -> kernel_ms, reference_ms, kernel
-
-    # The plans follow from the verdicts and choices: replacing either (to check or time afresh) drops them.
-    @property
-    def verdicts(self) -> Dict[Hashable, bool]:
-        return self._verdicts
-
-    @verdicts.setter
-    def verdicts(self, value: Dict[Hashable, bool]) -> None:
-        self._verdicts = value
-        self.plans = {}
-
-    @property
-    def choices(self) -> Dict[Hashable, dict]:
-        return self._choices
-
-    @choices.setter
-    def choices(self, value: Dict[Hashable, dict]) -> None:
-        self._choices = value
-        self.plans = {}
 
     def get(self):
         if self.module is None and not self.failed:
