@@ -69,7 +69,7 @@ def bias_act(x: torch.Tensor, b: Optional[torch.Tensor] = None, dim: int = 1, ac
         key = (x.device, x.dtype, x.shape, x.stride(), None if b is None else b.shape, dim, act, alpha, gain, clamp)
         call = _plugin.plans.get(key)
         if call is None:
-            call = _plugin.plans[key] = _plan_cuda_call(x, b, _check_dim(x, b, dim), *params)
+            call = _plugin.plans[key] = _plan_cuda_call(x, b, _check_dim(x, b, dim), act, *params)
         cfg, dim, order, inverse = call
         if cfg is not None:
             return _apply_kernel(x, b, cfg, order, inverse)
@@ -116,8 +116,8 @@ def _check_dim(x: torch.Tensor, b: Optional[torch.Tensor], dim: int) -> int:
 _Call = Tuple[Optional['_CudaConfig'], int, Optional[List[int]], Optional[List[int]]]
 
 
-def _plan_cuda_call(x: torch.Tensor, b: Optional[torch.Tensor], dim: int, spec: ActivationSpec, alpha: float,
-                    gain: float, clamp: float) -> _Call:
+def _plan_cuda_call(x: torch.Tensor, b: Optional[torch.Tensor], dim: int, act: str, spec: ActivationSpec,
+                    alpha: float, gain: float, clamp: float) -> _Call:
     """How calls with the metadata of (x, b) are served: (cfg, dim, order, inverse); cfg None: the reference.
 
     The kernel reads x in memory order: a dense x in any layout (channels_last included) is passed
@@ -132,7 +132,6 @@ def _plan_cuda_call(x: torch.Tensor, b: Optional[torch.Tensor], dim: int, spec: 
         order = None
     else:
         inverse = [order.index(i) for i in range(x.ndim)]
-    act = next(name for name, s in activation_funcs.items() if s is spec)
     cfg = _CudaConfig(dim=dim if order is None else order.index(dim), act=act, alpha=alpha, gain=gain, clamp=clamp)
     config = (x.device, x.dtype, cfg, b is not None, x.ndim)
     if _plugin.trusted(config, lambda: _self_check(*config), x.dtype) and \
