@@ -16,7 +16,12 @@ For each case it times three passes per implementation:
     double bwd   y = op(x), g = grad of sum(r * y^2) with create_graph=True, then the
                  gradient of sum(r' * g): the pattern of gradient normalization
 Each time is the median over --repeats runs after --warmup runs, measured with CUDA events
-around the whole pass. Before timing a case, the CUDA path is compared with the float64
+around the whole pass. For the forward pass the table also gives the effective memory bandwidth
+of both paths, GB/s = (bytes of the inputs read + bytes of the output written) / time: what a
+fused kernel must move at least, so the kernel's figure against the GPU's peak (H100 about 3.3,
+H200 about 4.8 TB/s) says how close it runs to the memory-bandwidth limit (issue 34's targets:
+bias_act lrelu forward on [32, 512, 64, 64] float32 at >= 3,300 GB/s; upsample2d [1,3,3,1]
+forward on [32, 256, 128, 128] float32 in <= 1.5 ms). Before timing a case, the CUDA path is compared with the float64
 reference in value and first- and second-order gradients (custom_ops.compare_to_reference,
 the comparison of the kernels' self-check, here on the benchmark's own tensors); a case whose
 error exceeds the self-check's tolerance is marked FAIL and the script exits with status 1
@@ -55,6 +60,13 @@ def _time_ms(fn: Callable[[], None], warmup: int, repeats: int) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def _forward_bytes(op: Callable, inputs: List[torch.Tensor]) -> int:
+    """Bytes a fused forward pass moves at least: every input read once, the output written once."""
+    with torch.no_grad():
+        y = op(*inputs)
+    return sum(t.numel() * t.element_size() for t in [*inputs, y])
 
 
 def _passes(op: Callable, inputs: List[torch.Tensor]) -> dict:
@@ -136,7 +148,7 @@ def main(out, dtypes, case_set, sizes, batch, warmup, repeats):
 
     results, checks = [], []
     header = (f'{"op":<22} {"shape":<18} {"dtype":<9} {"pass":<11} {"ref ms":>9} {"cuda ms":>9} {"speedup":>8} '
-              f'{"check":>14}')
+              f'{"ref GB/s":>9} {"cuda GB/s":>9} {"check":>14}')
     click.echo(f'{torch.cuda.get_device_name()}, median of {repeats} after {warmup} warmup runs')
     click.echo(header)
     click.echo('-' * len(header))
@@ -151,13 +163,19 @@ def main(out, dtypes, case_set, sizes, batch, warmup, repeats):
                                tolerance=tolerance, ok=ok))
             verdict = f'{"ok" if ok else "FAIL"} {error:.1e}'
             ref_passes, cuda_passes = _passes(make_op('ref'), inputs), _passes(make_op('cuda'), inputs)
+            forward_bytes = _forward_bytes(make_op('cuda'), inputs)
             for pass_name in ref_passes:
                 ref_ms = _time_ms(ref_passes[pass_name], warmup, repeats)
                 cuda_ms = _time_ms(cuda_passes[pass_name], warmup, repeats)
+                bandwidth = {}  # GB/s, forward pass only
+                if pass_name == 'fwd':
+                    bandwidth = dict(bytes=forward_bytes, ref_GBps=forward_bytes / ref_ms / 1e6,
+                                     cuda_GBps=forward_bytes / cuda_ms / 1e6)
                 results.append(dict(op=name, shape=shape, dtype=dtype_name, pass_name=pass_name, ref_ms=ref_ms,
-                                    cuda_ms=cuda_ms, speedup=ref_ms / cuda_ms))
+                                    cuda_ms=cuda_ms, speedup=ref_ms / cuda_ms, **bandwidth))
+                gbps = f'{bandwidth["ref_GBps"]:9.0f} {bandwidth["cuda_GBps"]:9.0f}' if bandwidth else ' ' * 19
                 click.echo(f'{name:<22} {"x".join(map(str, shape)):<18} {dtype_name:<9} {pass_name:<11} '
-                           f'{ref_ms:9.3f} {cuda_ms:9.3f} {ref_ms / cuda_ms:7.2f}x {verdict:>14}')
+                           f'{ref_ms:9.3f} {cuda_ms:9.3f} {ref_ms / cuda_ms:7.2f}x {gbps} {verdict:>14}')
                 verdict = ''
             del ref_passes, cuda_passes, inputs
             torch.cuda.empty_cache()

@@ -1,6 +1,6 @@
 // Fused bias + activation + gain + clamp: interface between bias_act.cpp (torch
-// bindings) and bias_act.cu (kernel). Kept free of torch headers so that the
-// kernel compiles with the CUDA runtime and c10's scalar types alone.
+// bindings) and bias_act.cu (kernels). Kept free of torch headers so that the
+// kernels compile with the CUDA runtime and c10's scalar types alone.
 
 #pragma once
 #include <cuda_runtime.h>
@@ -29,6 +29,9 @@ enum BiasActMode {
     BIAS_ACT_SECOND_GRAD = 2,
 };
 
+// Largest number of elements one launch covers: every index inside a launch fits 32 bits.
+#define BIAS_ACT_MAX_CHUNK (1LL << 30)
+
 struct BiasActParams {
     const void* x;      // input, contiguous, viewed as [outer, channels, inner]
     const void* b;      // bias [channels], or nullptr
@@ -43,7 +46,9 @@ struct BiasActParams {
     double gain;        // output gain
     double clamp;       // output bound; negative: no clamping
     long long max_blocks; // blocks per launch before the grid-stride loop takes over; 0: enough for any GPU
+    long long max_chunk;  // elements per launch, rounded down to a multiple of 8; 0: BIAS_ACT_MAX_CHUNK
 };
 
-// Launches the kernel for element type T (float, double, c10::Half, c10::BFloat16).
+// Launches the kernels for element type T (float, double, c10::Half, c10::BFloat16): one per
+// chunk of at most max_chunk elements.
 template <class T> cudaError_t launch_bias_act_kernel(const BiasActParams& p, cudaStream_t stream);

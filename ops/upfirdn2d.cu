@@ -1,23 +1,32 @@
 // Upsample, FIR-filter, downsample: the CUDA kernels (see upfirdn2d.h).
 //
-// One thread per output pixel, looping over image planes; inputs and outputs
-// may have any strides (a channels_last tensor is read and written in place).
 // Of the taps of f, only those that land on an original sample (not on an
 // inserted zero) contribute: upsampling by 2 with a 4x4 filter reads 4 inputs
 // per output rather than 16, and downsampling computes only the kept outputs.
+// Inputs and outputs may have any strides (a channels_last tensor is read and
+// written in place).
 //
-// Two kernels. The specialised one knows the factors and the filter size at
-// compile time (every resampling the networks do): per output pixel it works
-// out once which taps are live and where they read, with shifts instead of
-// divisions; the taps come by value with the launch parameters and sit in
-// registers; the tap loops unroll completely. The generic kernel serves every
-// other configuration with run-time factors and sizes. Both sum the live taps
-// in the same order, row by row. The per-pixel arithmetic is also compiled for
-// the host, where the tests check every specialisation against the PyTorch
-// reference without a GPU.
+// Two kernels. The specialised one (every resampling the networks do: square
+// filters of 1-4 taps, factors 1 or 2) knows the factors, the filter size and
+// the phase of the padding at compile time. A block of 32 x 8 threads makes a
+// tile of 64 x 16 outputs of one image plane: it stages the input the tile
+// reads (with its halo, zeros outside the image) in shared memory, once, in the
+// compute type; then each thread copies the window of inputs its 2 x 2 outputs
+// read into registers and sums the live taps, which sit in registers too (they
+// come by value with the launch, in the compute type), in fully unrolled
+// loops, and writes each row's two outputs with one store where they are
+// adjacent and aligned. Offsets within a plane are 32-bit; the plane's offset is computed
+// once per block. The generic kernel, one thread per output with run-time
+// factors and sizes, serves every other configuration. Both sum the live taps
+// in the same order, row by row, so they give the same results.
+//
+// The per-thread code of both is also compiled for the host, where the tests
+// run it block by block (staging, then computing, as __syncthreads orders it)
+// and check every specialisation against the PyTorch reference without a GPU.
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <string.h>
 #include "upfirdn2d.h"
 
 template <class T> struct AccType { typedef float type; };
@@ -73,43 +82,168 @@ __host__ __device__ __forceinline__ void upfirdn2d_pixel(const UpFirDn2dParams& 
     }
 }
 
-// Specialised kernel: the same for factors UP, DOWN on both axes and a TAPS x TAPS filter (p.taps).
-template <class T, int UP, int DOWN, int TAPS>
-__host__ __device__ __forceinline__ void upfirdn2d_pixel_fixed(const UpFirDn2dParams& p, int ox, int oy,
-                                                               long long plane, long long plane_step)
+// Specialised kernel. Per axis, with output tile origin o0 (a multiple of 2), the block reads the
+// inputs from i0 = (o0 * DOWN - pad0 + PH) / UP on, where PH = pad0 mod UP (the same for every
+// tile). Output o0 + a reads, with tap k, position u = o0 * DOWN - pad0 + a * DOWN + k of the
+// zero-inserted signal, live where (a * DOWN + k - PH) is a multiple of UP, at input
+// i0 + (a * DOWN + k - PH) / UP: liveness and window index are compile-time constants.
+static const int TILE_THREADS_X = 32, TILE_THREADS_Y = 8;  // threads per block
+static const int TILE_OUTPUTS = 2;  // outputs per thread along each axis (a multiple of UP)
+
+// Inputs that OUTPUTS consecutive outputs (starting at a multiple of UP) read along one axis.
+__host__ __device__ constexpr int window(int outputs, int up, int down, int taps)
+{
+    return ((outputs - 1) * down + taps - 1) / up + 1;
+}
+
+template <class S, int TAPS> struct TileArgs
+{
+    const void* x;
+    void* out;
+    long long planes;
+    int channels;
+    long long x_plane_stride[2], out_plane_stride[2];  // (batch, channel) element strides
+    int x_stride_y, x_stride_x, out_stride_y, out_stride_x;  // within a plane: every offset fits 32 bits
+    int in_w, in_h, out_w, out_h;
+    int pad_x0, pad_y0;
+    S taps[TAPS][TAPS];  // correlation taps, gain folded in
+};
+
+// The block's tile: its first output and its first staged input.
+struct TileOrigin
+{
+    int ox0, oy0;  // first output
+    int ix0, iy0;  // first staged input
+};
+
+template <int UP, int DOWN, int PHX, int PHY>
+__host__ __device__ __forceinline__ TileOrigin tile_origin(int block_x, int block_y, int pad_x0, int pad_y0)
+{
+    TileOrigin t;
+    t.ox0 = block_x * TILE_THREADS_X * TILE_OUTPUTS;
+    t.oy0 = block_y * TILE_THREADS_Y * TILE_OUTPUTS;
+    t.ix0 = (t.ox0 * DOWN - pad_x0 + PHX) / UP;  // exact: the numerator is a multiple of UP
+    t.iy0 = (t.oy0 * DOWN - pad_y0 + PHY) / UP;
+    return t;
+}
+
+template <int UP, int DOWN, int TAPS> struct TileShape
+{
+    static constexpr int in_w = window(TILE_THREADS_X * TILE_OUTPUTS, UP, DOWN, TAPS);
+    static constexpr int in_h = window(TILE_THREADS_Y * TILE_OUTPUTS, UP, DOWN, TAPS);
+    static constexpr int win = window(TILE_OUTPUTS, UP, DOWN, TAPS);  // per thread and axis
+};
+
+// Staging: thread `thread` (of the block's 256) copies its share of the plane's input tile into tile[][].
+template <class T, int UP, int DOWN, int TAPS, int PHX, int PHY>
+__host__ __device__ __forceinline__ void tile_stage(const TileArgs<typename AccType<T>::type, TAPS>& a,
+                                                    int block_x, int block_y, long long plane, int thread,
+                                                    typename AccType<T>::type* tile)
 {
     typedef typename AccType<T>::type S;
-    // Tap k is live where position u = o * DOWN - pad + k of the zero-inserted signal is a
-    // multiple of UP inside the image; it reads input sample u / UP (a shift for UP = 2).
-    bool live_x[TAPS], live_y[TAPS];
-    long long offset_x[TAPS], offset_y[TAPS];
-    S f[TAPS][TAPS];
-#pragma unroll
-    for (int k = 0; k < TAPS; k++)
+    typedef TileShape<UP, DOWN, TAPS> Shape;
+    const TileOrigin t = tile_origin<UP, DOWN, PHX, PHY>(block_x, block_y, a.pad_x0, a.pad_y0);
+    const T* x = static_cast<const T*>(a.x) + plane_offset(plane, a.channels, a.x_plane_stride);
+    for (int e = thread; e < Shape::in_w * Shape::in_h; e += TILE_THREADS_X * TILE_THREADS_Y)
     {
-        const int ux = ox * DOWN - p.pad_x0 + k, uy = oy * DOWN - p.pad_y0 + k;
-        live_x[k] = ux >= 0 && ux < p.in_w * UP && ux % UP == 0;
-        live_y[k] = uy >= 0 && uy < p.in_h * UP && uy % UP == 0;
-        offset_x[k] = live_x[k] ? (long long)(ux / UP) * p.x_stride[3] : 0;
-        offset_y[k] = live_y[k] ? (long long)(uy / UP) * p.x_stride[2] : 0;
-#pragma unroll
-        for (int j = 0; j < TAPS; j++)
-            f[k][j] = S(p.taps[k * TAPS + j]);
+        const int iy = t.iy0 + e / Shape::in_w, ix = t.ix0 + e % Shape::in_w;
+        const bool inside = ix >= 0 && ix < a.in_w && iy >= 0 && iy < a.in_h;
+        tile[e] = inside ? S(x[iy * a.x_stride_y + ix * a.x_stride_x]) : S(0);
     }
+}
 
-    const long long out_pixel = oy * p.out_stride[2] + ox * p.out_stride[3];
-    for (; plane < p.planes; plane += plane_step)
+// An integer type of N bytes, for stores of a thread's adjacent outputs in one instruction.
+template <int N> struct Bits;
+template <> struct Bits<4> { typedef unsigned int type; };
+template <> struct Bits<8> { typedef uint2 type; };
+template <> struct Bits<16> { typedef uint4 type; };
+
+// The first min(count, TILE_OUTPUTS) of a thread's adjacent outputs in a row, `stride` elements
+// apart: one store where they are adjacent in memory, all present and the address aligned (a warp
+// then writes one contiguous span), else one store each.
+template <class T>
+__host__ __device__ __forceinline__ void store_row(T* p, int stride, int count, const T (&row)[TILE_OUTPUTS])
+{
+    typedef typename Bits<sizeof(T) * TILE_OUTPUTS>::type Pair;
+    if (stride == 1 && count >= TILE_OUTPUTS && reinterpret_cast<unsigned long long>(p) % sizeof(Pair) == 0)
     {
-        const T* x = static_cast<const T*>(p.x) + plane_offset(plane, p.channels, p.x_stride);
-        S acc = S(0);
-#pragma unroll
-        for (int ky = 0; ky < TAPS; ky++)
-#pragma unroll
-            for (int kx = 0; kx < TAPS; kx++)
-                if (live_y[ky] && live_x[kx])
-                    acc += f[ky][kx] * S(x[offset_y[ky] + offset_x[kx]]);
-        static_cast<T*>(p.out)[plane_offset(plane, p.channels, p.out_stride) + out_pixel] = T(acc);
+        Pair bits;
+        memcpy(&bits, row, sizeof(bits));
+        *reinterpret_cast<Pair*>(p) = bits;
+        return;
     }
+#pragma unroll
+    for (int ax = 0; ax < TILE_OUTPUTS; ax++)
+        if (ax < count)
+            p[ax * stride] = row[ax];
+}
+
+// Computing: thread (tx, ty) makes its TILE_OUTPUTS x TILE_OUTPUTS outputs from the staged tile.
+template <class T, int UP, int DOWN, int TAPS, int PHX, int PHY>
+__host__ __device__ __forceinline__ void tile_compute(const TileArgs<typename AccType<T>::type, TAPS>& a,
+                                                      int block_x, int block_y, long long plane, int tx, int ty,
+                                                      const typename AccType<T>::type* tile)
+{
+    typedef typename AccType<T>::type S;
+    typedef TileShape<UP, DOWN, TAPS> Shape;
+    const TileOrigin t = tile_origin<UP, DOWN, PHX, PHY>(block_x, block_y, a.pad_x0, a.pad_y0);
+    const int ox = t.ox0 + tx * TILE_OUTPUTS, oy = t.oy0 + ty * TILE_OUTPUTS;
+    if (ox >= a.out_w || oy >= a.out_h)
+        return;
+    S win[Shape::win][Shape::win];
+    const S* corner = tile + (ty * TILE_OUTPUTS * DOWN / UP) * Shape::in_w + tx * TILE_OUTPUTS * DOWN / UP;
+#pragma unroll
+    for (int j = 0; j < Shape::win; j++)
+#pragma unroll
+        for (int i = 0; i < Shape::win; i++)
+            win[j][i] = corner[j * Shape::in_w + i];
+    T* out = static_cast<T*>(a.out) + plane_offset(plane, a.channels, a.out_plane_stride);
+#pragma unroll
+    for (int ay = 0; ay < TILE_OUTPUTS; ay++)
+    {
+        T row[TILE_OUTPUTS];
+#pragma unroll
+        for (int ax = 0; ax < TILE_OUTPUTS; ax++)
+        {
+            S acc = S(0);
+#pragma unroll
+            for (int ky = 0; ky < TAPS; ky++)
+#pragma unroll
+                for (int kx = 0; kx < TAPS; kx++)
+                {
+                    const int uy = ay * DOWN + ky - PHY, ux = ax * DOWN + kx - PHX;  // >= 1 - UP
+                    if (uy % UP == 0 && ux % UP == 0)
+                        acc += a.taps[ky][kx] * win[uy / UP][ux / UP];
+                }
+            row[ax] = T(acc);
+        }
+        if (oy + ay < a.out_h)
+            store_row(out + (oy + ay) * a.out_stride_y + ox * a.out_stride_x, a.out_stride_x, a.out_w - ox, row);
+    }
+}
+
+template <class T, int UP, int DOWN, int TAPS, int PHX, int PHY>
+__global__ void __launch_bounds__(TILE_THREADS_X * TILE_THREADS_Y)
+upfirdn2d_tile_kernel(TileArgs<typename AccType<T>::type, TAPS> a)
+{
+    typedef typename AccType<T>::type S;
+    typedef TileShape<UP, DOWN, TAPS> Shape;
+    __shared__ S tile[Shape::in_w * Shape::in_h];
+    const int thread = threadIdx.y * TILE_THREADS_X + threadIdx.x;
+    for (long long plane = blockIdx.z; plane < a.planes; plane += gridDim.z)
+    {
+        __syncthreads();  // the previous plane's tile has been read
+        tile_stage<T, UP, DOWN, TAPS, PHX, PHY>(a, blockIdx.x, blockIdx.y, plane, thread, tile);
+        __syncthreads();
+        tile_compute<T, UP, DOWN, TAPS, PHX, PHY>(a, blockIdx.x, blockIdx.y, plane, threadIdx.x, threadIdx.y, tile);
+    }
+}
+
+// Whether every offset within one plane of a tensor [., ., h, w] with these strides fits 32 bits.
+static bool plane_fits_32_bits(int h, int w, const long long* stride)
+{
+    const long long sy = stride[2] < 0 ? -stride[2] : stride[2], sx = stride[3] < 0 ? -stride[3] : stride[3];
+    return (h - 1) * sy + (w - 1) * sx < (1LL << 31);
 }
 
 int upfirdn2d_fixed_taps(const UpFirDn2dParams& p)
@@ -118,21 +252,74 @@ int upfirdn2d_fixed_taps(const UpFirDn2dParams& p)
     const bool isotropic = p.up_x == p.up_y && p.down_x == p.down_y;
     const bool factors = (p.up_x == 1 && p.down_x == 1) || (p.up_x == 2 && p.down_x == 1) ||
                          (p.up_x == 1 && p.down_x == 2);
-    return square && isotropic && factors ? p.filter_w : 0;
+    const bool fits = plane_fits_32_bits(p.in_h, p.in_w, p.x_stride) &&
+                      plane_fits_32_bits(p.out_h, p.out_w, p.out_stride);
+    return square && isotropic && factors && fits ? p.filter_w : 0;
 }
 
-// Calls visitor.template run<UP, DOWN, TAPS>() for the specialisation serving p; false if none does.
-template <class Visitor> bool visit_fixed(const UpFirDn2dParams& p, Visitor& visitor)
+// The grid of both kernels: x and y over the output (in tiles for the specialised kernel), z over planes.
+static dim3 upfirdn2d_grid(const UpFirDn2dParams& p, int outputs_per_thread)
+{
+    const int tile_w = TILE_THREADS_X * outputs_per_thread, tile_h = TILE_THREADS_Y * outputs_per_thread;
+    const long long max_grid_z = p.max_grid_z > 0 ? p.max_grid_z : 65535;  // beyond it, the kernels loop over planes
+    return dim3((p.out_w + tile_w - 1) / tile_w, (p.out_h + tile_h - 1) / tile_h,
+                unsigned(p.planes < max_grid_z ? p.planes : max_grid_z));
+}
+
+template <class T, int UP, int DOWN, int TAPS, class Runner>
+void plan_tile(const UpFirDn2dParams& p, Runner& runner)
+{
+    typedef typename AccType<T>::type S;
+    TileArgs<S, TAPS> a;
+    a.x = p.x;
+    a.out = p.out;
+    a.planes = p.planes;
+    a.channels = p.channels;
+    for (int i = 0; i < 2; i++)
+    {
+        a.x_plane_stride[i] = p.x_stride[i];
+        a.out_plane_stride[i] = p.out_stride[i];
+    }
+    a.x_stride_y = int(p.x_stride[2]);
+    a.x_stride_x = int(p.x_stride[3]);
+    a.out_stride_y = int(p.out_stride[2]);
+    a.out_stride_x = int(p.out_stride[3]);
+    a.in_w = p.in_w;
+    a.in_h = p.in_h;
+    a.out_w = p.out_w;
+    a.out_h = p.out_h;
+    a.pad_x0 = p.pad_x0;
+    a.pad_y0 = p.pad_y0;
+    for (int ky = 0; ky < TAPS; ky++)
+        for (int kx = 0; kx < TAPS; kx++)
+            a.taps[ky][kx] = S(p.taps[ky * TAPS + kx]);
+    const dim3 grid = upfirdn2d_grid(p, TILE_OUTPUTS);
+    const int phx = floor_mod(p.pad_x0, UP), phy = floor_mod(p.pad_y0, UP);
+    if constexpr (UP == 1)
+        runner.template tile<T, UP, DOWN, TAPS, 0, 0>(a, grid);
+    else if (phx == 0 && phy == 0)
+        runner.template tile<T, UP, DOWN, TAPS, 0, 0>(a, grid);
+    else if (phx == 1 && phy == 0)
+        runner.template tile<T, UP, DOWN, TAPS, 1, 0>(a, grid);
+    else if (phx == 0 && phy == 1)
+        runner.template tile<T, UP, DOWN, TAPS, 0, 1>(a, grid);
+    else
+        runner.template tile<T, UP, DOWN, TAPS, 1, 1>(a, grid);
+}
+
+// The launch for p: runner.template tile<T, UP, DOWN, TAPS, PHX, PHY>(args, grid) for the
+// specialisation serving p, else runner.template generic<T>(p, grid).
+template <class T, class Runner> void plan_upfirdn2d(const UpFirDn2dParams& p, Runner& runner)
 {
     const int taps = upfirdn2d_fixed_taps(p);
 #define UPFIRDN2D_CASE(UP, DOWN, TAPS) \
-    if (p.up_x == UP && p.down_x == DOWN && taps == TAPS) { visitor.template run<UP, DOWN, TAPS>(); return true; }
+    if (p.up_x == UP && p.down_x == DOWN && taps == TAPS) { plan_tile<T, UP, DOWN, TAPS>(p, runner); return; }
 #define UPFIRDN2D_CASES(UP, DOWN) \
     UPFIRDN2D_CASE(UP, DOWN, 1) UPFIRDN2D_CASE(UP, DOWN, 2) UPFIRDN2D_CASE(UP, DOWN, 3) UPFIRDN2D_CASE(UP, DOWN, 4)
     UPFIRDN2D_CASES(1, 1) UPFIRDN2D_CASES(2, 1) UPFIRDN2D_CASES(1, 2)
 #undef UPFIRDN2D_CASES
 #undef UPFIRDN2D_CASE
-    return false;
+    runner.template generic<T>(p, upfirdn2d_grid(p, 1));
 }
 
 template <class T>
@@ -144,34 +331,26 @@ __global__ void upfirdn2d_kernel(UpFirDn2dParams p)
         upfirdn2d_pixel<T>(p, ox, oy, blockIdx.z, gridDim.z);
 }
 
-template <class T, int UP, int DOWN, int TAPS>
-__global__ void upfirdn2d_fixed_kernel(UpFirDn2dParams p)
+struct Launcher
 {
-    const int ox = blockIdx.x * blockDim.x + threadIdx.x;
-    const int oy = blockIdx.y * blockDim.y + threadIdx.y;
-    if (ox < p.out_w && oy < p.out_h)
-        upfirdn2d_pixel_fixed<T, UP, DOWN, TAPS>(p, ox, oy, blockIdx.z, gridDim.z);
-}
-
-template <class T> struct FixedLauncher
-{
-    const UpFirDn2dParams& p;
-    dim3 grid, block;
     cudaStream_t stream;
-    template <int UP, int DOWN, int TAPS> void run() { upfirdn2d_fixed_kernel<T, UP, DOWN, TAPS><<<grid, block, 0, stream>>>(p); }
+    template <class T, int UP, int DOWN, int TAPS, int PHX, int PHY>
+    void tile(const TileArgs<typename AccType<T>::type, TAPS>& a, dim3 grid)
+    {
+        upfirdn2d_tile_kernel<T, UP, DOWN, TAPS, PHX, PHY><<<grid, dim3(TILE_THREADS_X, TILE_THREADS_Y), 0, stream>>>(a);
+    }
+    template <class T> void generic(const UpFirDn2dParams& p, dim3 grid)
+    {
+        upfirdn2d_kernel<T><<<grid, dim3(TILE_THREADS_X, TILE_THREADS_Y), 0, stream>>>(p);
+    }
 };
 
 template <class T> cudaError_t launch_upfirdn2d_kernel(const UpFirDn2dParams& p, cudaStream_t stream)
 {
     if (p.planes == 0 || p.out_w <= 0 || p.out_h <= 0)
         return cudaSuccess;
-    const dim3 block(32, 8);
-    const long long max_grid_z = p.max_grid_z > 0 ? p.max_grid_z : 65535;  // beyond it, the kernels loop over planes
-    const dim3 grid((p.out_w + block.x - 1) / block.x, (p.out_h + block.y - 1) / block.y,
-                    unsigned(p.planes < max_grid_z ? p.planes : max_grid_z));
-    FixedLauncher<T> launcher = {p, grid, block, stream};
-    if (!visit_fixed(p, launcher))
-        upfirdn2d_kernel<T><<<grid, block, 0, stream>>>(p);
+    Launcher launcher = {stream};
+    plan_upfirdn2d<T>(p, launcher);
     return cudaGetLastError();
 }
 

@@ -11,7 +11,7 @@
 // also outside the image). f is a correlation filter with the gain folded in, so
 // flipping and scaling are done by the caller.
 
-// Largest filter (taps per axis) that the specialised kernels keep in registers.
+// Largest filter (taps per axis) that the specialised kernels take by value.
 #define UPFIRDN2D_MAX_FIXED_TAPS 4
 
 struct UpFirDn2dParams {
@@ -28,13 +28,15 @@ struct UpFirDn2dParams {
     int filter_w, filter_h;
     long long x_stride[4];    // element strides of x in (batch, channel, y, x)
     long long out_stride[4];  // element strides of out, the same order
-    double taps[UPFIRDN2D_MAX_FIXED_TAPS * UPFIRDN2D_MAX_FIXED_TAPS];  // f again, by value, for the specialised kernels
+    double taps[UPFIRDN2D_MAX_FIXED_TAPS * UPFIRDN2D_MAX_FIXED_TAPS];  // f again, for the specialised kernels (which
+                                                                      // receive them in the compute type)
     int max_grid_z;    // planes per launch before the kernels loop over planes; 0: CUDA's limit (65535)
 };
 
 // The compile-time specialisations: square filters of 1-4 taps with equal factors along both
-// axes, (up, down) = (1, 1), (2, 1) or (1, 2), which covers every resampling the networks do.
-// Returns the filter size of the specialisation serving p, or 0 when the generic kernel does.
+// axes, (up, down) = (1, 1), (2, 1) or (1, 2), which covers every resampling the networks do,
+// where every offset inside one image plane of x and of out fits 32 bits. Returns the filter size
+// of the specialisation serving p, or 0 when the generic kernel does.
 int upfirdn2d_fixed_taps(const UpFirDn2dParams& p);
 
 // Launches the specialised kernel when there is one for p, the generic kernel otherwise, for

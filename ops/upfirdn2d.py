@@ -19,7 +19,7 @@ import collections
 import dataclasses
 import functools
 import os
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -105,33 +105,73 @@ def upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 1, down:
     True = correlation. gain: overall scale of the output. impl: 'cuda' or 'ref' (see bias_act).
     The output has the memory format of x (channels_last in, channels_last out).
     """
+    key = ('upfirdn2d', _hashable(up), _hashable(down), _hashable(padding), flip_filter, gain, impl)
+    cfg = _configs.get(key)
+    if cfg is None:
+        _check_impl(impl)
+        cfg = _configs[key] = _Config(up=_parse_scaling(up), down=_parse_scaling(down),
+                                      padding=_parse_padding(padding), flip_filter=bool(flip_filter), gain=float(gain))
+    return _upfirdn2d(x, f, cfg, impl)
+
+
+_configs: Dict[tuple, '_Config'] = {}  # the arguments of upfirdn2d() and the wrappers below, as passed -> _Config
+_identity_filters: Dict[torch.device, torch.Tensor] = {}  # f=None on each device
+
+
+def _hashable(value: Union[int, Sequence[int]]) -> Union[int, Tuple[int, ...]]:
+    return value if isinstance(value, int) else tuple(value)
+
+
+def _check_impl(impl: str) -> None:
     if impl not in ('cuda', 'ref'):
         raise ValueError(f'upfirdn2d: impl must be "cuda" or "ref", got {impl!r}')
-    if x.ndim != 4:
-        raise ValueError(f'upfirdn2d: expected x of shape [N, C, H, W], got {list(x.shape)}')
+
+
+def _upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], cfg: '_Config', impl: str) -> torch.Tensor:
+    """upfirdn2d with its settings parsed: one dictionary look-up when the arguments' metadata was seen before."""
     if f is None:
-        f = torch.ones([1, 1], dtype=torch.float32, device=x.device)
-    if f.ndim not in (1, 2) or f.numel() == 0 or not f.is_floating_point():
-        raise ValueError(f'upfirdn2d: expected a non-empty 1-D or 2-D float filter, got shape {list(f.shape)}')
+        f = _identity_filters.get(x.device)
+        if f is None:
+            f = _identity_filters[x.device] = torch.ones([1, 1], dtype=torch.float32, device=x.device)
     if f.requires_grad:
         raise ValueError('upfirdn2d: the filter must not require gradients')
-    cfg = _Config(up=_parse_scaling(up), down=_parse_scaling(down), padding=_parse_padding(padding),
-                  flip_filter=bool(flip_filter), gain=float(gain))
+    kernel_path = impl == 'cuda' and _plugin.usable(x.device)
+    key = (x.device, x.dtype, x.shape, x.stride(), f.shape, f.dtype, cfg, kernel_path)
+    plan = _plugin.plans.get(key)
+    if plan is None:
+        plan = _plugin.plans[key] = _plan_call(x, f, cfg, kernel_path)
+    if plan is _KERNEL:
+        return _UpFirDn2d.apply(x, f, cfg, _run_kernel)
+    if plan is _REFERENCE_ON_DEVICE and torch.is_autocast_enabled(x.device.type):
+        with torch.autocast(x.device.type, enabled=False):  # the result's dtype does not depend on the choice
+            return _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref)
+    return _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref)
+
+
+_KERNEL, _REFERENCE, _REFERENCE_ON_DEVICE = 'kernel', 'reference', 'reference on the device'  # the plans
+
+
+def _plan_call(x: torch.Tensor, f: torch.Tensor, cfg: '_Config', kernel_path: bool) -> str:
+    """How calls with the metadata of (x, f) are served (_KERNEL, _REFERENCE, or _REFERENCE_ON_DEVICE: with autocast
+    off): checks the arguments, and on the kernel path runs the self-check and the chooser."""
+    if x.ndim != 4:
+        raise ValueError(f'upfirdn2d: expected x of shape [N, C, H, W], got {list(x.shape)}')
+    if f.ndim not in (1, 2) or f.numel() == 0 or not f.is_floating_point():
+        raise ValueError(f'upfirdn2d: expected a non-empty 1-D or 2-D float filter, got shape {list(f.shape)}')
     out_w, out_h = cfg.output_size(x.shape[3], x.shape[2], *_get_filter_size(f))
     if out_w < 1 or out_h < 1:
         raise ValueError(f'upfirdn2d: input {list(x.shape)} with filter {list(f.shape)}, up {cfg.up}, '
                          f'down {cfg.down}, padding {cfg.padding} leaves an empty output')
-    if impl == 'cuda' and _plugin.usable(x.device):
-        # The kernels read and write any strides: a channels_last x gets a channels_last result, without copies.
-        channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        config = (x.device, x.dtype, cfg, tuple(f.shape), channels_last)
-        if _plugin.trusted(config, lambda: _self_check(*config, f.detach().to(x.device)), x.dtype) and \
-                _plugin.faster((config, tuple(x.shape)), lambda x: _UpFirDn2d.apply(x, f, cfg, _run_kernel),
-                               lambda x: _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref), x):
-            return _UpFirDn2d.apply(x, f, cfg, _run_kernel)
-        with torch.autocast(x.device.type, enabled=False):  # the result's dtype does not depend on the choice
-            return _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref)
-    return _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref)
+    if not kernel_path:
+        return _REFERENCE
+    # The kernels read and write any strides: a channels_last x gets a channels_last result, without copies.
+    channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    config = (x.device, x.dtype, cfg, tuple(f.shape), channels_last)
+    if _plugin.trusted(config, lambda: _self_check(*config, f.detach().to(x.device)), x.dtype) and \
+            _plugin.faster((config, tuple(x.shape)), lambda x: _UpFirDn2d.apply(x, f, cfg, _run_kernel),
+                           lambda x: _UpFirDn2d.apply(x, f, cfg, _upfirdn2d_ref), x):
+        return _KERNEL
+    return _REFERENCE_ON_DEVICE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +287,7 @@ def _run_kernel(x: torch.Tensor, f: torch.Tensor, cfg: _Config, max_grid_z: int 
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     flip = not cfg.flip_filter
     (upx, upy), (downx, downy), (px0, px1, py0, py1) = cfg.up, cfg.down, cfg.padding
-    plugin = _plugin.get()
+    plugin = _plugin.module  # loaded: the kernel path is taken only where _plugin.usable()
     if f.ndim == 2:
         taps, host = _taps.get(f, flip, cfg.gain, tuple(f.shape), dtype)
         return plugin.upfirdn2d(x, taps, host, upx, upy, downx, downy, px0, px1, py0, py1, max_grid_z)
@@ -255,6 +295,12 @@ def _run_kernel(x: torch.Tensor, f: torch.Tensor, cfg: _Config, max_grid_z: int 
     x = plugin.upfirdn2d(x, taps, host, upx, 1, downx, 1, px0, px1, 0, 0, max_grid_z)
     taps, host = _taps.get(f, flip, 1.0, (f.shape[0], 1), dtype)
     return plugin.upfirdn2d(x, taps, host, 1, upy, 1, downy, 0, 0, py0, py1, max_grid_z)
+
+
+@functools.lru_cache(maxsize=4096)
+def _adjoint(cfg: _Config, sizes: Tuple[int, ...]) -> _Config:
+    """cfg.adjoint(*sizes), made once per configuration and size."""
+    return cfg.adjoint(*sizes)
 
 
 class _UpFirDn2d(torch.autograd.Function):
@@ -268,7 +314,7 @@ class _UpFirDn2d(torch.autograd.Function):
         ctx.save_for_backward(f)
         ctx.cfg = cfg
         ctx.run = run
-        ctx.sizes = (x.shape[3], x.shape[2], y.shape[3], y.shape[2], *_get_filter_size(f))
+        ctx.sizes = (x.shape[3], x.shape[2], y.shape[3], y.shape[2], f.shape[-1], f.shape[0])  # f: [w] or [h, w]
         return y
 
     @staticmethod
@@ -276,7 +322,7 @@ class _UpFirDn2d(torch.autograd.Function):
         f, = ctx.saved_tensors
         dx = None
         if ctx.needs_input_grad[0]:
-            dx = _UpFirDn2d.apply(dy, f, ctx.cfg.adjoint(*ctx.sizes), ctx.run)
+            dx = _UpFirDn2d.apply(dy, f, _adjoint(ctx.cfg, ctx.sizes), ctx.run)
         return dx, None, None, None
 
 
@@ -284,14 +330,15 @@ def _self_check(device: torch.device, dtype: torch.dtype, cfg: _Config, filter_s
                 channels_last: bool, f: torch.Tensor) -> Tuple[float, str]:
     """The kernel against the reference for one configuration, filter and layout (see custom_ops).
 
-    The output spans 3 x 3 thread blocks of 32 x 8 pixels and 6 image planes; a second launch
-    allows 4 planes per grid, so the kernel's loop over the remaining planes runs too.
+    The output spans 3 x 3 tiles of the specialised kernel (64 x 16 pixels; 5 x 5 blocks of 32 x 8
+    threads of the generic one) and 6 image planes; a second launch allows 4 planes per grid, so the
+    kernels' loop over the remaining planes runs too.
     """
     f_w, f_h = _get_filter_size(f)
     in_w, in_h = 1, 1
-    while cfg.output_size(in_w, in_h, f_w, f_h)[0] < 70:
+    while cfg.output_size(in_w, in_h, f_w, f_h)[0] < 130:
         in_w += 1
-    while cfg.output_size(in_w, in_h, f_w, f_h)[1] < 20:
+    while cfg.output_size(in_w, in_h, f_w, f_h)[1] < 34:
         in_h += 1
     generator = torch.Generator(device=device).manual_seed(0)
     x = torch.randn([2, 3, in_h, in_w], generator=generator, device=device, dtype=torch.float64).to(dtype)
@@ -306,13 +353,37 @@ def _self_check(device: torch.device, dtype: torch.dtype, cfg: _Config, filter_s
 # ----------------------------------------------------------------------------
 # Convenience wrappers with the padding that keeps the image centered.
 
+def _wrapper_config(kind: str, scaling: IntPair, padding: Padding, f: Optional[torch.Tensor], flip_filter: bool,
+                    gain: float, impl: str) -> _Config:
+    """The _Config of filter2d / upsample2d / downsample2d: the padding that keeps the image centered."""
+    key = (kind, _hashable(scaling), _hashable(padding), None if f is None else f.shape, flip_filter, gain, impl)
+    cfg = _configs.get(key)
+    if cfg is None:
+        _check_impl(impl)
+        sx, sy = _parse_scaling(scaling)
+        px0, px1, py0, py1 = _parse_padding(padding)
+        fw, fh = _get_filter_size(f)
+        if kind == 'filter':
+            padding = [px0 + fw // 2, px1 + (fw - 1) // 2, py0 + fh // 2, py1 + (fh - 1) // 2]
+            cfg = _Config(up=(1, 1), down=(1, 1), padding=tuple(padding), flip_filter=bool(flip_filter),
+                          gain=float(gain))
+        elif kind == 'up':
+            # The zero insertion keeps 1 sample in up**2, so the gain is raised by up**2.
+            padding = [px0 + (fw + sx - 1) // 2, px1 + (fw - sx) // 2, py0 + (fh + sy - 1) // 2, py1 + (fh - sy) // 2]
+            cfg = _Config(up=(sx, sy), down=(1, 1), padding=tuple(padding), flip_filter=bool(flip_filter),
+                          gain=float(gain * sx * sy))
+        else:
+            padding = [px0 + (fw - sx + 1) // 2, px1 + (fw - sx) // 2, py0 + (fh - sy + 1) // 2, py1 + (fh - sy) // 2]
+            cfg = _Config(up=(1, 1), down=(sx, sy), padding=tuple(padding), flip_filter=bool(flip_filter),
+                          gain=float(gain))
+        cfg = _configs[key] = cfg
+    return cfg
+
+
 def filter2d(x: torch.Tensor, f: Optional[torch.Tensor], padding: Padding = 0, flip_filter: bool = False,
              gain: float = 1, impl: str = 'cuda') -> torch.Tensor:
     """FIR-filter x, keeping its size (plus the extra padding given)."""
-    px0, px1, py0, py1 = _parse_padding(padding)
-    fw, fh = _get_filter_size(f)
-    padding = [px0 + fw // 2, px1 + (fw - 1) // 2, py0 + fh // 2, py1 + (fh - 1) // 2]
-    return upfirdn2d(x, f, padding=padding, flip_filter=flip_filter, gain=gain, impl=impl)
+    return _upfirdn2d(x, f, _wrapper_config('filter', 1, padding, f, flip_filter, gain, impl), impl)
 
 
 def upsample2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 2, padding: Padding = 0,
@@ -322,19 +393,10 @@ def upsample2d(x: torch.Tensor, f: Optional[torch.Tensor], up: IntPair = 2, padd
     The zero insertion keeps 1 sample in up**2, so the gain is raised by up**2
     to preserve the mean value of the image.
     """
-    upx, upy = _parse_scaling(up)
-    px0, px1, py0, py1 = _parse_padding(padding)
-    fw, fh = _get_filter_size(f)
-    padding = [px0 + (fw + upx - 1) // 2, px1 + (fw - upx) // 2, py0 + (fh + upy - 1) // 2, py1 + (fh - upy) // 2]
-    return upfirdn2d(x, f, up=up, padding=padding, flip_filter=flip_filter, gain=gain * upx * upy, impl=impl)
+    return _upfirdn2d(x, f, _wrapper_config('up', up, padding, f, flip_filter, gain, impl), impl)
 
 
 def downsample2d(x: torch.Tensor, f: Optional[torch.Tensor], down: IntPair = 2, padding: Padding = 0,
                  flip_filter: bool = False, gain: float = 1, impl: str = 'cuda') -> torch.Tensor:
     """Anti-alias x with filter f and downsample by `down`: output size = input size / down."""
-    downx, downy = _parse_scaling(down)
-    px0, px1, py0, py1 = _parse_padding(padding)
-    fw, fh = _get_filter_size(f)
-    padding = [px0 + (fw - downx + 1) // 2, px1 + (fw - downx) // 2, py0 + (fh - downy + 1) // 2,
-               py1 + (fh - downy) // 2]
-    return upfirdn2d(x, f, down=down, padding=padding, flip_filter=flip_filter, gain=gain, impl=impl)
+    return _upfirdn2d(x, f, _wrapper_config('down', down, padding, f, flip_filter, gain, impl), impl)

@@ -52,6 +52,7 @@ def kernel_calls(plugins, monkeypatch):
             calls[_name] += 1
             return _run(*args, **kwargs)
         monkeypatch.setattr(op, '_run_kernel', spy)
+        op._plugin.plans = {}  # decided afresh, under the switches below
     monkeypatch.setenv(custom_ops.SELF_CHECK_ENV, '0')
     monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '0')
     monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)  # float32 convolutions in float32
@@ -177,14 +178,18 @@ def test_bias_act(kernel_calls, act, dtype):
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize('layout', ['channels_last', 'sliced'])
+@pytest.mark.parametrize('layout', ['channels_last', 'sliced', 'misaligned'])
 @pytest.mark.parametrize('act', list(bias_act.activation_funcs))
 def test_bias_act_channels_last_and_sliced(kernel_calls, act, layout, dtype):
+    """Layouts other than contiguous NCHW; misaligned: contiguous, one element past an aligned address (the
+    scalar kernels)."""
     torch.manual_seed(0)
     big = (torch.randn([4, 20, 9, 12], device='cuda') * 2).to(dtype)
     x = big[:, 2:18, :, 1:10]  # sliced: strided in channels and width
     if layout == 'channels_last':
         x = x.contiguous(memory_format=torch.channels_last)
+    if layout == 'misaligned':
+        x = torch.empty([x.numel() + 1], device='cuda', dtype=dtype)[1:].view(x.shape).copy_(x)
     x.requires_grad_()
     b = _leaf(torch.randn([16], device='cuda'), dtype)
     with reference_ops():
@@ -194,13 +199,14 @@ def test_bias_act_channels_last_and_sliced(kernel_calls, act, layout, dtype):
     _assert_matches_float64(actual, expected, dtype)
     assert kernel_calls['bias_act'] >= 2
     assert actual[0].is_contiguous(memory_format=torch.channels_last) == (layout == 'channels_last')
-    assert actual[0].is_contiguous() == (layout == 'sliced')
+    assert actual[0].is_contiguous() == (layout != 'channels_last')
 
 
-@pytest.mark.parametrize('numel', [3 * 2 ** 30, 2 ** 32 + 2 ** 20], ids=['32-bit-index', '64-bit-index'])
+@pytest.mark.parametrize('numel', [3 * 2 ** 30, 2 ** 32 + 2 ** 20], ids=['launches-inside-runs', 'runs-beyond-a-launch'])
 def test_bias_act_beyond_2_to_the_31_elements(kernel_calls, numel):
-    """float16 tensors with flat indices past 2^31: 3 * 2^30 elements stay on the kernel's unsigned 32-bit
-    index path, 2^32 + 2^20 take the 64-bit one. Checked on slices at the start, middle and end of each channel."""
+    """float16 tensors with flat indices past 2^31, which the kernels cover in launches of 2^30 elements with
+    32-bit indices: with 3 * 2^30 elements, launches start inside a channel's run; with 2^32 + 2^20, each run
+    (2^30 + 2^18) is longer than a launch. Checked on slices at the start, middle and end of each channel."""
     channels = 4
     inner = numel // channels
     needed = 4 * numel * 2 + 2 ** 30  # x, y, dy, dx in float16, plus room for the comparison slices

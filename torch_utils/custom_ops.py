@@ -38,10 +38,20 @@ implementation from then on; other configurations keep the kernel.
 GNGAN_OPS_SELFCHECK=0 switches the check off (for benchmarking).
 
 Choice. LazyPlugin.faster() times a trusted kernel against the reference, forward
-and backward, the first time each configuration and shape appears (CUDA events,
-median of five after a warm-up) and lets the faster one serve it for the rest of
-the process, so a kernel never makes training slower. GNGAN_OPS_AUTOTUNE=0 always
-uses the kernel. bench/gpu_report.py lists the choices.
+and backward, the first time each configuration and shape appears, and lets the
+faster one serve it for the rest of the process, so a kernel never makes training
+slower. time_call() times the device's work: 20 back-to-back calls queued behind a
+spin kernel, so that CUDA events around them see the kernels and not the host's
+Python (which, below a few MB, would otherwise decide, and equally for both paths);
+median of three rounds after a warm-up. GNGAN_OPS_AUTOTUNE=0 always uses the
+kernel. bench/gpu_report.py lists the choices.
+
+Per call. The ops keep, in LazyPlugin.plans, how they serve each combination of
+their arguments' metadata (device, dtype, shape, strides, op settings): a call whose
+metadata was seen before costs one dictionary look-up before the kernel's launch.
+So the switches above are read when a combination is first seen; to apply a change
+to combinations seen before, replace the plugin's verdicts or choices (which drops
+its plans).
 """
 
 import contextlib
@@ -393,28 +403,81 @@ def worst_of(results: Sequence[Tuple[float, str]]) -> Tuple[float, str]:
     return max(results, key=lambda result: float('inf') if result[0] != result[0] else result[0])
 
 
-def time_call(fn: Callable[[], Any], device: torch.device, repeats: int = 5) -> float:
-    """Median milliseconds of fn() on `device` after one warm-up call: CUDA events on a GPU, else the wall clock."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == 'cuda':
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+_spin_cycles_per_ms: Dict[torch.device, float] = {}  # GPU -> clock cycles of torch.cuda._sleep per millisecond
+
+
+def _spin_rate(device: torch.device) -> float:
+    """Cycles per millisecond of the spin kernel torch.cuda._sleep on `device`, measured once."""
+    if device not in _spin_cycles_per_ms:
+        cycles = 10 ** 7
+        torch.cuda._sleep(cycles // 10)  # pylint: disable=protected-access  # warm-up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)  # pylint: disable=protected-access
+        end.record()
+        end.synchronize()
+        _spin_cycles_per_ms[device] = cycles / max(start.elapsed_time(end), 1e-3)
+    return _spin_cycles_per_ms[device]
+
+
+def time_call(fn: Callable[[], Any], device: torch.device, calls: int = 20, rounds: int = 3) -> float:
+    """Milliseconds of device work per fn() call: the median of `rounds` of `calls` back-to-back calls, after a warm-up.
+
+    On a GPU, the host first measures how long it takes to queue `calls` calls; then a spin kernel
+    (torch.cuda._sleep) holds the stream for twice that plus a millisecond while the host queues
+    them again behind it, and CUDA events around the queued calls time the device alone. Without
+    the spin, on small tensors the events would time the host's Python and launch overhead, the
+    same for both paths whatever their kernels do. On other devices: the wall clock.
+    """
+    if device.type != 'cuda':
+        fn()
+        times = []
+        for _ in range(rounds):
+            start_s = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - start_s) * 1e3 / calls)
+        return sorted(times)[len(times) // 2]
+    with torch.cuda.device(device):
+        for _ in range(3):
             fn()
+        torch.cuda.synchronize(device)
+        start_s = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host_ms = (time.perf_counter() - start_s) * 1e3
+        torch.cuda.synchronize(device)
+        times = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(int((2 * host_ms + 1) * _spin_rate(device)))  # pylint: disable=protected-access
+            start.record()
+            for _ in range(calls):
+                fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start_s = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start_s) * 1e3)
+            times.append(start.elapsed_time(end) / calls)
     return sorted(times)[len(times) // 2]
 
 
 def _describe(config: Hashable) -> str:
     """A configuration tuple as one readable line (dataclasses and dtypes print themselves)."""
     return ', '.join(str(part).replace('torch.', '') for part in config) if isinstance(config, tuple) else str(config)
+
+
+class _DropsPlans:
+    """A LazyPlugin attribute from which its plans follow (verdicts, choices): replacing it, to check or time
+    afresh, drops the plans."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = '_' + name
+
+    def __get__(self, plugin: Optional['LazyPlugin'], owner: Optional[type] = None) -> Any:
+        return self if plugin is None else getattr(plugin, self.slot)
+
+    def __set__(self, plugin: 'LazyPlugin', value: Dict[Hashable, Any]) -> None:
+        setattr(plugin, self.slot, value)
+        plugin.plans = {}
 
 
 class LazyPlugin:
@@ -429,6 +492,8 @@ class LazyPlugin:
     """
 
     device_type = 'cuda'  # tensors on other devices always take the reference path
+    verdicts = _DropsPlans()
+    choices = _DropsPlans()
     timer = staticmethod(time_call)  # (fn, device) -> milliseconds; the tests install a fake clock
 
     def __init__(self, op_name: str, module_name: str, sources: Sequence[str], headers: Sequence[str],
@@ -438,6 +503,7 @@ class LazyPlugin:
                                 **build_kwargs)
         self.module = None  # the loaded extension, once built
         self.failed = False  # set after a failed build, so we never retry or warn twice
+        self.plans: Dict[Hashable, Any] = {}  # the op's arguments' metadata -> how it serves them (see the ops)
         self.verdicts: Dict[Hashable, bool] = {}  # configuration -> passed its self-check (or was not checked)
         self.check_results: Dict[Hashable, dict] = {}  # configuration -> error, where, tolerance, milliseconds, cause
         self.choices: Dict[Hashable, dict] = {}  # configuration and shape -> kernel_ms, reference_ms, kernel
@@ -499,7 +565,7 @@ class LazyPlugin:
         """Whether the kernel is at least as fast as the reference for `key` (a configuration and a shape).
 
         The first time a key appears, kernel(x) and reference(x) each run forward and
-        backward on a copy of x (one warm-up, then the median of five, by self.timer) and
+        backward on a copy of x (device time per call, by self.timer: see time_call) and
         the faster one serves the key for the rest of the process. GNGAN_OPS_AUTOTUNE=0:
         always the kernel, untimed.
         """
