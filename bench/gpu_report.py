@@ -310,7 +310,8 @@ def markdown(report: dict) -> str:
     lines += ['', '### Ops (bench/ops.py)', '', _step_status(report['bench_ops'])]
     data = (report['bench_ops'] or {}).get('data')
     if data:
-        lines += [''] + _table(data['results'], ['op', 'shape', 'dtype', 'pass_name', 'ref_ms', 'cuda_ms', 'speedup'])
+        lines += [''] + _table(data['results'], ['op', 'shape', 'dtype', 'pass_name', 'ref_ms', 'cuda_ms', 'speedup', 'ref_GBps',
+                                                 'cuda_GBps'])
         bad = [c for c in data['checks'] if not c['ok']]
         lines += ['', f'CUDA against the float64 reference before timing: {len(data["checks"]) - len(bad)} of '
                       f'{len(data["checks"])} cases within tolerance.']

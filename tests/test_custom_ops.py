@@ -42,7 +42,7 @@ OPS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CUDA_SOURCES = sorted(glob.glob(os.path.join(OPS_DIR, '*.cu')))
 NVCC = shutil.which('nvcc')
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason='nvcc is not on the PATH')
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+needs_gpu = pytest.mark.gpu  # Skipped without a GPU (tests/conftest.py).
 TORCH_INCLUDES = [f'-I{path}' for path in torch.utils.cpp_extension.include_paths()]
 
 
