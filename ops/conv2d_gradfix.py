@@ -13,6 +13,16 @@ and the weight gradient's own backward, for an incoming g shaped like w, is
     d/d(dy) <g, A_w^T(dy; x)> = A(x, g),   d/dx = A_x^T(dy; g),
 again convolutions. So derivatives of every order stay within these ops.
 
+These Functions cost Python per call and per backward (a Function object, a
+config, nested `apply` calls), which on a GPU is what a small network's step is
+bound by, and they are only needed where a second derivative is taken. So
+`conv2d` and `conv_transpose2d` run torch.nn.functional's convolutions unless
+called inside `with higher_order_gradients():`, which the loss opens around the
+passes that it differentiates twice (GN's D step, the exact GN G step,
+gradient penalties); ops/relu_pool_gradfix.py follows the same switch. Which
+op a call records is decided at the forward pass: a backward run later,
+outside the context, goes through whatever the forward recorded.
+
 Inside `with no_weight_gradients():` backward passes skip dw entirely, which
 saves a convolution per layer when only input gradients are wanted (the
 gradient penalty's grad of D w.r.t. images).
@@ -20,19 +30,34 @@ gradient penalty's grad of D w.r.t. images).
 
 import contextlib
 import dataclasses
-from typing import Optional, Tuple, Union
+from typing import Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-enabled = True  # False: always use torch.nn.functional's convolutions
+enabled = True  # False: torch.nn.functional's convolutions even inside higher_order_gradients()
+higher_order_active = False  # set by higher_order_gradients()
 weight_gradients_disabled = False  # set by no_weight_gradients()
 
 IntPair = Union[int, Tuple[int, int]]
 
 
 @contextlib.contextmanager
-def no_weight_gradients(disable: bool = True):
+def higher_order_gradients(enable: bool = True) -> Iterator[None]:
+    """Within this context (when `enable`), the convolutions here and the activations and pooling of
+    ops/relu_pool_gradfix record the autograd Functions whose derivatives of every order are cheap; outside,
+    PyTorch's own ops (the same values)."""
+    global higher_order_active  # pylint: disable=global-statement
+    previous = higher_order_active
+    higher_order_active = previous or enable
+    try:
+        yield
+    finally:
+        higher_order_active = previous
+
+
+@contextlib.contextmanager
+def no_weight_gradients(disable: bool = True) -> Iterator[None]:
     """Within this context, backward passes through these convolutions skip weight gradients."""
     global weight_gradients_disabled  # pylint: disable=global-statement
     previous = weight_gradients_disabled
@@ -46,8 +71,8 @@ def no_weight_gradients(disable: bool = True):
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride: IntPair = 1,
            padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1) -> torch.Tensor:
-    """Drop-in for torch.nn.functional.conv2d (integer padding only on the custom path)."""
-    if not _use_custom_op(padding):
+    """torch.nn.functional.conv2d; inside higher_order_gradients() (integer padding) the custom autograd op."""
+    if not (higher_order_active and enabled) or isinstance(padding, str):
         return F.conv2d(input, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
     cfg = _ConvConfig(transpose=False, stride=_pair(stride), padding=_pair(padding), output_padding=(0, 0),
                       dilation=_pair(dilation), groups=groups)
@@ -57,17 +82,13 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                      stride: IntPair = 1, padding: IntPair = 0, output_padding: IntPair = 0, groups: int = 1,
                      dilation: IntPair = 1) -> torch.Tensor:
-    """Drop-in for torch.nn.functional.conv_transpose2d."""
-    if not _use_custom_op(padding):
+    """torch.nn.functional.conv_transpose2d; inside higher_order_gradients() the custom autograd op."""
+    if not (higher_order_active and enabled):
         return F.conv_transpose2d(input, weight, bias, stride=stride, padding=padding, output_padding=output_padding,
                                   groups=groups, dilation=dilation)
     cfg = _ConvConfig(transpose=True, stride=_pair(stride), padding=_pair(padding),
                       output_padding=_pair(output_padding), dilation=_pair(dilation), groups=groups)
     return _Conv2d.apply(input, weight, bias, cfg)
-
-
-def _use_custom_op(padding) -> bool:
-    return enabled and not isinstance(padding, str)  # 'same'/'valid' padding: leave it to PyTorch
 
 
 def _pair(value: IntPair) -> Tuple[int, int]:

@@ -16,6 +16,10 @@ Here the backward of an activation is the linear map dy -> m(y) * dy with the ma
 2x2 average pooling is P(x) = avg_pool2d(x, 2); its adjoint is P^T(g) = upsample_nearest(g / 4), and
 the adjoint of P^T is P again, so derivatives of any order alternate between the two, in the
 layout of their input. Values and gradients equal torch's (the mask and the 1/4 are exact).
+
+These autograd Functions are recorded only inside `ops.conv2d_gradfix.higher_order_gradients()`, the
+passes that are differentiated twice; elsewhere `relu`, `leaky_relu` and `avg_pool2x2` are PyTorch's
+own ops (no Python per backward), with the same values and first derivatives.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ops import conv2d_gradfix
+
 #----------------------------------------------------------------------------
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
     """torch.nn.functional.relu(x)."""
+    if not conv2d_gradfix.higher_order_active:
+        return torch.relu(x)
     return _Activation.apply(x, 0.0)
 
 
@@ -35,6 +43,8 @@ def leaky_relu(x: torch.Tensor, negative_slope: float) -> torch.Tensor:
     """torch.nn.functional.leaky_relu(x, negative_slope), for 0 < negative_slope < 1."""
     if not 0 < negative_slope < 1:
         raise ValueError(f'leaky_relu: negative_slope must lie in (0, 1), got {negative_slope}')
+    if not conv2d_gradfix.higher_order_active:
+        return F.leaky_relu(x, negative_slope)
     return _Activation.apply(x, float(negative_slope))
 
 
@@ -42,6 +52,8 @@ def avg_pool2x2(x: torch.Tensor) -> torch.Tensor:
     """torch.nn.functional.avg_pool2d(x, 2) for an [N, C, H, W] input with even H and W."""
     if x.ndim != 4 or x.shape[2] % 2 or x.shape[3] % 2:
         raise ValueError(f'avg_pool2x2: expected [N, C, H, W] with even H and W, got {list(x.shape)}')
+    if not conv2d_gradfix.higher_order_active:
+        return F.avg_pool2d(x, 2)
     return _AvgPool2x2.apply(x)
 
 #----------------------------------------------------------------------------

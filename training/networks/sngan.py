@@ -17,7 +17,9 @@ convolutions, average pooling, linear layers; spectral normalization only rescal
 which is what the fast generator path of gradient normalization relies on; and none of them
 mixes samples (no batch norm or minibatch statistics in D), so the loss may run reals and fakes
 through one call. The discriminators' convolutions, ReLUs and pooling go through ops/conv2d_gradfix
-and ops/relu_pool_gradfix: the same values, with double backwards that GN's D step runs cheaply.
+and ops/relu_pool_gradfix: PyTorch's own ops, except inside the loss's
+`conv2d_gradfix.higher_order_gradients()` (GN's D step, gradient penalties), where they record autograd
+Functions with the same values whose double backwards are cheap.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from torch_utils import misc, persistence
 
 
 class Conv2d(nn.Conv2d):
-    """nn.Conv2d whose convolution goes through ops/conv2d_gradfix: the same layer and values, but its
-    double backward (every GN discriminator step runs one) is written as plain convolutions, which
-    PyTorch's generic convolution double backward is not (measured faster on the CPU, bench/train_speed.py)."""
+    """nn.Conv2d whose convolution goes through ops/conv2d_gradfix: the same layer and values; inside
+    conv2d_gradfix.higher_order_gradients() its double backward (every GN discriminator step runs one) is
+    written as plain convolutions, which PyTorch's generic convolution double backward is not (measured
+    faster on the CPU, bench/train_speed.py)."""
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if torch.is_autocast_enabled(input.device.type):  # The custom autograd op does not cast: leave bf16/fp16 to torch.
