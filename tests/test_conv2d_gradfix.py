@@ -94,8 +94,9 @@ def test_no_weight_gradients():
 
 def test_input_gradient_alone_skips_weight_gradient(monkeypatch):
     calls = []
-    original = conv2d_gradfix._Conv2dWeightGrad.apply
-    monkeypatch.setattr(conv2d_gradfix._Conv2dWeightGrad, 'apply', lambda *args: calls.append(1) or original(*args))
+    original = conv2d_gradfix._Conv2dWeightGrad.forward
+    monkeypatch.setattr(conv2d_gradfix._Conv2dWeightGrad, 'forward',
+                        staticmethod(lambda *args: calls.append(1) or original(*args)))
     x, w = _double([1, 2, 5, 5], 0), _double([3, 2, 3, 3], 1)
     scaled_w = w * 0.5  # a computed weight, as with equalized learning rate or spectral norm
     torch.autograd.grad(conv2d_gradfix.conv2d(x, scaled_w, padding=1).sum(), x)

@@ -98,7 +98,8 @@ class NetworkUpdater:
         ones = torch.ones([], device=self.first_bad_step.device)
         gain = self.scaler.scale(ones) / rounds if self.scaler.is_enabled() else 1 / rounds
         for r in range(rounds):
-            round_batch = [x if x is None else split_round(x, r, rounds, self.group_size) for x in batch]
+            round_batch = batch if rounds == 1 else [x if x is None else split_round(x, r, rounds, self.group_size)
+                                                     for x in batch]
             loss.accumulate_gradients(self.net, *round_batch, gain=gain)
         for p in self.params:
             p.requires_grad_(False)
