@@ -55,7 +55,7 @@ import torch  # noqa: E402
 import dnnlib  # noqa: E402
 import legacy  # noqa: E402
 from metrics import frechet_inception_distance, metric_main, metric_utils  # noqa: E402
-from torch_utils import persistence  # noqa: E402
+from torch_utils import devices, persistence  # noqa: E402
 
 # Problems of the user's making (no detector, missing, mismatched or unreadable data): one line, exit code 1.
 _USER_ERRORS = (metric_utils.DetectorUnavailableError, ValueError, OSError)
@@ -128,16 +128,13 @@ def _run(rank: int, args: dnnlib.EasyDict, device: torch.device) -> None:
 
 def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
     """Evaluate every metric, or write the statistics, in one process of the group; rank 0 reports."""
+    device = devices.process_device(args.device, rank)
     if args.num_gpus > 1:
-        backend = 'nccl' if args.use_cuda else 'gloo'
-        torch.distributed.init_process_group(backend=backend, init_method=f'tcp://127.0.0.1:{args.port}',
-                                             rank=rank, world_size=args.num_gpus)
-        if not args.use_cuda and args.threads is None:  # Share the CPU cores between the processes.
+        torch.distributed.init_process_group(backend=devices.process_group_backend(device),
+                                             init_method=f'tcp://127.0.0.1:{args.port}', rank=rank, world_size=args.num_gpus)
+        if device.type == 'cpu' and args.threads is None:  # Share the CPU cores between the processes.
             args.threads = max(1, (os.cpu_count() or 1) // args.num_gpus)
     set_threads(args.threads)
-    device = torch.device('cuda', rank) if args.use_cuda else torch.device('cpu')
-    if args.use_cuda:
-        torch.cuda.set_device(device)
     try:
         _run(rank, args, device)
     except _USER_ERRORS as e:
@@ -189,8 +186,10 @@ def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
 @click.option('--ref-stats', help='FID reference statistics (.npz of mu and sigma) replacing the real images of every FID metric', metavar='NPZ', callback=dnnlib.util.expand_user)
 @click.option('--mirror', help='Add x-flipped copies of the real images (not the paper protocol)', type=bool,
               is_flag=False, flag_value=True, default=False, metavar='BOOL', show_default=True)
-@click.option('--gpus', 'num_gpus', help='Number of processes (GPUs, or CPU processes without CUDA)', type=click.IntRange(min=1),
+@click.option('--gpus', 'num_gpus', help='Number of processes (one per GPU; gloo on a CPU)', type=click.IntRange(min=1),
               default=1, show_default=True, metavar='INT')
+@click.option('--device', help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]; with --gpus=N, '
+              'cuda (CUDA_VISIBLE_DEVICES picks the GPUs) or cpu', metavar='DEVICE')
 @click.option('--detector', 'detector_url', help='Inception-v3 detector (TorchScript) of FID, IS and KID: path or URL '
               '[default: the official one]', metavar='PATH', callback=dnnlib.util.expand_user)
 @click.option('--pr-detector', 'pr_detector_url', help='VGG16 detector (TorchScript) of precision/recall: path or URL '
@@ -202,7 +201,7 @@ def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
 @click.option('--num-gen', help='Override the number of generated images (tests only)', type=click.IntRange(min=1), hidden=True)
 @click.option('--max-real', help='Override the number of real images (tests only)', type=click.IntRange(min=1), hidden=True)
 def main(network_pkl: str | None, cfg: str | None, images: str | None, write_stats: str | None, metrics: str,
-         data: str | None, ref_data: str | None, ref_stats: str | None, mirror: bool, num_gpus: int,
+         data: str | None, ref_data: str | None, ref_stats: str | None, mirror: bool, num_gpus: int, device: str | None,
          detector_url: str | None, pr_detector_url: str | None, num_workers: int | None, threads: int | None, verbose: bool,
          num_gen: int | None, max_real: int | None) -> None:
     if sum(x is not None for x in (network_pkl, images, write_stats)) != 1:
@@ -224,9 +223,14 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
             raise click.ClickException(f'--ref-stats: {e}')
     if write_stats is not None and data is None:
         raise click.ClickException('--write-stats writes the statistics of --data: give the dataset')
-    use_cuda = torch.cuda.is_available()
-    if use_cuda and num_gpus > torch.cuda.device_count():
-        raise click.ClickException(f'--gpus={num_gpus}, but only {torch.cuda.device_count()} GPUs are visible')
+    try:
+        device = devices.parse_device(device)
+    except ValueError as e:
+        raise click.ClickException(f'--device: {e}')
+    try:
+        devices.check_process_count(device, num_gpus)
+    except ValueError as e:
+        raise click.ClickException(str(e))
 
     G, dataset_kwargs = None, dnnlib.EasyDict()
     if network_pkl is not None:
@@ -250,7 +254,7 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
     args = dnnlib.EasyDict(G=G, network_pkl=network_pkl, metrics=metric_names, dataset_kwargs=dataset_kwargs,
                            ref_dataset_kwargs=_dataset_kwargs(ref_data) if ref_data is not None else None,
                            images_kwargs=_dataset_kwargs(images) if images is not None else None, ref_stats=ref_stats,
-                           write_stats=write_stats, mirror=mirror, num_gpus=num_gpus, use_cuda=use_cuda,
+                           write_stats=write_stats, mirror=mirror, num_gpus=num_gpus, device=device,
                            detector_url=detector_url, pr_detector_url=pr_detector_url, num_workers=num_workers,
                            threads=threads, verbose=verbose, num_gen=num_gen, max_real=max_real,
                            run_dir=os.path.dirname(os.path.abspath(network_pkl)) if network_pkl and os.path.isfile(network_pkl) else None)

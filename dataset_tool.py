@@ -40,7 +40,8 @@ import PIL.Image  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dnnlib  # noqa: E402
-from training.dataset import DatasetError, image_channels  # noqa: E402
+from torch_utils import bounded_read  # noqa: E402
+from training.dataset import DatasetError, image_channels, max_labels_size  # noqa: E402
 
 CIFAR10_SIZE = 32     # CIFAR-10 images are 32x32 RGB, stored as rows of 3*32*32 bytes (channel, row, column).
 STL10_SIZE = 96       # STL-10 images are 96x96 RGB, stored per channel in column-major order.
@@ -96,7 +97,7 @@ def parse_labels(data: bytes, name: str) -> Optional[dict[str, int]]:
     expected = 'expected {"labels": [["file name", class index], ...]} or {"labels": null}'
     try:
         labels = json.loads(data)['labels']
-    except (ValueError, KeyError, TypeError) as err:
+    except (ValueError, KeyError, TypeError, RecursionError) as err:  # RecursionError: nested too deeply.
         raise click.ClickException(f'{name}: {expected}') from err
     if labels is None:
         return None
@@ -115,17 +116,24 @@ def image_extensions() -> set[str]:
     PIL.Image.init()
     return set(PIL.Image.EXTENSION)
 
-def open_image_collection(fnames: list[str], read: Callable[[str], bytes], describe: Callable[[str], str], max_images: Optional[int]) -> Source:
-    """Images of a folder or zip, given their relative names (sorted, '/'-separated) and a reader.
+def open_image_collection(fnames: list[str], read: Callable[[str], bytes], size: Callable[[str], int], describe: Callable[[str], str],
+                          max_images: Optional[int]) -> Source:
+    """Images of a folder or zip, given their relative names (sorted, '/'-separated), a reader and the size of each file.
 
-    A dataset.json at the top level supplies labels; it must then label every image used.
+    A dataset.json at the top level supplies labels; it must then label every image used. It is read
+    only when no larger than labels of the images can be (training.dataset.max_labels_size).
     """
     extensions = image_extensions()
     image_fnames = sorted(fname for fname in fnames if posixpath.splitext(fname)[1].lower() in extensions)
     if not image_fnames:
         raise click.ClickException(f'no images found in {describe("")}')
+    labels = None
+    if 'dataset.json' in fnames:
+        if size('dataset.json') > max_labels_size(image_fnames):
+            raise click.ClickException(f'{describe("dataset.json")} is {size("dataset.json"):,} bytes; labels of its '
+                                       f'{len(image_fnames)} images take at most {max_labels_size(image_fnames):,}')
+        labels = parse_labels(read('dataset.json'), describe('dataset.json'))
     image_fnames = image_fnames[:limit(len(image_fnames), max_images)]
-    labels = parse_labels(read('dataset.json'), describe('dataset.json')) if 'dataset.json' in fnames else None
     if labels is not None:
         unlabeled = [fname for fname in image_fnames if fname not in labels]
         if unlabeled:
@@ -149,21 +157,29 @@ def open_image_folder(root: str, max_images: Optional[int]) -> Source:
                 return f.read()
         except OSError as err:
             raise click.ClickException(f'cannot read {os.path.join(root, fname)}: {err.strerror}') from err
-    return open_image_collection(fnames, read, lambda fname: os.path.join(root, fname), max_images)
+    return open_image_collection(fnames, read, lambda fname: os.path.getsize(os.path.join(root, *fname.split('/'))),
+                                 lambda fname: os.path.join(root, fname), max_images)
 
 def open_image_zip(path: str, max_images: Optional[int]) -> Source:
+    """Images of a zip archive, read within torch_utils/bounded_read.py's bound: an entry is decompressed only
+    when it expands to at most the archive's size + ENTRY_ALLOWANCE."""
     try:
-        archive = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as err:
+        archive = bounded_read.ZipArchive(path)
+    except bounded_read.RefusedFileError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:
         raise click.ClickException(f'cannot open zip archive {path}: {err}') from err
 
     def read(fname: str) -> bytes:
         try:
             return archive.read(fname)
-        except (OSError, zipfile.BadZipFile, zlib.error, EOFError) as err:
+        except bounded_read.RefusedFileError as err:
+            raise click.ClickException(str(err)) from err
+        except OSError as err:
             raise click.ClickException(f'cannot read {fname} in {path}: {err}') from err
-    fnames = [info.filename for info in archive.infolist() if not info.is_dir()]
-    return open_image_collection(fnames, read, lambda fname: f'{path}:{fname}' if fname else path, max_images)
+    fnames = [info.filename for info in archive.entries.values() if not info.is_dir()]
+    return open_image_collection(fnames, read, lambda fname: archive.entries[fname].file_size,
+                                 lambda fname: f'{path}:{fname}' if fname else path, max_images)
 
 #----------------------------------------------------------------------------
 # CIFAR-10 (cifar-10-python.tar.gz).

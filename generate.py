@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
 import legacy  # noqa: E402
-from torch_utils import misc, persistence  # noqa: E402
+from torch_utils import devices, misc, persistence  # noqa: E402
 
 MAX_SEED = 2 ** 32 - 1            # np.random.RandomState takes seeds in [0, 2^32).
 V1_TRUNCATION_CUTOFF = 8          # StyleGAN v1 truncates the first 8 style layers (resolutions 4 to 32).
@@ -82,18 +82,10 @@ def _parse_seeds(text: str, option: str) -> list[int]:
 
 def _device(name: str | None) -> torch.device:
     """The --device to generate on, refused in one line if torch cannot use it."""
-    if name is None:
-        return torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise click.ClickException(f'--device: "{name}" is not a device; use cpu, cuda or cuda:N') from None
-    if device.type not in ('cpu', 'cuda'):
-        raise click.ClickException(f'--device: use cpu, cuda or cuda:N, not {name}')
-    if device.type == 'cuda' and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        raise click.ClickException(f'--device={name}: torch sees {torch.cuda.device_count()} CUDA GPU(s)'
-                                   f'{"" if torch.cuda.is_available() else " (no CUDA here)"}')
-    return device
+        return devices.parse_device(name)
+    except ValueError as e:
+        raise click.ClickException(f'--device: {e}')
 
 
 def _labels(G: torch.nn.Module, class_idx: int | None, n: int, device: torch.device) -> torch.Tensor:

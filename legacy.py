@@ -19,7 +19,9 @@ one of our snapshots (`G` <- net_G, `G_ema` <- ema_G, `D` <- net_D) by renaming 
 Every tensor of the file must find its place and every tensor of our network must be filled, with
 the same shape; anything else is refused with a one-line error. Only tensors and plain containers are
 read (`torch.load(weights_only=True)`), plus NumPy scalars (the official code stores its best IS / FID
-as numpy.float64), rebuilt from their dtype and bytes.
+as numpy.float64), rebuilt from their dtype and bytes, and only from a file that passed
+torch_utils/bounded_read.py's archive check (the zip archive of torch >= 1.6, entries uncompressed and
+within the file), so that it is read within that module's memory bound.
 
 Usage (a converted snapshot; generate.py and calc_metrics.py also take the checkpoint directly):
 
@@ -36,7 +38,7 @@ import numpy as np
 import torch
 
 import dnnlib
-from torch_utils import persistence
+from torch_utils import bounded_read, persistence
 from training import configs
 
 #----------------------------------------------------------------------------
@@ -182,8 +184,14 @@ def convert_official_checkpoint(checkpoint: dict, cfg: str, source: str = 'check
 
 
 def _read_checkpoint(path_or_url: str) -> object:
-    """torch.load of tensors, plain containers and NumPy scalars only; anything else is refused unrun."""
+    """torch.load of tensors, plain containers and NumPy scalars only; anything else is refused unrun. The file
+    must first pass bounded_read's archive check (the zip that torch.save writes, entries stored and within
+    the file), so that it is read within its bound."""
     with dnnlib.util.open_url(path_or_url, verbose=False) as f:
+        try:
+            bounded_read.check_torch_archive(f, path_or_url)
+        except bounded_read.RefusedFileError as e:
+            raise OfficialCheckpointError(f'{e}; nothing in it was run') from None
         try:
             with warnings.catch_warnings(), torch.serialization.safe_globals(_NUMPY_SCALAR_GLOBALS):
                 warnings.simplefilter('ignore')  # torch warns about storages of old files.
@@ -210,7 +218,7 @@ def load_network(path_or_url: str, cfg: str | None = None) -> dnnlib.EasyDict:
     try:
         return persistence.load_snapshot(path_or_url)
     except persistence.UnsafeSnapshotError as e:
-        try:
+        try:  # _read_checkpoint reads only what passes the same archive check as the snapshot did.
             official = _is_official_checkpoint(_read_checkpoint(path_or_url))
         except (OfficialCheckpointError, OSError):  # Only a hint: a file it cannot read is no official checkpoint.
             official = False

@@ -34,7 +34,7 @@ import click  # noqa: E402
 import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
-from torch_utils import persistence  # noqa: E402
+from torch_utils import devices, persistence  # noqa: E402
 from training.loss import LOSSES, NORMS  # noqa: E402
 from training.precision import PRECISIONS  # noqa: E402
 
@@ -63,8 +63,9 @@ def _end_with_parent() -> None:
 
 
 def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_threads: int | None) -> None:
-    """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, with
-    `num_threads` CPU threads (None: the cores shared out between the processes on a CPU, torch's default on a GPU).
+    """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, on its share of
+    args.device (torch_utils/devices.py), with `num_threads` CPU threads (None: the cores shared out between the
+    processes on a CPU, torch's default on a GPU).
 
     A run that diverges, meets a bad image or cannot write its results ends with one line on stderr
     and a non-zero exit; its run directory keeps the log and the last finite snapshot.
@@ -74,20 +75,17 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_
     from training.reporter import TrainingDiverged
     if init_method is not None:  # Spawned by --gpus=N.
         _end_with_parent()
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', rank)))
-    elif num_threads is None and args.num_gpus > 1:
+    device = devices.process_device(torch.device(args.device), _local_rank(rank))
+    if device.type == 'cpu' and num_threads is None and args.num_gpus > 1:
         num_threads = max(1, (os.cpu_count() or 1) // args.num_gpus)
     set_threads(num_threads)
     if args.num_gpus > 1 and not torch.distributed.is_initialized():
-        _init_process_group(init_method, rank=rank, world_size=args.num_gpus)
+        _init_process_group(init_method, rank=rank, world_size=args.num_gpus, device=device)
     logger = dnnlib.util.Logger(os.path.join(args.run_dir, 'log.txt')) if rank == 0 else None
     try:
-        training_loop.training_loop(rank=rank, **args)
+        training_loop.training_loop(rank=rank, **dict(args, device=str(device)))
         if torch.distributed.is_initialized():
-            # Leave together: a process that tears gloo down while another still writes the last snapshot
-            # was seen once (CI, 2026-11-25) to abort with 'terminate called without an active exception'.
-            torch.distributed.barrier()
+            torch.distributed.barrier()  # Leave together: tearing gloo down while another process still writes can abort it.
     except (TrainingDiverged, DatasetError, OSError) as e:
         print(f'Error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
@@ -98,9 +96,14 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_
             torch.distributed.destroy_process_group()
 
 
-def _init_process_group(init_method: str, rank: int, world_size: int) -> None:
-    backend = 'nccl' if torch.cuda.is_available() else 'gloo'
-    torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+def _local_rank(rank: int) -> int:
+    """This process's index among the processes of its machine (torchrun says; --gpus=N spawns them all here)."""
+    return int(os.environ.get('LOCAL_RANK', rank))
+
+
+def _init_process_group(init_method: str, rank: int, world_size: int, device: torch.device) -> None:
+    torch.distributed.init_process_group(devices.process_group_backend(device), init_method=init_method, rank=rank,
+                                         world_size=world_size)
 
 
 def _next_run_dir(outdir: str, desc: str) -> str:
@@ -203,6 +206,8 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--cfg', help='Preset (network, loss, optimizer, schedule); see docs/configs.md  [default: quickstart; with --resume: the snapshot\'s]')
 @click.option('--data', help='Training data: zip or folder made by dataset_tool.py  [default: the embedded digits; with --resume: the snapshot\'s]', metavar='PATH', callback=dnnlib.util.expand_user)
 @click.option('--gpus', help='Number of processes (one per GPU; gloo on a CPU)', type=click.IntRange(min=1), default=1, show_default=True)
+@click.option('--device', help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]; with --gpus=N, cuda (CUDA_VISIBLE_DEVICES picks the GPUs) or cpu', metavar='DEVICE')
+@click.option('--deterministic', help='Repeatable GPU arithmetic: deterministic algorithms, no cuDNN benchmarking (a resumed GPU run then continues bit for bit; slower, docs/benchmarks.md)', is_flag=True)
 @click.option('--batch', help='Override the global discriminator batch M, all GPUs together (G keeps the preset\'s ratio, 2M for SN-GAN presets); gn-stylegan: cap on the schedule\'s global minibatch', type=click.IntRange(min=1))
 @click.option('--batch-gpu', help='Most samples one GPU processes at once; the rest of its share is gradient accumulation  [default: its whole share]', type=click.IntRange(min=1))
 @click.option('--kimg', help='Override the run length in thousands of real images shown to D', type=click.FloatRange(min=0, min_open=True))
@@ -235,11 +240,20 @@ def main(**opts):
     opts = dnnlib.EasyDict(opts)
     from training import configs
 
-    # Under torchrun this process is one worker of WORLD_SIZE; --gpus is then ignored.
+    # Under torchrun this process is one worker of WORLD_SIZE; --gpus is then ignored. The device, and whether this
+    # machine has a GPU for each of its processes, before anything starts.
     distributed_env = 'RANK' in os.environ and 'WORLD_SIZE' in os.environ
     rank = int(os.environ['RANK']) if distributed_env else 0
     if distributed_env:
         opts.gpus = int(os.environ['WORLD_SIZE'])
+    try:
+        device = devices.parse_device(opts.device)
+    except ValueError as e:
+        raise click.ClickException(f'--device: {e}')
+    try:
+        devices.check_process_count(device, int(os.environ.get('LOCAL_WORLD_SIZE', opts.gpus)))
+    except ValueError as e:
+        raise click.ClickException(str(e))
 
     # The snapshot to resume from, and the options that define the experiment: given, else the snapshot's.
     resume = None if opts.resume is None else _load_resume(opts.resume)
@@ -290,8 +304,9 @@ def main(**opts):
 
     # Everything the training loop takes.
     if opts.workers is None:
-        opts.workers = 3 if torch.cuda.is_available() else 0
-    args.update(training_set_kwargs=training_set_kwargs, random_seed=opts.seed, num_gpus=opts.gpus,
+        opts.workers = 3 if device.type == 'cuda' else 0
+    args.update(training_set_kwargs=training_set_kwargs, random_seed=opts.seed, num_gpus=opts.gpus, device=str(device),
+                deterministic=opts.deterministic,
                 num_workers=opts.workers, kimg_per_tick=opts.tick, image_snapshot_ticks=opts.snap,
                 network_snapshot_ticks=opts.snap, metrics=metrics, metric_kwargs=metric_kwargs,
                 best_metric=best_metric, experiment=dict(cfg=cfg.name, norm=cfg.loss_kwargs.norm, loss=cfg.loss_kwargs.loss,
@@ -327,9 +342,8 @@ def main(**opts):
     if distributed_env:  # Rank 0 names the run directory and tells the other workers.
         run_dir = [_next_run_dir(opts.outdir, desc) if rank == 0 else None]
         if args.num_gpus > 1:
-            if torch.cuda.is_available():
-                torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', 0)))
-            _init_process_group('env://', rank=rank, world_size=args.num_gpus)
+            _init_process_group('env://', rank=rank, world_size=args.num_gpus,
+                                device=devices.process_device(device, _local_rank(rank)))
             torch.distributed.broadcast_object_list(run_dir, src=0)
         args.run_dir = run_dir[0]
     else:

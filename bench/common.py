@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
+from torch_utils import devices  # noqa: E402
 from training import configs  # noqa: E402
 from training.precision import Precision  # noqa: E402
 from training.updater import NetworkUpdater  # noqa: E402
@@ -136,14 +137,14 @@ class TrainingStep:
     ) -> None:
         self.precision = Precision(precision)
         self.loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=precision)
-        device_type = next(D.parameters()).device.type
-        self.updaters = {'D': NetworkUpdater('D', D, D_opt, self.precision.grad_scaler(device_type), group_size=group_size),
-                         'G': NetworkUpdater('G', G, G_opt, self.precision.grad_scaler(device_type), group_size=group_size)}
+        self.device = next(D.parameters()).device
+        self.updaters = {'D': NetworkUpdater('D', D, D_opt, self.precision.grad_scaler(self.device.type), group_size=group_size),
+                         'G': NetworkUpdater('G', G, G_opt, self.precision.grad_scaler(self.device.type), group_size=group_size)}
 
     def step(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
         """One optimizer step of `net` ('D' or 'G') on [real_img, real_c, gen_z, gen_c], in this step's precision."""
-        self.precision.apply()
-        self.updaters[net].step(self.loss, batch, rounds=rounds, step=0)
+        with devices.run_switches(self.device, self.precision.allow_tf32):  # Restored after the step.
+            self.updaters[net].step(self.loss, batch, rounds=rounds, step=0)
 
 
 def random_batch(G: torch.nn.Module, n: int, resolution: int, device: torch.device) -> list[torch.Tensor]:

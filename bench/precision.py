@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import TrainingStep, build_network, parse_list, preset_options, random_batch, write_json_atomic  # noqa: E402
 from training import configs, loss as loss_lib  # noqa: E402
-from training.precision import PRECISIONS, Precision  # noqa: E402
+from torch_utils import devices  # noqa: E402
+from training.precision import PRECISIONS  # noqa: E402
 
 #----------------------------------------------------------------------------
 
@@ -56,27 +57,27 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precisi
     loss_kwargs = dict(loss_kwargs, channels_last=False)
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.0) for net in (G, D)]  # Never stepped: for the scaler.
     training = TrainingStep(G, D, *optimizers, loss_kwargs, precision=precision)
-    training.precision.apply()
-    dtype = next(D.parameters()).dtype
-    real, real_c, z_D, z_G, c_G = (t.to(dtype) for t in batch.values())
-    out = {}
-    for net, z, c in [('D', z_D, real_c), ('G', z_G, c_G)]:
-        updater = training.updaters[net]
-        while True:
-            updater.accumulate(training.loss, [real, real_c, z, c], rounds=1)
-            updater.scaler.unscale_(updater.optimizer)  # A no-op for a disabled scaler (every precision but fp16).
-            grad = torch.cat([p.grad.flatten() for name, p in updater.module.named_parameters()
-                              if p.grad is not None and NOT_COMPARED not in name]).double()
-            if torch.isfinite(grad).all() or not updater.scaler.is_enabled() or updater.scaler.get_scale() <= 1:
-                break
-            updater.scaler.update()  # Overflow recorded by unscale_: back off.
-        out[net] = grad
-        updater.optimizer.zero_grad(set_to_none=True)
-    D.requires_grad_(True)
-    f_hat, grad_norm = training.loss.scores(real, real_c)
-    out['f_hat'] = f_hat.detach().double()
-    out['norm'] = None if grad_norm is None else grad_norm.detach().double()
-    D.requires_grad_(False)
+    with devices.run_switches(training.device, training.precision.allow_tf32):  # Restored afterwards.
+        dtype = next(D.parameters()).dtype
+        real, real_c, z_D, z_G, c_G = (t.to(dtype) for t in batch.values())
+        out = {}
+        for net, z, c in [('D', z_D, real_c), ('G', z_G, c_G)]:
+            updater = training.updaters[net]
+            while True:
+                updater.accumulate(training.loss, [real, real_c, z, c], rounds=1)
+                updater.scaler.unscale_(updater.optimizer)  # A no-op for a disabled scaler (every precision but fp16).
+                grad = torch.cat([p.grad.flatten() for name, p in updater.module.named_parameters()
+                                  if p.grad is not None and NOT_COMPARED not in name]).double()
+                if torch.isfinite(grad).all() or not updater.scaler.is_enabled() or updater.scaler.get_scale() <= 1:
+                    break
+                updater.scaler.update()  # Overflow recorded by unscale_: back off.
+            out[net] = grad
+            updater.optimizer.zero_grad(set_to_none=True)
+        D.requires_grad_(True)
+        f_hat, grad_norm = training.loss.scores(real, real_c)
+        out['f_hat'] = f_hat.detach().double()
+        out['norm'] = None if grad_norm is None else grad_norm.detach().double()
+        D.requires_grad_(False)
     return out
 
 
@@ -108,7 +109,6 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, se
                          precision=precision, D_grad_rel_err=rel('D'), G_grad_rel_err=rel('G'),
                          score_max_abs_err=(got['f_hat'] - reference['f_hat']).abs().max().item(),
                          grad_norm_max_rel_err=norm_err))
-    Precision('fp32').apply()
     return rows
 
 
@@ -143,7 +143,7 @@ def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: i
     if out is not None:
         write_json_atomic(out, dict(
             benchmark='relative error of GN training gradients against float64 (GANLoss, one D and one G step)',
-            device='cuda' if torch.cuda.is_available() else f'CPU ({os.cpu_count()} cores)', torch=torch.__version__,
+            device=f'CPU ({os.cpu_count()} cores)', torch=torch.__version__,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'), results=rows))
         print(f'Results written to {out}')
 

@@ -41,7 +41,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from metrics.metric_utils import fid_from_stats  # noqa: E402
-from torch_utils import persistence  # noqa: E402
+from torch_utils import devices, persistence  # noqa: E402
 from training.dataset import ImageFolderDataset  # noqa: E402
 
 DIGITS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
@@ -96,10 +96,11 @@ def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) ->
 
 
 def train_classifier(images: torch.Tensor, labels: torch.Tensor, epochs: int, seed: int) -> DigitClassifier:
-    """Adam, batch 64, small random shifts (generated digits are not centred exactly like the data)."""
+    """Adam, batch 64, small random shifts (generated digits are not centred exactly like the data), on the
+    images' device; the initial weights, batch order and shifts are drawn on the CPU, the same on every device."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    net = DigitClassifier()
+    net = DigitClassifier().to(images.device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     for _ in range(epochs):
         order = torch.randperm(len(images), generator=generator)
@@ -119,7 +120,7 @@ def classify(net: DigitClassifier, images: torch.Tensor) -> tuple[np.ndarray, np
         f = net.features(x)
         feats.append(f)
         probs.append(F.softmax(net.out(f), dim=1))
-    return torch.cat(probs).double().numpy(), torch.cat(feats).double().numpy()
+    return torch.cat(probs).double().cpu().numpy(), torch.cat(feats).double().cpu().numpy()
 
 
 def judge(net: DigitClassifier, images: torch.Tensor, classes: np.ndarray | None, ref_mu: np.ndarray,
@@ -135,9 +136,9 @@ def judge(net: DigitClassifier, images: torch.Tensor, classes: np.ndarray | None
 
 
 @torch.no_grad()
-def generate(network: str, num: int, seed: int) -> tuple[torch.Tensor, np.ndarray | None]:
+def generate(network: str, num: int, seed: int, device: torch.device = torch.device('cpu')) -> tuple[torch.Tensor, np.ndarray | None]:
     """`num` images from the snapshot's EMA generator (its plain G if it has none), latents from `seed`, and
-    the class each was generated for (0, 1, ..., 9, 0, ... for a conditional G; None for an unconditional one).
+    the class each was generated for, drawn on `device` (0, 1, ..., 9, 0, ... for a conditional G; None for an unconditional one).
     A progressive G snapshotted while growing draws at its active resolution, and one grown only to 8x8 or
     16x16 (train.py --resolution) draws at that; those images are brought to 32x32 by nearest-neighbour
     upsampling, as a growing run itself shows them to D (training/progressive.py)."""
@@ -146,29 +147,32 @@ def generate(network: str, num: int, seed: int) -> tuple[torch.Tensor, np.ndarra
     except (OSError, persistence.UnsafeSnapshotError) as e:
         raise click.ClickException(f'--network: {e}')
     G = snapshot.get('G_ema', snapshot.get('G'))
+    if G is not None:
+        G = G.to(device)
     if G is None or G.c_dim not in (0, 10) or G.img_channels != 1 or G.img_resolution not in (8, 16, 32):
         raise click.ClickException(f'--network: {network} holds no 8x8, 16x16 or 32x32 grayscale digit generator '
                                    f'(unconditional or with the ten digit classes)')
-    z = torch.from_numpy(np.random.default_rng(seed).standard_normal([num, G.z_dim])).float()
+    z = torch.from_numpy(np.random.default_rng(seed).standard_normal([num, G.z_dim])).float().to(device)
     classes = np.arange(num) % 10 if G.c_dim else None
-    c = torch.zeros(num, 0) if classes is None else F.one_hot(torch.from_numpy(classes), 10).float()
+    c = (torch.zeros(num, 0) if classes is None else F.one_hot(torch.from_numpy(classes), 10).float()).to(device)
     images = torch.cat([G(zb, cb) for zb, cb in zip(z.split(256), c.split(256))])
     if images.shape[-1] < 32:
         images = F.interpolate(images, size=[32, 32], mode='nearest')
     return images, classes
 
-def trained_judge(epochs: int, seed: int) -> dict:
-    """The classifier trained on a stratified 80% of the digits, with what judging needs: `net`, the reference
-    statistics `ref_mu`, `ref_sigma` of its training split's features, and the held-out `test_images`,
+def trained_judge(epochs: int, seed: int, device: torch.device = torch.device('cpu')) -> dict:
+    """The classifier trained on `device` on a stratified 80% of the digits, with what judging needs: `net`, the
+    reference statistics `ref_mu`, `ref_sigma` of its training split's features, and the held-out `test_images`,
     `test_labels` and `accuracy`."""
     images, labels = load_digits(DIGITS)
-    train_idx, test_idx = stratified_split(labels, 0.2, np.random.default_rng(seed))
+    images, labels = images.to(device), labels.to(device)
+    train_idx, test_idx = stratified_split(labels.cpu(), 0.2, np.random.default_rng(seed))
     net = train_classifier(images[train_idx], labels[train_idx], epochs=epochs, seed=seed)
     _, train_feats = classify(net, images[train_idx])
     test_probs, _ = classify(net, images[test_idx])
     return dict(net=net, ref_mu=train_feats.mean(axis=0), ref_sigma=np.cov(train_feats, rowvar=False),
-                test_images=images[test_idx], test_labels=labels[test_idx].numpy(), num_train=len(train_idx),
-                accuracy=float((test_probs.argmax(axis=1) == labels[test_idx].numpy()).mean()))
+                test_images=images[test_idx], test_labels=labels[test_idx].cpu().numpy(), num_train=len(train_idx),
+                accuracy=float((test_probs.argmax(axis=1) == labels[test_idx].cpu().numpy()).mean()))
 
 #----------------------------------------------------------------------------
 
@@ -179,14 +183,20 @@ def trained_judge(epochs: int, seed: int) -> dict:
 @click.option('--threshold', help='Softmax probability above which an image counts as a confident digit', type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
 @click.option('--epochs', help='Classifier training epochs', type=click.IntRange(min=1), default=15, show_default=True)
 @click.option('--seed', help='Seed of the classifier, the data split and the latents', type=click.IntRange(min=0), default=0, show_default=True)
+@click.option('--device', help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]', metavar='DEVICE')
 @click.option('--out', help='Write the results as JSON here', metavar='JSON')
-def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, seed: int, out: str | None) -> None:
+def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, seed: int, device: str | None,
+         out: str | None) -> None:
     """Judge quick-start snapshots with a digit classifier trained on the embedded digits' labels."""
+    try:
+        device = devices.parse_device(device)
+    except ValueError as e:
+        raise click.ClickException(f'--device: {e}')
     for network in networks:
         if not os.path.isfile(network):
             raise click.ClickException(f'--network: no such file: {network}')
     start = time.time()
-    j = trained_judge(epochs, seed)
+    j = trained_judge(epochs, seed, device)
     net, ref_mu, ref_sigma, accuracy = j['net'], j['ref_mu'], j['ref_sigma'], j['accuracy']
     num_test = len(j['test_labels'])
     print(f'Classifier: {j["num_train"]} training digits, {epochs} epochs, held-out accuracy {accuracy:.3f} '
@@ -195,7 +205,7 @@ def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, see
     real = judge(net, j['test_images'], j['test_labels'], ref_mu, ref_sigma, threshold)
     rows = [dict(name=f'real digits (held-out {num_test})', **real)]
     for network in networks:
-        rows.append(dict(name=network, **judge(net, *generate(network, num, seed), ref_mu, ref_sigma, threshold)))
+        rows.append(dict(name=network, **judge(net, *generate(network, num, seed, device), ref_mu, ref_sigma, threshold)))
 
     print()
     print(f'| images | n | confident (p > {threshold:g}) | classes | as asked | FD |')
@@ -205,7 +215,7 @@ def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, see
         print(f'| {row["name"]} | {row["num"]} | {row["confident"]:.1%} | {row["classes"]} / 10 | {as_asked} | {row["fd"]:.2f} |')
     if out is not None:
         result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-                      device='cpu', cpu_count=os.cpu_count(), torch=torch.__version__, num_threads=torch.get_num_threads(),
+                      device=torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu', cpu_count=os.cpu_count(), torch=torch.__version__, num_threads=torch.get_num_threads(),
                       threshold=threshold, num=num, epochs=epochs, seed=seed, classifier_train=j['num_train'],
                       classifier_test=num_test, classifier_accuracy=accuracy, rows=rows)
         with open(out, 'wt') as f:

@@ -183,8 +183,6 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     device = torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
     if threads is not None:
         torch.set_num_threads(threads)
-    if device.type == 'cuda':
-        torch.backends.cudnn.benchmark = True
     if clock == 'process' and device.type == 'cuda':
         raise click.ClickException('--clock=process measures CPU time, which says nothing about GPU work; use --clock=wall')
     clock_fn = time.perf_counter if clock == 'wall' else time.process_time
@@ -207,7 +205,6 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
                 run.step(net, record=round_idx >= warmup)
     for run in runs:
         run.count_host_work()
-    precision_lib.Precision('fp32').apply()
 
     rows = [run.result() for run in runs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')

@@ -11,29 +11,55 @@ from __future__ import annotations
 
 import os
 import zipfile
+from typing import Callable
 
 import numpy as np
+
+from torch_utils import bounded_read
 
 from . import metric_utils
 
 
-def load_ref_stats(path: str) -> tuple[np.ndarray, np.ndarray]:
-    """(mu, sigma) of a reference statistics .npz, as float64; ValueError (one line) for anything else."""
+INCEPTION_FEATURES = 2048  # D of the pool features of Inception-v3, the default detector.
+MAX_REF_FEATURES = 4096    # Largest D read when the detector is not known yet (VGG16's 4096); sigma is then 128 MiB in float64.
+
+
+def _accept_stats(name: str, ndim: int, num_features: int | None) -> Callable[[tuple[int, ...], np.dtype], str | None]:
+    """The rule of bounded_read.ZipArchive.read_npy for mu (ndim 1) or sigma (ndim 2) of D = num_features
+    (known) or of at most MAX_REF_FEATURES: shape [D] / [D, D], float32 or float64."""
+    def accept(shape: tuple[int, ...], dtype: np.dtype) -> str | None:
+        expected = '[D]' if ndim == 1 else '[D, D]'
+        if dtype.kind != 'f' or dtype.itemsize not in (4, 8):
+            return f'{name} is {dtype}, not float32 or float64'
+        if len(shape) != ndim or len(set(shape)) != 1:
+            return f'expected {name} {expected}, got {list(shape)}'
+        if num_features is not None and shape[0] != num_features:
+            return f'{name} is {list(shape)}, but the statistics are {num_features}-dimensional'
+        if shape[0] > MAX_REF_FEATURES:
+            return f'{name} is {list(shape)}: statistics of more than {MAX_REF_FEATURES} features are not read'
+        return None
+    return accept
+
+
+def load_ref_stats(path: str, num_features: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(mu, sigma) of a reference statistics .npz, as float64; ValueError (one line) for anything else.
+
+    mu must be [D] and sigma [D, D], float32 or float64, with D = `num_features` when given (the
+    detector's; 2048 for Inception), else at most MAX_REF_FEATURES. Both are checked from the .npy
+    headers and the archive's directory (torch_utils/bounded_read.py) before any data is read, so a
+    file that claims more is refused within that module's bound, compressed or not: reading takes at
+    most the file's size plus (D + D^2) * 8 bytes for each of the raw and the float64 arrays.
+    """
     if not os.path.isfile(path):
         raise ValueError(f'reference statistics {path} do not exist')
     if not zipfile.is_zipfile(path):
         raise ValueError(f'{path} is not an .npz file of mu and sigma')
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in ('mu', 'sigma') if name in data.files}
-            names = data.files
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        raise ValueError(f'cannot read reference statistics {path}: {metric_utils._first_line(e)}') from e
-    if len(arrays) != 2:
-        raise ValueError(f'{path} holds {", ".join(names) or "no arrays"}, not mu and sigma')
-    mu, sigma = arrays['mu'].astype(np.float64), arrays['sigma'].astype(np.float64)
-    if mu.ndim != 1 or sigma.shape != mu.shape * 2:
-        raise ValueError(f'{path}: expected mu [D] and sigma [D, D], got {list(mu.shape)} and {list(sigma.shape)}')
+    with bounded_read.ZipArchive(path) as archive:  # Its RefusedFileError is a ValueError.
+        names = [name[:-len('.npy')] for name in archive.entries if name.endswith('.npy')]
+        if not {'mu', 'sigma'} <= set(names):
+            raise ValueError(f'{path} holds {", ".join(names) or "no arrays"}, not mu and sigma')
+        mu = archive.read_npy('mu.npy', _accept_stats('mu', 1, num_features)).astype(np.float64, copy=False)
+        sigma = archive.read_npy('sigma.npy', _accept_stats('sigma', 2, len(mu))).astype(np.float64, copy=False)
     if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
         raise ValueError(f'{path}: the statistics are not finite')
     return mu, sigma
@@ -43,7 +69,7 @@ def _real_stats(opts: metric_utils.MetricOptions, max_real: int | None, use_ref_
                 detector_kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
     """Mean and covariance of the real features: from opts.ref_stats when given, else from the data."""
     if opts.ref_stats is not None:
-        mu, sigma = load_ref_stats(opts.ref_stats)
+        mu, sigma = load_ref_stats(opts.ref_stats, INCEPTION_FEATURES if detector_url == metric_utils.INCEPTION_URL else None)
         opts.info.ref_stats = os.path.abspath(opts.ref_stats)
         return mu, sigma
     return metric_utils.compute_feature_stats_for_real(

@@ -2,7 +2,8 @@
 
 * The math of each metric as a plain function of statistics or features (`fid_from_stats`,
   `is_from_probs`, `kid_from_features`, `precision_recall_from_features`).
-* Feature detectors: TorchScript networks fetched with `dnnlib.util.open_url` and its download cache.
+* Feature detectors: TorchScript networks fetched with `dnnlib.util.open_url` and its download cache,
+  read only after torch_utils/bounded_read.py's archive check.
 * `FeatureStats`: detector outputs collected batch by batch (all of them, or the sums behind their mean
   and covariance), gathered across processes, and saved to / loaded from the statistics cache.
 * Feature extraction over a dataset (cached) and over a generator or a folder/zip of images standing
@@ -21,7 +22,7 @@ import time
 import urllib.parse
 import warnings
 import zipfile
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import scipy.linalg
@@ -29,6 +30,7 @@ import scipy.special
 import torch
 
 import dnnlib
+from torch_utils import bounded_read
 
 # Inception-v3 of the official TensorFlow FID and IS code (inception-2015-12-05.tgz), as exported to
 # TorchScript by StyleGAN2-ADA.
@@ -191,6 +193,15 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def _check_torchscript(f: BinaryIO, url: str) -> BinaryIO:
+    """`f`, once it has passed bounded_read's archive check and holds the constants.pkl that torch.jit.save
+    writes (torch.save's weights-only files do not); ValueError (one line) otherwise."""
+    archive = bounded_read.check_torch_archive(f, url)
+    if not any(name.rpartition('/')[2] == 'constants.pkl' for name in archive.entries):
+        raise ValueError(f'{url} is not TorchScript (no constants.pkl: written by torch.save, not torch.jit.save)')
+    return f
+
+
 def get_feature_detector(url: str, device: torch.device = torch.device('cpu'), num_gpus: int = 1, rank: int = 0,
                          verbose: bool = False, option: str = '--detector') -> torch.jit.ScriptModule:
     """The TorchScript feature detector at `url` (an http(s)/file URL or a local path), on `device`;
@@ -209,7 +220,7 @@ def get_feature_detector(url: str, device: torch.device = torch.device('cpu'), n
     error = None
     try:
         with dnnlib.util.open_url(url, verbose=verbose and rank == 0) as f:
-            _detectors[key] = torch.jit.load(f, map_location=device).eval()
+            _detectors[key] = torch.jit.load(_check_torchscript(f, url), map_location=device).eval()
     except (OSError, RuntimeError, ValueError) as e:
         error = e
     if num_gpus > 1 and rank == 0:

@@ -1,7 +1,48 @@
-"""Settings shared by every test."""
+"""Settings shared by every test.
+
+The suite passes on a CPU machine and on a GPU machine alike. Tests that check CPU behaviour are pinned
+to the CPU: in this process (the tools' default device is the CPU) and in the subprocesses they start
+(CUDA_VISIBLE_DEVICES is empty). Tests marked `gpu` see the GPUs, and are skipped without one. Every test
+must leave torch's process-wide switches (TF32, cuDNN, determinism) as it found them.
+"""
 
 import pytest
 import torch
+
+from torch_utils import devices
+
+# Read once, before any test hides the GPUs: CUDA is initialized here so that torch's device count no longer
+# follows CUDA_VISIBLE_DEVICES, which the fixture below empties for the subprocesses of CPU tests.
+CUDA_AVAILABLE = torch.cuda.is_available()
+if CUDA_AVAILABLE:
+    torch.cuda.init()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason='needs a CUDA GPU')
+    for item in items:
+        if item.get_closest_marker('gpu') is not None and not CUDA_AVAILABLE:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def pinned_device(request, monkeypatch):
+    """A test not marked `gpu` runs on the CPU, and so does every process it starts."""
+    if request.node.get_closest_marker('gpu') is None:
+        monkeypatch.setattr(devices, 'default_device', lambda: torch.device('cpu'))
+        monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
+
+
+@pytest.fixture(autouse=True)
+def backend_switches_kept():
+    """Fail a test after which torch's process-wide switches differ from before it (and restore them)."""
+    before = devices.read_switches()
+    yield
+    after = devices.read_switches()
+    if after != before:
+        devices.write_switches(before)
+        changed = {name: (before[name], after[name]) for name in before if before[name] != after[name]}
+        pytest.fail(f'process-wide switches left changed (before, after): {changed}')
 
 
 @pytest.fixture(autouse=True)

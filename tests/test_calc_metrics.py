@@ -9,6 +9,7 @@ import zipfile
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 import calc_metrics
@@ -130,6 +131,17 @@ def test_user_errors_are_one_line(run):
     assert result.exit_code == 1 and 'Error: this metric compares with a reference split' in result.output
     result = CliRunner().invoke(calc_metrics.main, [f'--network={run["tmp_path"] / "missing.pkl"}'])
     assert result.exit_code == 1 and 'cannot load --network' in result.output
+
+
+def test_device_choice_is_checked_before_anything_loads(run, monkeypatch):
+    """On a machine where torch sees one GPU (stubbed): --gpus beyond it, or an invisible --device, is one line."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    monkeypatch.setattr(calc_metrics.legacy, 'load_network', lambda *a: pytest.fail('loaded the network'))
+    for extra, message in [(['--gpus=2', '--device=cuda'], 'Error: --gpus=2, but torch sees 1 CUDA GPU(s)'),
+                           (['--device=cuda:1'], 'Error: --device: cuda:1 is not visible: torch sees 1 CUDA GPU(s)')]:
+        result = invoke(run, *extra)
+        assert result.exit_code == 1 and result.output.startswith(message) and len(result.output.splitlines()) == 1
 
 
 def test_ref_stats_written_from_a_dataset_give_the_dataset_fid(run):

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 import dnnlib
-from torch_utils import training_stats
+from torch_utils import devices, training_stats
 from training.augment import consistency_augment
 from training.configs import PRESETS, get_config
 from training.loss import CONSTRAINTS, LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
@@ -380,6 +381,49 @@ def test_affine_d_step_is_checked_once_and_falls_back():
                 linear_d=True)
 
 
+class FunctionalHead(nn.Module):
+    """Piecewise linear, but its last layer's bias is added by a functional call, outside the layer's forward: GN's
+    affine form misses that term, and with the zero biases D starts from, nothing shows it but a non-zero bias."""
+    is_piecewise_linear = is_sample_independent = True
+
+    def __init__(self):
+        super().__init__()
+        self.net = CNNDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=2)
+        self.head = nn.Linear(1, 1)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x, c):
+        return F.linear(self.net(x, c), self.head.weight, self.head.bias)
+
+
+def test_affine_check_finds_a_bias_d_does_not_register():
+    torch.manual_seed(0)
+    D = FunctionalHead()
+    gan_loss = GANLoss(G=ImageG(32), D=D)
+    assert gan_loss.bias_layers is not None  # Its layers look linearizable.
+    real, z, c = torch.rand(2, 3, 32, 32), torch.randn(2, 3 * 32 * 32), torch.zeros(2, 0)
+    with pytest.warns(UserWarning, match='affine form'):
+        gan_loss.accumulate_gradients('D', real, c, z, c)
+    assert gan_loss.bias_layers is None and gan_loss.linear_d_checked
+    assert not D.head.bias.any() and D.training  # The check worked on a copy: D is as it was.
+
+
+@pytest.mark.parametrize('precision', ['tf32', 'fp32', 'bf16', 'fp16'])
+@pytest.mark.parametrize('cfg', ['cifar10-cnn', 'cifar10-resnet', 'stl10-resnet', 'cifar10-biggan', 'celebahq128-resnet'])
+def test_affine_check_keeps_every_shipped_discriminator(cfg, precision, recwarn):
+    """Every preset's D passes the check at every precision (it is judged in float64, whatever the run's)."""
+    preset = get_config(cfg)
+    c_dim = 10 if preset.conditional is True else 0
+    torch.manual_seed(0)
+    D = dnnlib.util.construct_class_by_name(**dict(preset.D_kwargs, c_dim=c_dim, img_channels=3, ch=2,  # Narrowed.
+                                                   img_resolution=preset.resolution))
+    gan_loss = GANLoss(G=nn.Identity(), D=D, precision=precision)
+    assert gan_loss.bias_layers is not None
+    c = torch.eye(max(c_dim, 2))[[0, 1]][:, :c_dim]
+    gan_loss._check_linear_d(torch.rand(2, 3, preset.resolution, preset.resolution) * 2 - 1, c)
+    assert gan_loss.bias_layers is not None and not [w for w in recwarn if 'affine form' in str(w.message)]
+
+
 def test_affine_check_does_not_advance_spectral_norm():
     """The one-time check runs D in eval mode: a GN step with an SN discriminator moves the power iteration as before."""
     D = ResNetDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=2, spectral_norm=True).double()
@@ -418,8 +462,8 @@ def test_autocast_runs_networks_low_and_gn_and_losses_in_float32(dtype, norm, mo
     gan_loss.accumulate_gradients('D', torch.rand(2, 3, 8, 8) * 2 - 1, torch.zeros(2, 0), torch.randn(2, 8),
                                   torch.zeros(2, 0))
     # Every call of D (reals, fakes, CR copies) in the autocast dtype; under GN, the first step also checks
-    # the affine form of D once, in float32.
-    assert conv_dtypes == ([torch.float32] if norm == 'gn' else []) + [dtype]
+    # the affine form of D once, on a float64 copy (which carries the hook along).
+    assert conv_dtypes == ([torch.float64] if norm == 'gn' else []) + [dtype]
     for name in ['Loss/scores/real', 'Loss/D/real', 'Loss/cr', 'Loss/D/loss'] + (['Loss/grad_norm'] if norm == 'gn' else []):
         assert reported[name].dtype == torch.float32, name
     assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in D.parameters())
@@ -452,7 +496,22 @@ def test_precision_choices():
     assert GANLoss(G=nn.Identity(), D=D, precision='bf16').precision.autocast_dtype is torch.bfloat16
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+@pytest.mark.gpu
+def test_affine_check_keeps_the_affine_path_on_a_gpu_with_tf32(recwarn):
+    """With TF32 matmuls a float32 check missed the identity by ~1e-3 and dropped the affine path; float64 does not."""
+    device = torch.device('cuda')
+    torch.manual_seed(0)
+    G = ResNetGenerator(c_dim=0, img_resolution=32, img_channels=3, ch=8).to(device)
+    D = ResNetDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=8).to(device)
+    with devices.run_switches(device, allow_tf32=True):
+        gan_loss = GANLoss(G=G, D=D, norm='gn', precision='tf32')
+        real, z, c = torch.rand(8, 3, 32, 32, device=device) * 2 - 1, torch.randn(8, 128, device=device), torch.zeros(8, 0, device=device)
+        gan_loss.accumulate_gradients('D', real, c, z, c)
+    assert gan_loss.linear_d_checked and gan_loss.bias_layers is not None
+    assert not [w for w in recwarn if 'affine form' in str(w.message)]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize('norm', ['gn', 'gp1', 'r1'])
 def test_steps_never_sync_the_gpu(norm):
     device = torch.device('cuda')

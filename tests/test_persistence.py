@@ -11,7 +11,7 @@ import zipfile
 import pytest
 import torch
 
-from torch_utils import persistence
+from torch_utils import bounded_read, persistence
 
 
 @persistence.persistent_class
@@ -142,10 +142,10 @@ def test_object_graph_size_is_bounded(tmp_path, monkeypatch):
     persistence.save_snapshot(path, {'progress': {'values': list(range(1000))}})
     with zipfile.ZipFile(path) as z:
         pickle_size = next(info.file_size for info in z.infolist() if info.filename.endswith('data.pkl'))
-    monkeypatch.setattr(persistence, '_MAX_PICKLE_BYTES', pickle_size)
+    monkeypatch.setattr(bounded_read, 'MAX_PICKLE_BYTES', pickle_size)
     assert persistence.load_snapshot(path).progress['values'] == list(range(1000))
-    monkeypatch.setattr(persistence, '_MAX_PICKLE_BYTES', pickle_size - 1)
-    with pytest.raises(persistence.UnsafeSnapshotError, match=f'object graph is {pickle_size} bytes'):
+    monkeypatch.setattr(bounded_read, 'MAX_PICKLE_BYTES', pickle_size - 1)
+    with pytest.raises(persistence.UnsafeSnapshotError, match=f'data.pkl is {pickle_size:,} bytes'):
         persistence.load_snapshot(path)
 
 

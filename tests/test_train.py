@@ -148,6 +148,18 @@ def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
     assert resumed.progress.step == 4 and resumed.G_opt_state['state'][0]['step'] == 4  # Not 2 + 2 per process.
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='NCCL between processes needs two GPUs')
+def test_two_process_nccl_run(dataset_zip, tmp_path):
+    """--gpus=2 on two GPUs: an NCCL group, one process per GPU, the same networks in both at the snapshot."""
+    outdir = str(tmp_path / 'runs')
+    run_cli('train.py', '--gpus=2', '--device=cuda', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}',
+            '--steps=2', '--batch=4')
+    run_dir = only_run_dir(outdir)
+    assert persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[0])).progress.cur_nimg == 2 * 4
+    assert json.load(open(os.path.join(run_dir, 'training_options.json')))['device'] == 'cuda'
+
+
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the parent-death signal is Linux only')
 def test_killing_train_py_ends_the_processes_it_spawned(dataset_zip, tmp_path):
     """`kill` (SIGTERM) of train.py running --gpus=2 ends its two training processes too, also when it was started
@@ -235,6 +247,8 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--metrics=fid10k', '--ref-stats={notes}'], 'is not an .npz file of mu and sigma'),
     (['--metrics=fid10k', '--ref-data={unlabeled}'], '--ref-data holds 32x32 images with 3 channel(s)'),
     (['--metrics=kid50k_full', '--best-metric=kid50k_full'], 'best'),
+    (['--device=cuda:7'], '--device: cuda:7 is not visible: torch sees 0 CUDA GPU(s)'),  # Subprocesses see no GPU.
+    (['--device=mps'], '--device: use cpu, cuda or cuda:N, not mps'),
 ])
 def test_user_errors_are_one_line(tmp_path, args, message):
     digits = os.path.join(REPO_ROOT, 'data', 'digits32.zip')
@@ -251,6 +265,45 @@ def test_user_errors_are_one_line(tmp_path, args, message):
     assert message in result.stderr and 'Traceback' not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not os.path.exists(tmp_path / 'runs')  # Nothing half-made.
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--gpus=2', '--device=cuda'], 'Error: --gpus=2, but torch sees 1 CUDA GPU(s); use --gpus=1 or fewer, or --device=cpu'),
+    (['--gpus=2', '--device=cuda:0'], 'Error: --device=cuda:0 names one GPU and --gpus=2 asks for 2'),
+])
+def test_more_processes_than_gpus_are_refused_before_anything_starts(tmp_path, monkeypatch, args, message):
+    """On a machine where torch sees one GPU (stubbed), in process: one line, no run directory, no process spawned."""
+    from click.testing import CliRunner
+    import train
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    monkeypatch.setattr(torch.multiprocessing, 'spawn', lambda *a, **kw: pytest.fail('spawned'))
+    result = CliRunner().invoke(train.main, [f'--outdir={tmp_path / "runs"}', *args])
+    assert result.exit_code == 1 and result.output.strip().startswith(message) and len(result.output.strip().splitlines()) == 1
+    assert not os.path.exists(tmp_path / 'runs')
+
+
+def test_cpu_processes_join_a_gloo_group_when_gpus_are_visible(monkeypatch):
+    """--device=cpu --gpus=2 on a GPU machine (stubbed): each process runs on the CPU, in a gloo process group."""
+    import dnnlib
+    import train
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: pytest.fail(f'set_device({device})'))
+    joined = []
+
+    class Joined(Exception):
+        pass
+
+    def init_process_group(backend, **kwargs):
+        joined.append(backend)
+        raise Joined
+    monkeypatch.setattr(torch.distributed, 'init_process_group', init_process_group)
+    monkeypatch.setattr(train, 'set_threads', lambda n: None)
+    with pytest.raises(Joined):
+        train._run_process(1, dnnlib.EasyDict(device='cpu', num_gpus=2, run_dir='.'), init_method='tcp://127.0.0.1:9',
+                           num_threads=None)
+    assert joined == ['gloo']
 
 
 def test_dry_run_prints_the_v1_phase_table(tmp_path):

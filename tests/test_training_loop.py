@@ -136,8 +136,10 @@ def test_nonfinite_gradient_stops_the_run_naming_step_and_network(tmp_path, monk
     assert all(torch.isfinite(p).all() for p in snap.D.parameters())
 
 
-def test_resume_continues_bit_for_bit(tmp_path):
-    """8 G steps in one go, and the same run stopped after step 4 and resumed: same weights and losses."""
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.gpu)])
+def test_resume_continues_bit_for_bit(tmp_path, device):
+    """8 G steps in one go, and the same run stopped after step 4 and resumed: same weights and losses (on a GPU with
+    the deterministic switch)."""
     import json
     from tests.test_metric_main import write_dataset_zip
     from torch_utils import persistence
@@ -148,7 +150,8 @@ def test_resume_continues_bit_for_bit(tmp_path):
         run_dir.mkdir()
         training_loop.training_loop(**_quickstart_options(str(tmp_path / 'data.zip'), steps=8, batch=2,
                                                           run_dir=str(run_dir), kimg_per_tick=0.004,
-                                                          network_snapshot_ticks=1, image_snapshot_ticks=None, **kw))
+                                                          network_snapshot_ticks=1, image_snapshot_ticks=None,
+                                                          device=device, deterministic=True, **kw))
         losses = [(s['Loss/D/loss']['mean'], s['Loss/G/loss']['mean']) for s in map(json.loads, open(run_dir / 'stats.jsonl'))]
         return run_dir, losses
 
@@ -160,6 +163,30 @@ def test_resume_continues_bit_for_bit(tmp_path):
     for name in ('G', 'D', 'G_ema'):
         for (key, x), y in zip(a[name].state_dict().items(), b[name].state_dict().values()):
             assert torch.equal(x, y), f'{name}.{key}'
+
+
+def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch):
+    """TF32 off for an fp32 run, deterministic algorithms on when asked, cuDNN benchmarking off on a CPU; as before
+    once the run ends."""
+    from tests.test_metric_main import write_dataset_zip
+    from torch_utils import devices
+    from training.updater import NetworkUpdater
+    write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
+    seen = []
+    step = NetworkUpdater.step
+    monkeypatch.setattr(NetworkUpdater, 'step', lambda self, *a, **kw: (seen.append(devices.read_switches()),
+                                                                        step(self, *a, **kw))[1])
+    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', True)
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', True)
+    monkeypatch.setattr(torch.backends.cudnn, 'benchmark', True)
+    before = devices.read_switches()
+    opts = _quickstart_options(str(tmp_path / 'data.zip'), steps=1, batch=2, run_dir=str(tmp_path),
+                               kimg_per_tick=1, image_snapshot_ticks=None, precision='fp32', deterministic=True)
+    training_loop.training_loop(**opts)
+    assert len(seen) == 2 and seen[0] == seen[1]
+    assert seen[0] == dict(before, matmul_tf32=False, cudnn_tf32=False, cudnn_benchmark=False, cudnn_deterministic=True,
+                           deterministic=True, deterministic_warn_only=True)
+    assert devices.read_switches() == before
 
 
 def test_fp16_run_with_loss_scaling(tmp_path):

@@ -13,9 +13,10 @@ between people. So a snapshot here never pickles a Python object graph. Instead:
     then rebuilds each network from the allow-list and loads its state dict.
 
 A file that asks for anything else is refused with `UnsafeSnapshotError` and nothing of it runs.
-So is a malformed or oversized file, before it can allocate much: the zip's entries must be stored
-uncompressed (torch.save never compresses; a compressed entry can inflate without bound), nesting
-is capped, every {'class_name': ...} dict passes dnnlib.util.check_class_kwargs, and each network
+So is a malformed or oversized file, before it can allocate much: the zip archive passes
+torch_utils/bounded_read.py's check (entries stored uncompressed, as torch.save writes them, and
+within the file; the pickled object graph at most MAX_PICKLE_BYTES; see its bound), nesting is
+capped, every {'class_name': ...} dict passes dnnlib.util.check_class_kwargs, and each network
 is first built on the meta device (shapes, no storage) and compared with its state dict, so that
 kwargs asking for a huge network are refused before anything of that size is allocated.
 """
@@ -37,13 +38,13 @@ import numpy as np
 import torch
 
 import dnnlib
+from torch_utils import bounded_read
 
 #----------------------------------------------------------------------------
 
 _SNAPSHOT_FORMAT = 'gngan-snapshot'
 _SNAPSHOT_VERSION = 1
 _MODULE_TAG = '__persistent_module__'
-_MAX_PICKLE_BYTES = 16 << 20  # The pickled object graph (data.pkl); a real snapshot's is well under 1 MiB.
 
 # Entries the training loop writes and the tools read; a snapshot whose entry has another type is refused.
 _ENTRY_TYPES = {'G': torch.nn.Module, 'D': torch.nn.Module, 'G_ema': torch.nn.Module, 'training_set_kwargs': (dict, type(None)),
@@ -187,28 +188,14 @@ def _process_alive(pid: int) -> bool:
 
 
 def _check_archive(f: BinaryIO, where: str) -> None:
-    """Refuse what torch.load could not read without allocating far more than the file holds."""
+    """Refuse what torch.load could not read within bounded_read's bound, before it reads anything."""
     if not zipfile.is_zipfile(f):
         raise UnsafeSnapshotError(f'{where}: refused to load: not a snapshot (expected the zip archive that torch.save '
                                   f'writes; legacy pickles are not read); nothing in it was run')
-    f.seek(0, os.SEEK_END)
-    file_size = f.tell()
-    f.seek(0)
     try:
-        infos = zipfile.ZipFile(f).infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-        raise UnsafeSnapshotError(f'{where}: refused to load: damaged zip archive ({e})') from None
-    for info in infos:
-        if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
-            raise UnsafeSnapshotError(f'{where}: refused to load: entry {info.filename[:100]} is compressed '
-                                      f'({info.compress_size} bytes that expand to {info.file_size}); '
-                                      f'torch.save stores entries uncompressed')
-        if info.filename.endswith('data.pkl') and info.file_size > _MAX_PICKLE_BYTES:
-            raise UnsafeSnapshotError(f'{where}: refused to load: its object graph is {info.file_size} bytes '
-                                      f'(at most {_MAX_PICKLE_BYTES} expected)')
-    if sum(info.file_size for info in infos) > file_size:
-        raise UnsafeSnapshotError(f'{where}: refused to load: its entries claim more bytes than the file holds')
-    f.seek(0)
+        bounded_read.check_torch_archive(f, where)
+    except bounded_read.RefusedFileError as e:
+        raise UnsafeSnapshotError(str(e)) from None
 
 
 def _check_tensor(t: torch.Tensor, where: str) -> None:

@@ -19,6 +19,20 @@ import PIL.Image
 import PIL.ImageMode
 import torch
 
+from torch_utils import bounded_read
+
+# The largest dataset.json read: this, plus per image its JSON-quoted name and this many bytes (a label
+# entry `["name", 1234], ` takes 10 bytes more than the name with four-digit classes; room for indentation).
+_LABELS_ALLOWANCE = 4096
+_LABEL_BYTES = 64
+
+
+def max_labels_size(image_fnames: list[str]) -> int:
+    """The most bytes a dataset.json labelling these images is read with. Parsing JSON takes up to ~24 bytes
+    of Python objects per byte of text (an empty list per '[],'), so a larger file is refused unread and
+    the parse stays proportional to the images, whatever the file holds."""
+    return _LABELS_ALLOWANCE + sum(len(json.dumps(fname)) + _LABEL_BYTES for fname in image_fnames)
+
 class DatasetError(ValueError):
     """A dataset that cannot be used as asked; the message says why in one line, for the user.
 
@@ -169,7 +183,7 @@ class ImageFolderDataset(Dataset):
                 all_fnames += [fname if rel == '.' else posixpath.join(*rel.split(os.sep), fname) for fname in filenames]
         elif os.path.isfile(path) and zipfile.is_zipfile(path):
             self._kind = 'zip'
-            all_fnames = [info.filename for info in self._get_zipfile().infolist() if not info.is_dir()]
+            all_fnames = [info.filename for info in self._get_zipfile().entries.values() if not info.is_dir()]
         elif os.path.exists(path):
             raise DatasetError(f'dataset {path} is neither a zip archive nor a folder')
         else:
@@ -191,11 +205,15 @@ class ImageFolderDataset(Dataset):
         super().__init__(name=name, raw_shape=[len(self._image_fnames), channels, height, width],
             use_labels=use_labels, max_size=max_size, xflip=xflip, random_seed=random_seed)
 
-    def _get_zipfile(self) -> zipfile.ZipFile:
+    def _get_zipfile(self) -> bounded_read.ZipArchive:
+        """The zip archive, its directory checked by bounded_read (entries within the file, each read only
+        when it expands to at most the archive's size + ENTRY_ALLOWANCE)."""
         if self._zipfile is None or self._zipfile_pid != os.getpid():
             try:
-                self._zipfile = zipfile.ZipFile(self._path)
-            except (OSError, zipfile.BadZipFile) as err:
+                self._zipfile = bounded_read.ZipArchive(self._path)
+            except bounded_read.RefusedFileError as err:  # Names the archive.
+                raise DatasetError(f'dataset {err}') from err
+            except OSError as err:
                 raise DatasetError(f'cannot open dataset {self._path}: {err}') from err
             self._zipfile_pid = os.getpid()
         return self._zipfile
@@ -206,6 +224,8 @@ class ImageFolderDataset(Dataset):
                 with open(os.path.join(self._path, *fname.split('/')), 'rb') as f:
                     return f.read()
             return self._get_zipfile().read(fname)
+        except bounded_read.RefusedFileError as err:  # Names the archive and the entry.
+            raise DatasetError(f'dataset {err}') from err
         except (OSError, zipfile.BadZipFile, EOFError) as err:
             raise DatasetError(f'cannot read {fname} in dataset {self._path}: {err}') from err
 
@@ -286,12 +306,18 @@ class ImageFolderDataset(Dataset):
         if 'dataset.json' not in self._all_fnames:
             return None
         expected = 'expected {"labels": [["file name", class index], ...]} or {"labels": null}'
+        max_size = max_labels_size(self._image_fnames)
+        size = (os.path.getsize(os.path.join(self._path, 'dataset.json')) if self._kind == 'dir'
+                else self._get_zipfile().entries['dataset.json'].file_size)
+        if size > max_size:
+            raise DatasetError(f'dataset.json in {self._path} is {size:,} bytes; labels of its {len(self._image_fnames)} '
+                               f'images take at most {max_size:,}')
         try:
             labels = json.loads(self._read('dataset.json'))['labels']
             if labels is None:
                 return None
             labels = dict(labels)
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, RecursionError) as err:  # RecursionError: nested too deeply.
             raise DatasetError(f'dataset.json in {self._path}: {expected}') from err
         missing = [fname for fname in self._image_fnames if fname not in labels]
         if missing:

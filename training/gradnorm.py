@@ -37,6 +37,7 @@ the loss checks it once before relying on it (training/loss.py).
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, NamedTuple, Sequence
 
 import torch
@@ -149,6 +150,25 @@ def linearization_error(D: Callable[..., torch.Tensor], bias_layers: Sequence[nn
     f, _, f_affine, terms = _affine_decomposition(D, bias_layers, x, *args, return_terms=True, **kwargs)
     scale = torch.stack([t.detach().abs() for t in terms]).amax(dim=0).reshape(f.shape) + f.detach().abs()
     return float(((f - f_affine).detach().abs() / scale.clamp_min(torch.finfo(scale.dtype).tiny)).max())
+
+
+def affine_form_error(D: nn.Module, x: torch.Tensor, *args: torch.Tensor, seed: int = 0) -> float:
+    """`linearization_error` of a float64 copy of D whose biases are drawn at random, in eval mode.
+
+    float64, so that the identity is judged on D, not on rounding (float32 with TF32 matmuls misses it by
+    ~1e-3); random non-zero biases, so that a bias D adds without registering it (e.g. a layer whose weight
+    and bias D uses functionally, outside the layer's forward) changes f and the identity fails; eval mode,
+    so that spectral normalization takes no power-iteration step. D itself is untouched.
+    """
+    copy_of_D = copy.deepcopy(D).to(torch.float64).eval()
+    bias_layers = linearizable_layers(copy_of_D)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in bias_layers:
+            layer.bias.copy_(torch.randn(layer.bias.shape, generator=generator, dtype=torch.float64) * 0.3)
+    args = [a.to(torch.float64) if torch.is_floating_point(a) else a for a in args]
+    with torch.autocast(x.device.type, enabled=False):
+        return linearization_error(copy_of_D, bias_layers, x.detach().to(torch.float64), *args)
 
 
 def _affine_decomposition(D: Callable[..., torch.Tensor], bias_layers: Sequence[nn.Module], x: torch.Tensor, *args,

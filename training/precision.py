@@ -12,8 +12,8 @@ penalties and the losses are float32 (training/loss.py). fp16 gradients need los
 updater (training/updater.py) multiplies the loss by the scaler's scale and unscales before the
 optimizer step.
 
-The TF32 switch is process-wide (torch.backends flags): `apply()` sets it, and the training loop
-calls it once before building anything.
+The TF32 switch is process-wide (torch.backends flags): the training loop sets it for the run from
+`allow_tf32` and restores it afterwards (torch_utils/devices.run_switches).
 """
 
 from __future__ import annotations
@@ -42,15 +42,10 @@ class Precision:
         check_choice('precision', name, PRECISIONS)
         self.name = name
         self.autocast_dtype = AUTOCAST_DTYPES[name]  # None: forward passes in float32.
+        self.allow_tf32 = name != 'fp32'  # May float32 matmuls and convolutions on CUDA use TF32 tensor cores?
 
     def __repr__(self) -> str:
         return f'Precision({self.name!r})'
-
-    def apply(self) -> None:
-        """Process-wide: may float32 matmuls and convolutions on CUDA use TF32 tensor cores? All but 'fp32'
-        allow it. Without CUDA the flags have no effect."""
-        torch.backends.cuda.matmul.allow_tf32 = self.name != 'fp32'
-        torch.backends.cudnn.allow_tf32 = self.name != 'fp32'
 
     @contextlib.contextmanager
     def autocast(self, device_type: str) -> Iterator[None]:

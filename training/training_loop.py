@@ -36,7 +36,7 @@ import time
 import torch
 
 import dnnlib
-from torch_utils import misc
+from torch_utils import devices, misc
 from training.data_stream import LabelSampler, RealImageStream
 from training.evaluation import MetricEvaluator
 from training.precision import Precision
@@ -57,6 +57,8 @@ def training_loop(
     loss_kwargs: dict = {},                  # Loss (training.loss.GANLoss): adversarial loss, D constraint, CR.
     schedule_kwargs: dict = {},              # Run schedule (training/schedule.py): batches, rounds, lr, EMA, lod, length.
     precision: str = 'tf32',                 # Arithmetic: fp32, tf32, bf16, fp16 (training/precision.py).
+    device: str = 'cpu',                     # Where this process computes: 'cpu' or 'cuda:N' (torch_utils/devices.py).
+    deterministic: bool = False,             # Repeatable GPU arithmetic (deterministic algorithms, no cuDNN benchmarking).
     xflip: bool = True,                      # Mirror each real image left-right with probability 1/2.
     random_seed: int = 0,                    # Global seed.
     num_gpus: int = 1,                       # Number of processes.
@@ -72,95 +74,94 @@ def training_loop(
     experiment: dict = {},                   # The options that define the run (train.py's), kept in snapshots for --resume.
 ) -> None:
     """Train G and D on `training_set_kwargs` by the algorithm in the module docstring; write everything into `run_dir`."""
-    # Set up: arithmetic, random streams, data, networks, loss, schedule, optimizers.
+    # Set up: arithmetic, random streams, data, networks, loss, schedule, optimizers. The process-wide switches
+    # (TF32, cuDNN, determinism) hold for the run and are restored when it ends, however it ends.
     start_time = time.time()
-    device = torch.device('cuda', torch.cuda.current_device()) if torch.cuda.is_available() else torch.device('cpu')
-    if device.type == 'cuda':
-        torch.backends.cudnn.benchmark = True
+    device = torch.device(device)
     precision = Precision(precision)
-    precision.apply()  # TF32 or strict fp32 matmuls, process-wide.
-    state = RunState(random_seed, num_gpus, rank, device, best_metric)  # Seeds every stream.
-    log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
-    training_set = dnnlib.util.construct_class_by_name(**training_set_kwargs)
-    log(f'Dataset: {len(training_set)} images, {training_set.resolution}x{training_set.resolution}, '
-        f'{training_set.num_channels} channel(s), labels: {training_set.label_dim or "none"}')
-    G = dnnlib.util.construct_class_by_name(**G_kwargs).train().requires_grad_(False).to(device)
-    D = dnnlib.util.construct_class_by_name(**D_kwargs).train().requires_grad_(False).to(device)
-    G_ema = copy.deepcopy(G).eval()
-    G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **G_opt_kwargs)
-    D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **D_opt_kwargs)
-    loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=precision.name)
-    schedule = dnnlib.util.construct_class_by_name(**schedule_kwargs)
-    log(f'G: {sum(p.numel() for p in G.parameters()):,} parameters, D: {sum(p.numel() for p in D.parameters()):,}')
-    nets, optimizers = dict(G=G, D=D, G_ema=G_ema), dict(G_opt=G_opt, D_opt=D_opt)
+    with devices.run_switches(device, precision.allow_tf32, deterministic):
+        state = RunState(random_seed, num_gpus, rank, device, best_metric)  # Seeds every stream.
+        log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+        training_set = dnnlib.util.construct_class_by_name(**training_set_kwargs)
+        log(f'Dataset: {len(training_set)} images, {training_set.resolution}x{training_set.resolution}, '
+            f'{training_set.num_channels} channel(s), labels: {training_set.label_dim or "none"}')
+        G = dnnlib.util.construct_class_by_name(**G_kwargs).train().requires_grad_(False).to(device)
+        D = dnnlib.util.construct_class_by_name(**D_kwargs).train().requires_grad_(False).to(device)
+        G_ema = copy.deepcopy(G).eval()
+        G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **G_opt_kwargs)
+        D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **D_opt_kwargs)
+        loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=precision.name)
+        schedule = dnnlib.util.construct_class_by_name(**schedule_kwargs)
+        log(f'G: {sum(p.numel() for p in G.parameters()):,} parameters, D: {sum(p.numel() for p in D.parameters()):,}')
+        nets, optimizers = dict(G=G, D=D, G_ema=G_ema), dict(G_opt=G_opt, D_opt=D_opt)
 
-    # Resume, then the same networks in every process.
-    if resume is not None:
-        state.resume(resume, nets, optimizers, log)
-        log(f'Resumed at G step {state.step}, {state.cur_nimg / 1000:g} kimg')
-    for module in nets.values():
-        misc.broadcast_module(module)
+        # Resume, then the same networks in every process.
+        if resume is not None:
+            state.resume(resume, nets, optimizers, log)
+            log(f'Resumed at G step {state.step}, {state.cur_nimg / 1000:g} kimg')
+        for module in nets.values():
+            misc.broadcast_module(module)
 
-    # The parts: updaters, data, outputs.
-    updater_D = NetworkUpdater('D', D, D_opt, precision.grad_scaler(device.type), group_size=schedule.group_size)
-    updater_G = NetworkUpdater('G', G, G_opt, precision.grad_scaler(device.type), group_size=schedule.group_size, ema=G_ema)
-    reals = RealImageStream(training_set, chunk=schedule.min_share(), rank=rank, num_replicas=num_gpus, seed=random_seed,
-                            device=device, num_workers=num_workers, consumed=state.consumed, xflip=xflip,
-                            max_resolution=G.img_resolution)
-    fake_labels = LabelSampler(training_set, state.label_rng, device)
-    reporter = TickReporter(run_dir, schedule, state, kimg_per_tick, start_time, device, log)
-    evaluator = MetricEvaluator(metrics, metric_kwargs, training_set_kwargs, run_dir, num_gpus, rank, device, log)
-    grids = ImageGrids(run_dir, training_set, G.z_dim, random_seed, device) if rank == 0 and image_snapshot_ticks else None
-    if grids is not None and resume is None:
-        grids.save(G_ema, '_init')
-    last_snapshot = last_grid = None
-    log(f'Training: {schedule.describe()[0]}')
+        # The parts: updaters, data, outputs.
+        updater_D = NetworkUpdater('D', D, D_opt, precision.grad_scaler(device.type), group_size=schedule.group_size)
+        updater_G = NetworkUpdater('G', G, G_opt, precision.grad_scaler(device.type), group_size=schedule.group_size, ema=G_ema)
+        reals = RealImageStream(training_set, chunk=schedule.min_share(), rank=rank, num_replicas=num_gpus, seed=random_seed,
+                                device=device, num_workers=num_workers, consumed=state.consumed, xflip=xflip,
+                                max_resolution=G.img_resolution)
+        fake_labels = LabelSampler(training_set, state.label_rng, device)
+        reporter = TickReporter(run_dir, schedule, state, kimg_per_tick, start_time, device, log)
+        evaluator = MetricEvaluator(metrics, metric_kwargs, training_set_kwargs, run_dir, num_gpus, rank, device, log)
+        grids = ImageGrids(run_dir, training_set, G.z_dim, random_seed, device) if rank == 0 and image_snapshot_ticks else None
+        if grids is not None and resume is None:
+            grids.save(G_ema, '_init')
+        last_snapshot = last_grid = None
+        log(f'Training: {schedule.describe()[0]}')
 
-    while not schedule.done(state.step, state.cur_nimg):
-        # Plan of this G step: learning rates, Adam resets, level of detail.
-        plan = schedule.plan(state.step, state.cur_nimg)
-        updater_G.set_plan(plan.lr_G, plan.optimizer_state_id)
-        updater_D.set_plan(plan.lr_D, plan.optimizer_state_id)
-        if plan.lod is not None:
-            for module in nets.values():
-                module.set_lod(plan.lod)
+        while not schedule.done(state.step, state.cur_nimg):
+            # Plan of this G step: learning rates, Adam resets, level of detail.
+            plan = schedule.plan(state.step, state.cur_nimg)
+            updater_G.set_plan(plan.lr_G, plan.optimizer_state_id)
+            updater_D.set_plan(plan.lr_D, plan.optimizer_state_id)
+            if plan.lod is not None:
+                for module in nets.values():
+                    module.set_lod(plan.lod)
 
-        # Discriminator steps: reals and fakes G(z, c).
-        for _ in range(plan.n_dis):
-            real_img, real_c = reals.next(plan.share_D, plan.lod)
-            gen_z = torch.randn(plan.share_D, G.z_dim, device=device)
-            updater_D.step(loss, [real_img, real_c, gen_z, fake_labels.sample(plan.share_D)], plan.rounds_D, state.step)
-            state.cur_nimg += plan.batch_D
+            # Discriminator steps: reals and fakes G(z, c).
+            for _ in range(plan.n_dis):
+                real_img, real_c = reals.next(plan.share_D, plan.lod)
+                gen_z = torch.randn(plan.share_D, G.z_dim, device=device)
+                updater_D.step(loss, [real_img, real_c, gen_z, fake_labels.sample(plan.share_D)], plan.rounds_D, state.step)
+                state.cur_nimg += plan.batch_D
 
-        # Generator step, then its moving average.
-        gen_z = torch.randn(plan.share_G, G.z_dim, device=device)
-        updater_G.step(loss, [None, None, gen_z, fake_labels.sample(plan.share_G)], plan.rounds_G, state.step)
-        updater_G.update_ema(plan.ema_beta)
-        state.step += 1
+            # Generator step, then its moving average.
+            gen_z = torch.randn(plan.share_G, G.z_dim, device=device)
+            updater_G.step(loss, [None, None, gen_z, fake_labels.sample(plan.share_G)], plan.rounds_G, state.step)
+            updater_G.update_ema(plan.ema_beta)
+            state.step += 1
 
-        # Tick: divergence stop and progress line; image grid, metrics and snapshot when due.
-        done = schedule.done(state.step, state.cur_nimg)
-        if not done and not reporter.tick_due(state.cur_nimg):
-            continue
-        stats = reporter.tick([updater_D, updater_G], state, done)
-        state.cur_tick += 1
-        label = snapshot_label(state.cur_nimg)
-        if grids is not None and (done or state.cur_tick % image_snapshot_ticks == 0):
-            last_grid = grids.save(G_ema, label)
-        snapshot_due = done or (network_snapshot_ticks is not None and state.cur_tick % network_snapshot_ticks == 0)
-        if snapshot_due:
-            for module in nets.values():
-                misc.check_ddp_consistency(module)  # Every process must hold the same networks.
-            snapshot_pkl = os.path.join(run_dir, f'network-snapshot-{label}.pkl')
-            metric_stats, new_best = evaluator.evaluate(G_ema, snapshot_pkl, state)  # Before the snapshot, which records it.
-            stats.update(metric_stats)
-            state.consumed = reals.consumed
-            state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []),
-                       state.snapshot(nets, optimizers, training_set_kwargs, experiment))
-            last_snapshot = snapshot_pkl
-            if new_best:
-                log(f'New best {best_metric}: {state.best:.4g} -> network-best.pkl')
-        reporter.end_tick(stats, state, chart=snapshot_due)
+            # Tick: divergence stop and progress line; image grid, metrics and snapshot when due.
+            done = schedule.done(state.step, state.cur_nimg)
+            if not done and not reporter.tick_due(state.cur_nimg):
+                continue
+            stats = reporter.tick([updater_D, updater_G], state, done)
+            state.cur_tick += 1
+            label = snapshot_label(state.cur_nimg)
+            if grids is not None and (done or state.cur_tick % image_snapshot_ticks == 0):
+                last_grid = grids.save(G_ema, label)
+            snapshot_due = done or (network_snapshot_ticks is not None and state.cur_tick % network_snapshot_ticks == 0)
+            if snapshot_due:
+                for module in nets.values():
+                    misc.check_ddp_consistency(module)  # Every process must hold the same networks.
+                snapshot_pkl = os.path.join(run_dir, f'network-snapshot-{label}.pkl')
+                metric_stats, new_best = evaluator.evaluate(G_ema, snapshot_pkl, state)  # Before the snapshot, which records it.
+                stats.update(metric_stats)
+                state.consumed = reals.consumed
+                state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []),
+                           state.snapshot(nets, optimizers, training_set_kwargs, experiment))
+                last_snapshot = snapshot_pkl
+                if new_best:
+                    log(f'New best {best_metric}: {state.best:.4g} -> network-best.pkl')
+            reporter.end_tick(stats, state, chart=snapshot_due)
 
     # Done: say where the results are.
     reporter.close()

@@ -1,0 +1,196 @@
+"""Hostile files against every reader of outside files and every entry point: zip and npz bombs, entries
+claiming more bytes than the file holds, truncated archives, a detector that is not TorchScript.
+
+Each is refused in one line, and within torch_utils/bounded_read.py's bound: the entry points run in
+their own processes (on the CPU), whose peak memory is measured on Linux. The hostile files are built
+in tests/hostile_files.py without allocating what they claim.
+"""
+
+import dataclasses
+import io
+import json
+import os
+import sys
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import dataset_tool
+import legacy
+from metrics import frechet_inception_distance, metric_utils
+from tests import hostile_files
+from tests.hostile_files import deflate_bomb, deflated, stored, zip_bytes
+from torch_utils import bounded_read, persistence
+from training.dataset import DatasetError, ImageFolderDataset
+
+BOMB_BYTES = 512 << 20  # Each bomb expands to this: far above the bound for files of ~0.5 MB.
+
+#----------------------------------------------------------------------------
+# The reader itself.
+
+
+def archive_of(raw: bytes, torch_format: bool = False) -> bounded_read.ZipArchive:
+    return bounded_read.ZipArchive(io.BytesIO(raw), 'x.zip', torch_format=torch_format)
+
+
+def refused(raw: bytes, torch_format: bool = False) -> str:
+    with pytest.raises(bounded_read.RefusedFileError) as info:
+        archive_of(raw, torch_format)
+    assert '\n' not in str(info.value) and str(info.value).startswith('x.zip')
+    return str(info.value)
+
+
+def test_valid_archives_read():
+    archive = archive_of(zip_bytes([stored('a.txt', b'abc'), deflated('b.txt', b'x' * 1000)]))
+    assert archive.read('a.txt') == b'abc' and archive.read('b.txt') == b'x' * 1000
+    assert len(archive_of(hostile_files.snapshot_bytes(), torch_format=True).entries) > 4
+    assert any('/code/' in name for name in archive_of(hostile_files.detector_bytes(), torch_format=True).entries)
+
+
+def test_bomb_entry_is_refused_before_it_is_decompressed(monkeypatch):
+    raw = zip_bytes([stored('a.png', b'png'), deflate_bomb('b.png', BOMB_BYTES)])
+    archive = archive_of(raw)
+    monkeypatch.setattr(zipfile.ZipFile, 'open', lambda *args, **kwargs: pytest.fail('decompressed'))
+    with pytest.raises(bounded_read.RefusedFileError, match=r'entry b.png expands to 536,870,912 bytes, more than the file'):
+        archive.read('b.png')
+    assert 'is compressed' in refused(raw, torch_format=True)
+
+
+def test_entries_claiming_more_than_the_file_are_refused():
+    abc = stored('a', b'abc')
+    assert 'claims 1000000 bytes, more than the file holds' in refused(
+        zip_bytes([dataclasses.replace(abc, file_size=1000000, compress_size=1000000)]))
+    assert 'is stored as 3 bytes but claims 1000000' in refused(zip_bytes([dataclasses.replace(abc, file_size=1000000)]))
+    assert 'claim more bytes than the file holds' in refused(hostile_files.overlapping(100, 1 << 20), torch_format=True)
+
+
+def test_truncated_and_damaged_archives_are_refused():
+    assert 'not a zip archive' in refused(hostile_files.truncated(hostile_files.snapshot_bytes()))
+    raw = zip_bytes([stored('a', b'abc')])
+    end = raw.rindex(b'PK\x05\x06')  # Its directory size (4 bytes at 12) made 4 GiB - 1.
+    assert 'does not fit in the' in refused(raw[:end + 12] + (2 ** 32 - 1).to_bytes(4, 'little') + raw[end + 16:])
+    assert 'compression method 12' in refused(zip_bytes([dataclasses.replace(stored('a', b'abc'), method=12)]))
+
+
+#----------------------------------------------------------------------------
+# The loaders.
+
+
+def test_snapshot_bomb_is_refused_and_the_official_hint_reads_nothing(tmp_path, monkeypatch):
+    path = tmp_path / 'bomb.pkl'
+    path.write_bytes(hostile_files.snapshot_bomb(BOMB_BYTES))
+    monkeypatch.setattr(torch, 'load', lambda *args, **kwargs: pytest.fail('torch.load read the refused file'))
+    with pytest.raises(persistence.UnsafeSnapshotError, match='is compressed'):
+        legacy.load_network(str(path))
+    with pytest.raises(legacy.OfficialCheckpointError, match='is compressed'):
+        legacy.load_official_checkpoint(str(path), 'cifar10-cnn')
+
+
+def save_stats(path, compressed: bool = False, **arrays) -> str:
+    (np.savez_compressed if compressed else np.savez)(path, **arrays)
+    return str(path)
+
+
+def test_ref_stats_shapes_are_read_before_the_data(tmp_path):
+    mu, sigma = np.arange(16.0), np.eye(16) * 2
+    for kwargs in (dict(), dict(compressed=True)):
+        got = frechet_inception_distance.load_ref_stats(save_stats(tmp_path / 'ok.npz', mu=mu, sigma=sigma, **kwargs))
+        np.testing.assert_array_equal(got[0], mu)
+        np.testing.assert_array_equal(got[1], sigma)
+    got = frechet_inception_distance.load_ref_stats(save_stats(tmp_path / 'other.npz', mu=mu.astype('>f4'),
+                                                               sigma=np.asfortranarray(sigma + np.tri(16))))
+    assert got[0].dtype == np.float64 and np.array_equal(got[1], sigma + np.tri(16))
+
+    def refusal(name: str, data: bytes, num_features: int | None = None) -> str:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ValueError) as info:
+            frechet_inception_distance.load_ref_stats(str(tmp_path / name), num_features)
+        assert '\n' not in str(info.value)
+        return str(info.value)
+
+    assert 'sigma is [40000, 40000], but the statistics are 2048-dimensional' in refusal(
+        'claims.npz', hostile_files.stats_claiming(40000))
+    assert 'sigma is [8192, 8192], but the statistics are 2048-dimensional' in refusal(
+        'bomb.npz', hostile_files.stats_bomb(2048, 8192))
+    assert 'mu is [2048], but the statistics are 1000-dimensional' in refusal(
+        'dim.npz', hostile_files.stats_bomb(2048, 64), num_features=1000)
+    mu_entry = stored('mu.npy', hostile_files.npy_header((40000,)) + bytes(8 * 40000))
+    sigma_entry = stored('sigma.npy', hostile_files.npy_header((40000, 40000)))
+    assert 'more than 4096 features are not read' in refusal('big.npz', zip_bytes([mu_entry, sigma_entry]))
+    assert 'is float16, not float32 or float64' in refusal('f16.npz', open(save_stats(
+        tmp_path / 'f16.npz', mu=np.zeros(4, np.float16), sigma=np.eye(4)), 'rb').read())
+    assert 'holds Python objects' in refusal('obj.npz', zip_bytes([stored('mu.npy', hostile_files.npy_header((4,), '|O')),
+                                                                   sigma_entry]))
+    assert 'is not an .npz file' in refusal('cut.npz', hostile_files.truncated(open(save_stats(
+        tmp_path / 'whole.npz', mu=np.zeros(1000), sigma=np.eye(1000)), 'rb').read()))
+    short = hostile_files.deflated('sigma.npy', hostile_files.npy_header((4, 4)) + bytes(64))
+    assert 'declares 192 bytes' in refusal('short.npz', zip_bytes([stored('mu.npy', hostile_files.npy_header((4,)) + bytes(32)),
+                                                                   dataclasses.replace(short, file_size=192)]))
+
+
+def test_detector_must_be_torchscript_within_the_bound(tmp_path):
+    (tmp_path / 'weights.pt').write_bytes(hostile_files.snapshot_bytes())
+    with pytest.raises(metric_utils.DetectorUnavailableError, match='is not TorchScript'):
+        metric_utils.get_feature_detector(str(tmp_path / 'weights.pt'))
+    bomb = zip_bytes([deflate_bomb(e.name, BOMB_BYTES) if e.name.endswith('/data/0') else e
+                      for e in hostile_files.entries_of(hostile_files.detector_bytes())])
+    (tmp_path / 'bomb.pt').write_bytes(bomb)
+    with pytest.raises(metric_utils.DetectorUnavailableError, match='is compressed'):
+        metric_utils.get_feature_detector(str(tmp_path / 'bomb.pt'))
+    (tmp_path / 'detector.pt').write_bytes(hostile_files.detector_bytes())
+    assert metric_utils.get_feature_detector(str(tmp_path / 'detector.pt')) is not None
+
+
+def test_dataset_json_larger_than_labels_can_be_is_refused(tmp_path):
+    images = [stored('a.png', hostile_files.png_bytes(0)), stored('b.png', hostile_files.png_bytes(9))]
+    labels = json.dumps(dict(labels=[['a.png', 0], ['b.png', 1]]), indent=4).encode()
+    (tmp_path / 'ok.zip').write_bytes(zip_bytes(images + [deflated('dataset.json', labels)]))
+    assert ImageFolderDataset(str(tmp_path / 'ok.zip'), use_labels=True).label_dim == 2
+    for name, text in [('long.zip', b'{"labels": null}' + b' ' * 5000), ('deep.zip', b'[' * 4000 + b']' * 4000),
+                       ('lists.zip', b'{"labels": [' + b'[], ' * 1000 + b'[]]}')]:
+        (tmp_path / name).write_bytes(zip_bytes(images + [deflated('dataset.json', text)]))
+        with pytest.raises(DatasetError) as info:
+            ImageFolderDataset(str(tmp_path / name), use_labels=True)
+        assert '\n' not in str(info.value) and 'dataset.json' in str(info.value)
+        result = CliRunner().invoke(dataset_tool.main, [f'--source={tmp_path / name}', f'--dest={tmp_path / "out" / name}'])
+        assert result.exit_code == 1 and 'dataset.json' in result.output.strip().splitlines()[-1], result.output
+    (tmp_path / 'bomb.zip').write_bytes(hostile_files.image_entry_bomb(BOMB_BYTES))
+    with pytest.raises(DatasetError, match='entry img0.png expands to'):
+        ImageFolderDataset(str(tmp_path / 'bomb.zip'))
+
+#----------------------------------------------------------------------------
+# Every entry point, each in its own process.
+
+
+@pytest.fixture(scope='module')
+def outcomes(tmp_path_factory):
+    """The hostile cases of every entry point, run two at a time, and each script's own footprint
+    (its --help, which imports what the script imports)."""
+    folder = str(tmp_path_factory.mktemp('hostile'))
+    cases = hostile_files.hostile_cases(folder, BOMB_BYTES)
+    scripts = sorted({case.argv[0] for case in cases})
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda argv: hostile_files.run_cli(argv, cwd=folder),
+                                [case.argv for case in cases] + [[script, '--help'] for script in scripts]))
+    footprints = {script: outcome.peak_rss for script, outcome in zip(scripts, results[len(cases):])}
+    return {(case.entry, case.file): (case, outcome, footprints[case.argv[0]]) for case, outcome in zip(cases, results)}
+
+
+@pytest.mark.skipif(not hasattr(os, 'wait4'), reason='the processes are measured with fork and wait4 (POSIX)')
+def test_every_entry_point_refuses_in_one_line_within_the_bound(outcomes):
+    """generate.py, calc_metrics.py (--network, --ref-stats, --images, --detector), train.py (--resume,
+    --ref-stats, --data), legacy.py and dataset_tool.py, each on every hostile file it reads."""
+    failures = []
+    for (entry, file), (case, outcome, footprint) in outcomes.items():
+        where = f'{entry} on {file}'
+        if outcome.returncode == 0 or 'Traceback' in outcome.stderr or not outcome.last_line.startswith('Error: '):
+            failures.append(f'{where}: exit {outcome.returncode}, stderr ends {outcome.stderr[-300:]!r}')
+        bound = footprint + bounded_read.MEMORY_FACTOR * case.file_size + bounded_read.MEMORY_ALLOWANCE
+        if sys.platform == 'linux' and outcome.peak_rss > bound:
+            failures.append(f'{where}: peak memory {outcome.peak_rss >> 20} MiB, bound {bound >> 20} MiB '
+                            f'({footprint >> 20} MiB the script\'s own)')
+    assert not failures, '\n'.join(failures)
