@@ -7,7 +7,9 @@ non-finite count) in float64, one row per name in one accumulator per device, wi
 fused operations (a concatenation, the moments, one index_add_). So reporting never waits for the
 GPU and adds no kernels per report to a training step. A flush happens at every `Collector.update()`
 (the training loop's tick) and whenever `MAX_PENDING` reports wait. A reported tensor is read at
-the flush, so it must not be modified in place after `report` (the losses' are not).
+the flush, so it must not be modified in place after `report` (the losses' are not). On CUDA,
+index_add_ adds in no fixed order unless deterministic algorithms are on, so the float64 sums may
+differ in their last bits between runs (the training itself does not read them).
 
 A `Collector` owned by the training loop periodically calls `update()`, which sums the moments
 gathered since its last update over all processes (torch.distributed) and exposes mean and std.
