@@ -172,7 +172,8 @@ class _Conv2d(torch.autograd.Function):
         weight_gradient_wanted = ctx.needs_input_grad[1] and not weight_gradients_disabled
         if weight_gradient_wanted:
             try:
-                weight_gradient_wanted = torch._C._will_engine_execute_node(ctx.next_functions[1][0])  # pylint: disable=protected-access
+                will_execute = torch._C._will_engine_execute_node  # pylint: disable=protected-access
+                weight_gradient_wanted = will_execute(ctx.next_functions[1][0])
             except (AttributeError, RuntimeError, TypeError):
                 pass
         if weight_gradient_wanted:

@@ -33,8 +33,9 @@ def test_count_host_work_sees_the_backward_pass():
 
 def test_train_speed_reports_ops_and_python_calls(tmp_path):
     out = tmp_path / 'speed.json'
-    result = CliRunner().invoke(train_speed.main, ['--cfg=quickstart', '--batch=2', '--norms=none,gn', '--fast-g=default',
-                                                   '--rounds=1', '--warmup=0', '--threads=1', f'--out={out}'])
+    args = ['--cfg=quickstart', '--batch=2', '--norms=none,gn', '--fast-g=default', '--rounds=1', '--warmup=0',
+            '--threads=1', f'--out={out}']
+    result = CliRunner().invoke(train_speed.main, args)
     assert result.exit_code == 0, result.output
     assert 'ops/D' in result.output and 'calls/G' in result.output
     rows = json.loads(out.read_text())['results']

@@ -236,8 +236,10 @@ def test_custom_autograd_ops_only_where_differentiated_twice(norm, net, fast_g, 
     from ops import conv2d_gradfix, relu_pool_gradfix
     recorded = []
     for function in [conv2d_gradfix._Conv2d, relu_pool_gradfix._Activation, relu_pool_gradfix._AvgPool2x2]:
-        forward = staticmethod(lambda *args, _f=function.forward, _name=function.__name__: recorded.append(_name) or _f(*args))
-        monkeypatch.setattr(function, 'forward', forward)
+        def counted_forward(*args, _forward=function.forward, _name=function.__name__):
+            recorded.append(_name)
+            return _forward(*args)
+        monkeypatch.setattr(function, 'forward', staticmethod(counted_forward))
     torch.manual_seed(0)
     D = ResNetDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=2, spectral_norm=(norm == 'sn'))
     gan_loss = GANLoss(G=ImageG(32), D=D, norm=norm, fast_g=fast_g)

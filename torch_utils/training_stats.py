@@ -30,7 +30,8 @@ import dnnlib
 MAX_PENDING = 1024  # Reports that may wait for a flush (a bound on memory where nothing calls update()).
 
 _rows: dict[str, int] = {}  # name -> its row in every device's accumulator.
-_accumulators: dict[torch.device, torch.Tensor] = {}  # device -> float64 [len(_rows), 4]: count, sum, sum_sq, non-finite.
+# device -> float64 [len(_rows), 4]: count, sum, sum of squares, non-finite count.
+_accumulators: dict[torch.device, torch.Tensor] = {}
 _pending: list[tuple[int, torch.Tensor]] = []  # (row, values) reported since the last flush.
 
 
@@ -94,7 +95,7 @@ class Collector:
     def __init__(self, regex: str = '.*') -> None:
         self._regex = re.compile(regex)
         totals = _totals()
-        self._last: dict[str, torch.Tensor] = {name: totals[_rows[name]] for name in self.names()}  # Only what comes after.
+        self._last: dict[str, torch.Tensor] = {name: totals[_rows[name]] for name in self.names()}  # What comes after.
         self._current: dict[str, torch.Tensor] = {}
 
     def names(self) -> list[str]:
