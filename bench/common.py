@@ -10,6 +10,7 @@ host: ATen operators dispatched and Python function calls, the same on a CPU as 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -143,8 +144,16 @@ class TrainingStep:
 
     def step(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
         """One optimizer step of `net` ('D' or 'G') on [real_img, real_c, gen_z, gen_c], in this step's precision."""
-        with devices.run_switches(self.device, self.precision.allow_tf32):  # Restored after the step.
-            self.updaters[net].step(self.loss, batch, rounds=rounds, step=0)
+        with self.switches():  # Restored after the step.
+            self.run(net, batch, rounds)
+
+    def switches(self) -> contextlib.AbstractContextManager:
+        """The process-wide switches of this step's precision and device (torch_utils/devices.run_switches)."""
+        return devices.run_switches(self.device, self.precision.allow_tf32)
+
+    def run(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
+        """`step` under switches already set, as in the training loop, which sets them once per run."""
+        self.updaters[net].step(self.loss, batch, rounds=rounds, step=0)
 
 
 def random_batch(G: torch.nn.Module, n: int, resolution: int, device: torch.device) -> list[torch.Tensor]:

@@ -113,10 +113,12 @@ class Configuration:
             self.times[net].append(self.clock() - start)
 
     def count_host_work(self) -> None:
-        """Ops and Python calls of one D step and one G step (each run twice, see count_host_work)."""
+        """Ops and Python calls of one D step and one G step (each run twice, see count_host_work), under switches
+        set around them as the training loop sets them once per run."""
         for net in ('D', 'G'):
             batch = self.batch(net)
-            self.host_work[net] = count_host_work(lambda: self.training.step(net, batch))
+            with self.training.switches():
+                self.host_work[net] = count_host_work(lambda: self.training.run(net, batch))
 
     def _sync(self) -> None:
         if self.device.type == 'cuda':
