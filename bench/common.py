@@ -4,19 +4,22 @@ them, random batches, comma-separated option lists, and JSON results written ato
 The training step is the loop's own: `NetworkUpdater.step` (training/updater.py) on a `GANLoss`
 (training/loss.py), with the networks, optimizers and loss kwargs of `configs.training_options`
 and the arithmetic of training/precision.py. The bench scripts time or inspect that step on
-random data; none of them has a training step of its own.
+random data; none of them has a training step of its own. `count_host_work` counts what a step costs the
+host: ATen operators dispatched and Python function calls, the same on a CPU as on a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import tempfile
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import click
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -56,6 +59,44 @@ def write_json_atomic(path: str, data: dict) -> None:
         raise
 
 #----------------------------------------------------------------------------
+
+
+class HostWork(NamedTuple):
+    """What one call of a function costs the host, whatever the device."""
+    ops: int           # ATen operators dispatched, forward and backward (on a GPU about one kernel launch each).
+    python_calls: int  # Python function calls (sys.setprofile 'call' events; C functions not counted).
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_host_work(fn: Callable[[], object]) -> HostWork:
+    """Call `fn` twice: once counting the ATen ops it dispatches (a TorchDispatchMode, which also sees the backward
+    passes run by the autograd engine), once counting its Python calls (sys.setprofile); apart, so that neither
+    counter's own Python is counted by the other."""
+    counter = _OpCounter()
+    with counter:
+        fn()
+    python_calls = 0
+
+    def profile(_frame, event: str, _arg) -> None:
+        nonlocal python_calls
+        python_calls += event == 'call'
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(previous)
+    return HostWork(ops=counter.ops, python_calls=python_calls)
 
 
 def preset_options(cfg_name: str, norm: str = 'gn', resolution: int | None = None, batch: int | None = None,
@@ -103,8 +144,16 @@ class TrainingStep:
 
     def step(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
         """One optimizer step of `net` ('D' or 'G') on [real_img, real_c, gen_z, gen_c], in this step's precision."""
-        with devices.run_switches(self.device, self.precision.allow_tf32):  # Restored after the step.
-            self.updaters[net].step(self.loss, batch, rounds=rounds, step=0)
+        with self.switches():  # Restored after the step.
+            self.run(net, batch, rounds)
+
+    def switches(self) -> contextlib.AbstractContextManager:
+        """The process-wide switches of this step's precision and device (torch_utils/devices.run_switches)."""
+        return devices.run_switches(self.device, self.precision.allow_tf32)
+
+    def run(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
+        """`step` under switches already set, as in the training loop, which sets them once per run."""
+        self.updaters[net].step(self.loss, batch, rounds=rounds, step=0)
 
 
 def random_batch(G: torch.nn.Module, n: int, resolution: int, device: torch.device) -> list[torch.Tensor]:

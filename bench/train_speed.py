@@ -19,7 +19,11 @@ configurations, one D step and one G step of each per round, so that a change in
 load hits all of them alike; every figure is the median over --rounds rounds after --warmup
 untimed ones. A full iteration of a preset is n_dis D steps plus one G step.
 
-Reported: sec/D step, sec/G step, sec/iteration, and for each preset and precision the ratios
+Host work: after the timed rounds, one more D step and G step of every configuration are counted
+(bench/common.count_host_work): ATen ops dispatched (forward and backward; on a GPU about one kernel
+launch each) and Python function calls, so that a change in host work shows on a CPU too.
+
+Reported: sec/D step, sec/G step, sec/iteration, ops and Python calls per D and per G step, and for each preset and precision the ratios
 GN / vanilla (norm 'none') of the D step and of the G step, the figures of the GN-GAN paper's
 speed table. fp16 runs use a GradScaler as the training loop does. Prints a table; --out writes
 the same numbers as JSON with the device, torch version, thread count, load average and date.
@@ -44,7 +48,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
-from bench.common import TrainingStep, build_network, parse_list, preset_options, random_batch, write_json_atomic  # noqa: E402
+from bench.common import (HostWork, TrainingStep, build_network, count_host_work, parse_list, preset_options,  # noqa: E402
+                          random_batch, write_json_atomic)
 from training import configs, loss as loss_lib, precision as precision_lib  # noqa: E402
 
 #----------------------------------------------------------------------------
@@ -89,18 +94,31 @@ class Configuration:
                                      precision=precision, group_size=preset['group_size'])
         self.gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
         self.times: dict[str, list[float]] = {'D': [], 'G': []}
+        self.host_work: dict[str, HostWork] = {}
 
-    def step(self, net: str, record: bool) -> None:
+    def batch(self, net: str) -> list[torch.Tensor | None]:
         p = self.preset
         batch = random_batch(p['G'], p['batch_D'] if net == 'D' else p['batch_G'], p['resolution'], self.device)
         if net == 'G':
             batch[:2] = [None, None]
+        return batch
+
+    def step(self, net: str, record: bool) -> None:
+        batch = self.batch(net)
         self._sync()
         start = self.clock()
         self.training.step(net, batch)
         self._sync()
         if record:
             self.times[net].append(self.clock() - start)
+
+    def count_host_work(self) -> None:
+        """Ops and Python calls of one D step and one G step (each run twice, see count_host_work), under switches
+        set around them as the training loop sets them once per run."""
+        for net in ('D', 'G'):
+            batch = self.batch(net)
+            with self.training.switches():
+                self.host_work[net] = count_host_work(lambda: self.training.run(net, batch))
 
     def _sync(self) -> None:
         if self.device.type == 'cuda':
@@ -113,7 +131,9 @@ class Configuration:
                     linear_d=loss.bias_layers is not None if self.gn else None, fuse_d_calls=loss.fuse_d_calls,
                     precision=self.precision, batch_D=self.preset['batch_D'], batch_G=self.preset['batch_G'],
                     resolution=self.preset['resolution'], n_dis=self.preset['n_dis'], sec_per_D_step=d, sec_per_G_step=g,
-                    sec_per_iteration=self.preset['n_dis'] * d + g, rounds=len(self.times['D']))
+                    sec_per_iteration=self.preset['n_dis'] * d + g, rounds=len(self.times['D']),
+                    ops_per_D_step=self.host_work['D'].ops, python_calls_per_D_step=self.host_work['D'].python_calls,
+                    ops_per_G_step=self.host_work['G'].ops, python_calls_per_G_step=self.host_work['G'].python_calls)
 
 #----------------------------------------------------------------------------
 
@@ -185,15 +205,18 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
         for run in runs:
             for net in ('D', 'G'):
                 run.step(net, record=round_idx >= warmup)
+    for run in runs:
+        run.count_host_work()
 
     rows = [run.result() for run in runs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')
     print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"prec":<5} {"batch":>7} {"s/D step":>9} {"s/G step":>9} '
-          f'{"s/iter":>8}')
+          f'{"s/iter":>8} {"ops/D":>6} {"calls/D":>7} {"ops/G":>6} {"calls/G":>7}')
     for r in rows:
         print(f'{r["cfg"]:<20} {r["norm"]:<5} {on_off(r["fast_g"]):<6} {on_off(r["linear_d"]):<6} {on_off(r["fuse_d_calls"]):<6} {r["precision"]:<5} '
               f'{r["batch_D"]:>3}/{r["batch_G"]:<3} '
-              f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f}')
+              f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f} '
+              f'{r["ops_per_D_step"]:>6} {r["python_calls_per_D_step"]:>7} {r["ops_per_G_step"]:>6} {r["python_calls_per_G_step"]:>7}')
     gn_ratios = ratios(rows)
     if gn_ratios:
         print('\nGN / vanilla (norm none):')

@@ -13,6 +13,16 @@ and the weight gradient's own backward, for an incoming g shaped like w, is
     d/d(dy) <g, A_w^T(dy; x)> = A(x, g),   d/dx = A_x^T(dy; g),
 again convolutions. So derivatives of every order stay within these ops.
 
+These Functions cost Python per call and per backward (a Function object, a
+config, nested `apply` calls), which on a GPU is what a small network's step is
+bound by, and they are only needed where a second derivative is taken. So
+`conv2d` and `conv_transpose2d` run torch.nn.functional's convolutions unless
+called inside `with higher_order_gradients():`, which the loss opens around the
+passes that it differentiates twice (GN's D step, the exact GN G step,
+gradient penalties); ops/relu_pool_gradfix.py follows the same switch. Which
+op a call records is decided at the forward pass: a backward run later,
+outside the context, goes through whatever the forward recorded.
+
 Inside `with no_weight_gradients():` backward passes skip dw entirely, which
 saves a convolution per layer when only input gradients are wanted (the
 gradient penalty's grad of D w.r.t. images).
@@ -20,19 +30,35 @@ gradient penalty's grad of D w.r.t. images).
 
 import contextlib
 import dataclasses
-from typing import Optional, Tuple, Union
+import functools
+from typing import Any, Callable, Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-enabled = True  # False: always use torch.nn.functional's convolutions
+enabled = True  # False: torch.nn.functional's convolutions even inside higher_order_gradients()
+higher_order_active = False  # set by higher_order_gradients()
 weight_gradients_disabled = False  # set by no_weight_gradients()
 
 IntPair = Union[int, Tuple[int, int]]
 
 
 @contextlib.contextmanager
-def no_weight_gradients(disable: bool = True):
+def higher_order_gradients(enable: bool = True) -> Iterator[None]:
+    """Within this context (when `enable`), the convolutions here and the activations and pooling of
+    ops/relu_pool_gradfix record the autograd Functions whose derivatives of every order are cheap; outside,
+    PyTorch's own ops (the same values)."""
+    global higher_order_active  # pylint: disable=global-statement
+    previous = higher_order_active
+    higher_order_active = previous or enable
+    try:
+        yield
+    finally:
+        higher_order_active = previous
+
+
+@contextlib.contextmanager
+def no_weight_gradients(disable: bool = True) -> Iterator[None]:
     """Within this context, backward passes through these convolutions skip weight gradients."""
     global weight_gradients_disabled  # pylint: disable=global-statement
     previous = weight_gradients_disabled
@@ -46,28 +72,41 @@ def no_weight_gradients(disable: bool = True):
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, stride: IntPair = 1,
            padding: IntPair = 0, dilation: IntPair = 1, groups: int = 1) -> torch.Tensor:
-    """Drop-in for torch.nn.functional.conv2d (integer padding only on the custom path)."""
-    if not _use_custom_op(padding):
+    """torch.nn.functional.conv2d; inside higher_order_gradients() (integer padding) the custom autograd op."""
+    if not (higher_order_active and enabled) or isinstance(padding, str) or functorch_active():
         return F.conv2d(input, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    cfg = _ConvConfig(transpose=False, stride=_pair(stride), padding=_pair(padding), output_padding=(0, 0),
-                      dilation=_pair(dilation), groups=groups)
-    return _Conv2d.apply(input, weight, bias, cfg)
+    return _conv2d_apply(input, weight, bias, _conv_config(False, stride, padding, 0, dilation, groups))
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                      stride: IntPair = 1, padding: IntPair = 0, output_padding: IntPair = 0, groups: int = 1,
                      dilation: IntPair = 1) -> torch.Tensor:
-    """Drop-in for torch.nn.functional.conv_transpose2d."""
-    if not _use_custom_op(padding):
+    """torch.nn.functional.conv_transpose2d; inside higher_order_gradients() the custom autograd op."""
+    if not (higher_order_active and enabled) or functorch_active():
         return F.conv_transpose2d(input, weight, bias, stride=stride, padding=padding, output_padding=output_padding,
                                   groups=groups, dilation=dilation)
-    cfg = _ConvConfig(transpose=True, stride=_pair(stride), padding=_pair(padding),
-                      output_padding=_pair(output_padding), dilation=_pair(dilation), groups=groups)
-    return _Conv2d.apply(input, weight, bias, cfg)
+    return _conv2d_apply(input, weight, bias, _conv_config(True, stride, padding, output_padding, dilation, groups))
 
 
-def _use_custom_op(padding) -> bool:
-    return enabled and not isinstance(padding, str)  # 'same'/'valid' padding: leave it to PyTorch
+def direct_apply(function: type[torch.autograd.Function]) -> Callable[..., Any]:
+    """`function.apply` without its Python preamble, for Functions without setup_context.
+
+    Function.apply binds default arguments for a setup_context and unwraps dead functorch wrappers
+    (which exist only under torch.func transforms) before it calls the C++ entry point: about seven
+    Python calls per apply, several hundred per GN D step. This is that entry point. Under a
+    torch.func transform (`functorch_active()`) the ops here and in relu_pool_gradfix take PyTorch's
+    own ops instead, so these Functions never meet a functorch wrapper."""
+    return super(torch.autograd.Function, function).apply
+
+
+functorch_active = torch._C._are_functorch_transforms_active  # pylint: disable=protected-access
+
+
+@functools.lru_cache(maxsize=None)  # One config per layer setting; a cache hit runs no Python.
+def _conv_config(transpose: bool, stride: IntPair, padding: IntPair, output_padding: IntPair, dilation: IntPair,
+                 groups: int) -> '_ConvConfig':
+    return _ConvConfig(transpose=transpose, stride=_pair(stride), padding=_pair(padding),
+                       output_padding=_pair(output_padding), dilation=_pair(dilation), groups=groups)
 
 
 def _pair(value: IntPair) -> Tuple[int, int]:
@@ -77,7 +116,7 @@ def _pair(value: IntPair) -> Tuple[int, int]:
     return int(first), int(second)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # Identity hash (no Python per lookup): configs come from caches.
 class _ConvConfig:
     transpose: bool  # False: conv2d, True: conv_transpose2d
     stride: Tuple[int, int]  # (height, width) as in torch
@@ -86,13 +125,7 @@ class _ConvConfig:
     dilation: Tuple[int, int]
     groups: int
 
-    def apply(self, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if self.transpose:
-            return F.conv_transpose2d(input, weight, bias, stride=self.stride, padding=self.padding,
-                                      output_padding=self.output_padding, groups=self.groups, dilation=self.dilation)
-        return F.conv2d(input, weight, bias, stride=self.stride, padding=self.padding, dilation=self.dilation,
-                        groups=self.groups)
-
+    @functools.lru_cache(maxsize=None)  # Per (config, shapes): the backward passes of a network reuse a few.
     def input_adjoint(self, input_shape: torch.Size, weight_shape: torch.Size) -> '_ConvConfig':
         """The convolution that maps output gradients to input gradients: conv2d <-> conv_transpose2d.
 
@@ -119,7 +152,11 @@ class _Conv2d(torch.autograd.Function):
     def forward(ctx, input, weight, bias, cfg):  # pylint: disable=arguments-differ
         ctx.cfg = cfg
         ctx.save_for_backward(input, weight)
-        return cfg.apply(input, weight, bias)
+        if cfg.transpose:
+            return F.conv_transpose2d(input, weight, bias, stride=cfg.stride, padding=cfg.padding,
+                                      output_padding=cfg.output_padding, groups=cfg.groups, dilation=cfg.dilation)
+        return F.conv2d(input, weight, bias, stride=cfg.stride, padding=cfg.padding, dilation=cfg.dilation,
+                        groups=cfg.groups)
 
     @staticmethod
     def backward(ctx, grad_output):  # pylint: disable=arguments-differ
@@ -127,29 +164,23 @@ class _Conv2d(torch.autograd.Function):
         cfg = ctx.cfg
         grad_input = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_input = _Conv2d.apply(grad_output, weight, None, cfg.input_adjoint(input.shape, weight.shape))
-        if _weight_gradient_wanted(ctx):
-            grad_weight = _Conv2dWeightGrad.apply(grad_output, input, weight.shape, cfg)
+            grad_input = _conv2d_apply(grad_output, weight, None, cfg.input_adjoint(input.shape, weight.shape))
+        # The weight gradient: needs_input_grad only says that the weight requires grad. A gradient penalty asks
+        # for torch.autograd.grad(D(x), x) alone; built-in ops then skip their weight gradients, and the engine can
+        # tell us too, through the private hook torch.utils.checkpoint relies on. Where that hook is missing or
+        # refuses (a leaf weight under autograd.grad), the weight gradient is computed (correct, only slower).
+        weight_gradient_wanted = ctx.needs_input_grad[1] and not weight_gradients_disabled
+        if weight_gradient_wanted:
+            try:
+                will_execute = torch._C._will_engine_execute_node  # pylint: disable=protected-access
+                weight_gradient_wanted = will_execute(ctx.next_functions[1][0])
+            except (AttributeError, RuntimeError, TypeError):
+                pass
+        if weight_gradient_wanted:
+            grad_weight = _conv2d_weight_grad_apply(grad_output, input, weight.shape, cfg)
         if ctx.needs_input_grad[2]:
             grad_bias = grad_output.sum([0, 2, 3])
         return grad_input, grad_weight, grad_bias, None
-
-
-def _weight_gradient_wanted(ctx) -> bool:
-    """Whether a backward pass of _Conv2d must produce the weight gradient.
-
-    needs_input_grad only says that the weight requires grad. A gradient
-    penalty asks for torch.autograd.grad(D(x), x) alone; built-in ops then skip
-    their weight gradients, and the engine can tell us too, through the
-    private hook torch.utils.checkpoint relies on. Where that hook is missing,
-    the weight gradient is computed (correct, only slower).
-    """
-    if not ctx.needs_input_grad[1] or weight_gradients_disabled:
-        return False
-    try:
-        return bool(torch._C._will_engine_execute_node(ctx.next_functions[1][0]))  # pylint: disable=protected-access
-    except (AttributeError, RuntimeError, TypeError):
-        return True
 
 
 class _Conv2dWeightGrad(torch.autograd.Function):
@@ -171,8 +202,12 @@ class _Conv2dWeightGrad(torch.autograd.Function):
         cfg = ctx.cfg
         grad2_grad_output = grad2_input = None
         if ctx.needs_input_grad[0]:
-            grad2_grad_output = _Conv2d.apply(input, grad2_weight, None, cfg)
+            grad2_grad_output = _conv2d_apply(input, grad2_weight, None, cfg)
         if ctx.needs_input_grad[1]:
             adjoint = cfg.input_adjoint(input.shape, grad2_weight.shape)
-            grad2_input = _Conv2d.apply(grad_output, grad2_weight, None, adjoint)
+            grad2_input = _conv2d_apply(grad_output, grad2_weight, None, adjoint)
         return grad2_grad_output, grad2_input, None, None
+
+
+_conv2d_apply = direct_apply(_Conv2d)
+_conv2d_weight_grad_apply = direct_apply(_Conv2dWeightGrad)

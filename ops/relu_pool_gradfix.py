@@ -16,6 +16,10 @@ Here the backward of an activation is the linear map dy -> m(y) * dy with the ma
 2x2 average pooling is P(x) = avg_pool2d(x, 2); its adjoint is P^T(g) = upsample_nearest(g / 4), and
 the adjoint of P^T is P again, so derivatives of any order alternate between the two, in the
 layout of their input. Values and gradients equal torch's (the mask and the 1/4 are exact).
+
+These autograd Functions are recorded only inside `ops.conv2d_gradfix.higher_order_gradients()`, the
+passes that are differentiated twice; elsewhere `relu`, `leaky_relu` and `avg_pool2x2` are PyTorch's
+own ops (no Python per backward), with the same values and first derivatives.
 """
 
 from __future__ import annotations
@@ -23,35 +27,36 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ops import conv2d_gradfix
+
 #----------------------------------------------------------------------------
 
 
 def relu(x: torch.Tensor) -> torch.Tensor:
     """torch.nn.functional.relu(x)."""
-    return _Activation.apply(x, 0.0)
+    if not conv2d_gradfix.higher_order_active or conv2d_gradfix.functorch_active():
+        return torch.relu(x)
+    return _activation_apply(x, 0.0)
 
 
 def leaky_relu(x: torch.Tensor, negative_slope: float) -> torch.Tensor:
     """torch.nn.functional.leaky_relu(x, negative_slope), for 0 < negative_slope < 1."""
     if not 0 < negative_slope < 1:
         raise ValueError(f'leaky_relu: negative_slope must lie in (0, 1), got {negative_slope}')
-    return _Activation.apply(x, float(negative_slope))
+    if not conv2d_gradfix.higher_order_active or conv2d_gradfix.functorch_active():
+        return F.leaky_relu(x, negative_slope)
+    return _activation_apply(x, float(negative_slope))
 
 
 def avg_pool2x2(x: torch.Tensor) -> torch.Tensor:
     """torch.nn.functional.avg_pool2d(x, 2) for an [N, C, H, W] input with even H and W."""
     if x.ndim != 4 or x.shape[2] % 2 or x.shape[3] % 2:
         raise ValueError(f'avg_pool2x2: expected [N, C, H, W] with even H and W, got {list(x.shape)}')
-    return _AvgPool2x2.apply(x)
+    if not conv2d_gradfix.higher_order_active or conv2d_gradfix.functorch_active():
+        return F.avg_pool2d(x, 2)
+    return _avg_pool_apply(x)
 
 #----------------------------------------------------------------------------
-
-
-def _apply_mask(grad: torch.Tensor, output: torch.Tensor, negative_slope: float) -> torch.Tensor:
-    """m(y) * grad with m = 1 where the activation's output y > 0, else negative_slope (y > 0 iff x > 0)."""
-    if negative_slope == 0:
-        return torch.ops.aten.threshold_backward(grad, output, 0)
-    return torch.ops.aten.leaky_relu_backward(grad, output, negative_slope, True)
 
 
 class _Activation(torch.autograd.Function):
@@ -59,7 +64,7 @@ class _Activation(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, negative_slope):  # pylint: disable=arguments-differ
-        y = F.relu(x) if negative_slope == 0 else F.leaky_relu(x, negative_slope)
+        y = torch.relu(x) if negative_slope == 0 else F.leaky_relu(x, negative_slope)
         ctx.save_for_backward(y)
         ctx.negative_slope = negative_slope
         return y
@@ -68,7 +73,7 @@ class _Activation(torch.autograd.Function):
     def backward(ctx, grad):  # pylint: disable=arguments-differ
         y, = ctx.saved_tensors
         # The mask enters detached: no graph edge back into the forward pass (its derivative is zero a.e.).
-        return _Mask.apply(grad, y.detach(), ctx.negative_slope), None
+        return _mask_apply(grad, y.detach(), ctx.negative_slope), None
 
 
 class _Mask(torch.autograd.Function):
@@ -76,14 +81,16 @@ class _Mask(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, grad, y, negative_slope):  # pylint: disable=arguments-differ
-        ctx.save_for_backward(y)
-        ctx.negative_slope = negative_slope
-        return _apply_mask(grad, y, negative_slope)
+        # y is detached (no graph, so no reference cycle): an attribute, without save_for_backward's Python.
+        ctx.y, ctx.negative_slope = y, negative_slope
+        # m(y) * grad with m = 1 where the activation's output y > 0, else negative_slope (y > 0 iff x > 0).
+        if negative_slope == 0:
+            return torch.ops.aten.threshold_backward(grad, y, 0)
+        return torch.ops.aten.leaky_relu_backward(grad, y, negative_slope, True)
 
     @staticmethod
     def backward(ctx, grad2):  # pylint: disable=arguments-differ
-        y, = ctx.saved_tensors
-        return _Mask.apply(grad2, y, ctx.negative_slope), None, None
+        return _mask_apply(grad2, ctx.y, ctx.negative_slope), None, None
 
 
 class _AvgPool2x2(torch.autograd.Function):
@@ -95,7 +102,7 @@ class _AvgPool2x2(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # pylint: disable=arguments-differ
-        return _AvgPool2x2Adjoint.apply(grad)
+        return _avg_pool_adjoint_apply(grad)
 
 
 class _AvgPool2x2Adjoint(torch.autograd.Function):
@@ -107,4 +114,10 @@ class _AvgPool2x2Adjoint(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad2):  # pylint: disable=arguments-differ
-        return _AvgPool2x2.apply(grad2)
+        return _avg_pool_apply(grad2)
+
+
+_activation_apply = conv2d_gradfix.direct_apply(_Activation)
+_mask_apply = conv2d_gradfix.direct_apply(_Mask)
+_avg_pool_apply = conv2d_gradfix.direct_apply(_AvgPool2x2)
+_avg_pool_adjoint_apply = conv2d_gradfix.direct_apply(_AvgPool2x2Adjoint)

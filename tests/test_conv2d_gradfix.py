@@ -17,6 +17,13 @@ TRANSPOSE_CASES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def higher_order_gradients():
+    """The custom autograd op, which conv2d and conv_transpose2d record inside this context only."""
+    with conv2d_gradfix.higher_order_gradients():
+        yield
+
+
 def _double(shape, seed):
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(shape, dtype=torch.float64, generator=generator, requires_grad=True)
@@ -87,8 +94,9 @@ def test_no_weight_gradients():
 
 def test_input_gradient_alone_skips_weight_gradient(monkeypatch):
     calls = []
-    original = conv2d_gradfix._Conv2dWeightGrad.apply
-    monkeypatch.setattr(conv2d_gradfix._Conv2dWeightGrad, 'apply', lambda *args: calls.append(1) or original(*args))
+    original = conv2d_gradfix._Conv2dWeightGrad.forward
+    monkeypatch.setattr(conv2d_gradfix._Conv2dWeightGrad, 'forward',
+                        staticmethod(lambda *args: calls.append(1) or original(*args)))
     x, w = _double([1, 2, 5, 5], 0), _double([3, 2, 3, 3], 1)
     scaled_w = w * 0.5  # a computed weight, as with equalized learning rate or spectral norm
     torch.autograd.grad(conv2d_gradfix.conv2d(x, scaled_w, padding=1).sum(), x)
@@ -105,3 +113,21 @@ def test_disabled_and_string_padding_fall_back_to_torch(monkeypatch):
     y = conv2d_gradfix.conv2d(x, w, padding=1)
     assert y.grad_fn.name() != '_Conv2dBackward'
     torch.testing.assert_close(y, F.conv2d(x, w, padding=1))
+
+
+@pytest.mark.parametrize('op', ['conv2d', 'conv_transpose2d'])
+def test_torchs_op_outside_higher_order_gradients(monkeypatch, op):
+    """Outside the context the call records PyTorch's own convolution (same values); the context switches it
+    on, nested contexts keep it on, and leaving restores what was there."""
+    monkeypatch.setattr(conv2d_gradfix, 'higher_order_active', False)
+    x, w = _double([1, 2, 5, 5], 0), _double([3, 2, 3, 3] if op == 'conv2d' else [2, 3, 3, 3], 1)
+    conv, native = getattr(conv2d_gradfix, op), getattr(F, op)
+    y = conv(x, w, padding=1)
+    assert y.grad_fn.name() == 'ConvolutionBackward0'
+    assert torch.equal(y, native(x, w, padding=1))
+    with conv2d_gradfix.higher_order_gradients():
+        with conv2d_gradfix.higher_order_gradients(enable=False):
+            assert conv(x, w, padding=1).grad_fn.name() == '_Conv2dBackward'
+        assert conv(x, w, padding=1).grad_fn.name() == '_Conv2dBackward'
+    assert not conv2d_gradfix.higher_order_active
+    assert conv(x, w, padding=1).grad_fn.name() == 'ConvolutionBackward0'

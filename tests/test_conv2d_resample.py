@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ops import conv2d_resample, upfirdn2d
+from ops import conv2d_gradfix, conv2d_resample, upfirdn2d
 
 
 def _correlate_valid(u, k, groups):
@@ -108,15 +108,17 @@ def test_stylegan_shapes():
     assert conv2d_resample.conv2d_resample(x, w, padding=1).shape == (2, 5, 8, 8)
 
 
+@pytest.mark.parametrize('higher_order', [False, True])  # PyTorch's convolutions, or conv2d_gradfix's Function.
 @pytest.mark.parametrize('k, up, down', [(3, 2, 1), (3, 1, 2), (1, 2, 2)])
-def test_gradcheck_and_gradgradcheck(k, up, down):
+def test_gradcheck_and_gradgradcheck(k, up, down, higher_order):
     torch.manual_seed(0)
     f = upfirdn2d.setup_filter([1, 3, 3, 1]).double()
     x = torch.randn([1, 2, 4, 4], dtype=torch.float64, requires_grad=True)
     w = torch.randn([2, 2, k, k], dtype=torch.float64, requires_grad=True)
     fn = lambda x, w: conv2d_resample.conv2d_resample(x, w, f, up=up, down=down, padding=k // 2)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, [x, w])
-    assert torch.autograd.gradgradcheck(fn, [x, w], fast_mode=True)
+    with conv2d_gradfix.higher_order_gradients(higher_order):
+        assert torch.autograd.gradcheck(fn, [x, w])
+        assert torch.autograd.gradgradcheck(fn, [x, w], fast_mode=True)
 
 
 def test_invalid_arguments_raise_clear_errors():

@@ -225,6 +225,32 @@ def test_fast_g_default_follows_piecewise_linearity():
     assert GANLoss(G=nn.Identity(), D=SmoothD(), fast_g=True).fast_g
 
 #----------------------------------------------------------------------------
+# The custom autograd ops of ops/ only in the passes that are differentiated twice.
+
+
+@pytest.mark.parametrize('norm,net,fast_g,differentiated_twice', [
+    ('none', 'D', None, False), ('sn', 'D', None, False), ('gn', 'D', None, True), ('gp1', 'D', None, True),
+    ('r1', 'D', None, True), ('none', 'G', None, False), ('gn', 'G', True, False), ('gn', 'G', False, True)])
+def test_custom_autograd_ops_only_where_differentiated_twice(norm, net, fast_g, differentiated_twice, monkeypatch):
+    """The plain and SN D steps and the G steps without a second derivative record PyTorch's own ops only."""
+    from ops import conv2d_gradfix, relu_pool_gradfix
+    recorded = []
+    for function in [conv2d_gradfix._Conv2d, relu_pool_gradfix._Activation, relu_pool_gradfix._AvgPool2x2]:
+        def counted_forward(*args, _forward=function.forward, _name=function.__name__):
+            recorded.append(_name)
+            return _forward(*args)
+        monkeypatch.setattr(function, 'forward', staticmethod(counted_forward))
+    torch.manual_seed(0)
+    D = ResNetDiscriminator(c_dim=0, img_resolution=32, img_channels=3, ch=2, spectral_norm=(norm == 'sn'))
+    gan_loss = GANLoss(G=ImageG(32), D=D, norm=norm, fast_g=fast_g)
+    real, z, c = torch.rand(2, 3, 32, 32) * 2 - 1, torch.randn(2, 3 * 32 * 32).requires_grad_(True), torch.zeros(2, 0)
+    gan_loss.accumulate_gradients(net, real, c, z, c)
+    if differentiated_twice:
+        assert set(recorded) == {'_Conv2d', '_Activation', '_AvgPool2x2'}
+    else:
+        assert not recorded
+
+#----------------------------------------------------------------------------
 # Every --norm x --loss combination: one D step and one G step on CPU.
 
 

@@ -4,13 +4,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ops import relu_pool_gradfix
+from ops import conv2d_gradfix, relu_pool_gradfix
 
 OPS = {  # name: (ours, torch's)
     'relu': (relu_pool_gradfix.relu, F.relu),
     'leaky_relu': (lambda x: relu_pool_gradfix.leaky_relu(x, 0.1), lambda x: F.leaky_relu(x, 0.1)),
     'avg_pool2x2': (relu_pool_gradfix.avg_pool2x2, lambda x: F.avg_pool2d(x, 2)),
 }
+
+
+@pytest.fixture(autouse=True)
+def higher_order_gradients():
+    """The autograd Functions, which the ops record inside this context only."""
+    with conv2d_gradfix.higher_order_gradients():
+        yield
 
 
 def input_away_from_kinks(shape, seed=0):
@@ -81,3 +88,17 @@ def test_bad_arguments_are_refused():
         relu_pool_gradfix.avg_pool2x2(torch.zeros(1, 1, 3, 4))
     with pytest.raises(ValueError, match='negative_slope'):
         relu_pool_gradfix.leaky_relu(torch.zeros(2), 0.0)
+
+
+@pytest.mark.parametrize('name, native_grad_fn', [('relu', 'ReluBackward0'), ('leaky_relu', 'LeakyReluBackward0'),
+                                                  ('avg_pool2x2', 'AvgPool2DBackward0')])
+def test_torchs_op_outside_higher_order_gradients(monkeypatch, name, native_grad_fn):
+    """Outside conv2d_gradfix.higher_order_gradients() the op is PyTorch's own (same values, native backward)."""
+    ours, reference = OPS[name]
+    x = input_away_from_kinks([2, 3, 4, 6]).requires_grad_(True)
+    monkeypatch.setattr(conv2d_gradfix, 'higher_order_active', False)
+    y = ours(x)
+    assert y.grad_fn.name() == native_grad_fn
+    assert torch.equal(y, reference(x))
+    with conv2d_gradfix.higher_order_gradients():
+        assert ours(x).grad_fn.name() != native_grad_fn

@@ -201,7 +201,9 @@ def test_apply_spectral_norm_only_on_weights():
 
 
 def test_discriminator_conv_has_the_double_backward_of_torch_conv():
-    """The D convolutions run through ops/conv2d_gradfix; GN differentiates them twice, so compare both orders."""
+    """The D convolutions run through ops/conv2d_gradfix (its Function inside higher_order_gradients(), as in GN's
+    steps); GN differentiates them twice, so compare both orders."""
+    from ops import conv2d_gradfix
     from training.networks.sngan import Conv2d
     torch.manual_seed(0)
     ours = Conv2d(3, 4, 4, stride=2, padding=1).double()
@@ -211,7 +213,10 @@ def test_discriminator_conv_has_the_double_backward_of_torch_conv():
     results = []
     for conv in (ours, ref):
         xi = x.clone().requires_grad_(True)
-        y = torch.relu(conv(xi)).square().sum()
+        with conv2d_gradfix.higher_order_gradients(conv is ours):
+            h = conv(xi)
+        assert (h.grad_fn.name() == '_Conv2dBackward') == (conv is ours)
+        y = torch.relu(h).square().sum()
         g, = torch.autograd.grad(y, xi, create_graph=True)
         g.norm().backward()  # The GN shape: a loss on ||grad_x f||.
         results.append([g.detach(), xi.grad, conv.weight.grad, conv.bias.grad])

@@ -244,6 +244,30 @@ def test_style_mixing_changes_only_layers_after_crossover():
     assert torch.equal(captured.pop(), own)
 
 
+def test_style_mixing_distribution():
+    """P(no mixing) = 1 - style_mixing_prob; the crossover uniform on 1 .. active layers - 1 (as in v1), with the
+    frequencies of 4000 draws within 4.5 binomial standard deviations."""
+    prob, draws = 0.6, 4000
+    G = tiny_G(img_resolution=16, style_mixing_prob=prob).train()
+    z, c = torch.randn(draws, 16), torch.zeros(draws, 0)
+    for lod, active in [(0, 6), (1.5, 4)]:
+        G.set_lod(lod)
+        torch.manual_seed(0)
+        own = torch.zeros(1, G.num_ws, 16)
+        counts = np.zeros(G.num_ws + 1)
+        for i in range(draws):
+            mixed = G._mix_styles(own, z[i:i + 1], c[i:i + 1])
+            from_second = (mixed != 0).any(dim=2)[0].numpy()
+            cutoff = int(np.argmax(from_second)) if from_second.any() else G.num_ws
+            assert from_second[cutoff:].all()
+            counts[cutoff] += 1
+        expected = np.zeros(G.num_ws + 1)
+        expected[1:active] = prob / (active - 1)
+        expected[G.num_ws] = 1 - prob
+        sd = np.sqrt(expected * (1 - expected) / draws)
+        np.testing.assert_array_less(np.abs(counts / draws - expected), 4.5 * sd + 1e-12)
+
+
 def test_conditional_networks():
     G, D = tiny_G(c_dim=3).eval(), tiny_D(c_dim=3)
     z = torch.randn(4, 16)

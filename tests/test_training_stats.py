@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_utils import training_stats
 
@@ -37,6 +38,55 @@ def test_non_finite_elements_are_masked():
     assert collector.num('Test2/x') == 5
     assert collector.mean('Test2/x') == pytest.approx(expected.mean(), rel=1e-12)
     assert collector.std('Test2/x') == pytest.approx(expected.std(), rel=1e-10)
+
+
+class _OpCounter(TorchDispatchMode):
+    """Dispatched ATen ops, and among them the ones that are not views (those run kernels)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = self.kernels = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        self.kernels += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def test_reports_cost_one_view_each_and_a_flush_a_few_kernels(monkeypatch):
+    """A report dispatches one op, a view (its detach); a flush of 300 reports of three names, float32 and float64,
+    scalars and arrays, with NaN and Inf, runs a few kernels; automatic flushes past MAX_PENDING; the moments equal
+    numpy's."""
+    monkeypatch.setattr(training_stats, 'MAX_PENDING', 300)
+    rng = np.random.default_rng(1)
+    collector = training_stats.Collector(r'Test3/.*')
+    reported = {'Test3/a': [], 'Test3/b': [], 'Test3/c': []}
+    report_index = 0
+    for step in range(150):
+        values = {'Test3/a': rng.normal(size=4).astype(np.float32), 'Test3/b': rng.normal(size=[2, 3]) * 1e3,
+                  'Test3/c': rng.normal(size=[]) + step}
+        values['Test3/a'][step % 4] = [np.nan, np.inf, 1.0, -np.inf][step % 4]
+        for name, value in values.items():
+            reported[name].append(np.asarray(value, dtype=np.float64).reshape(-1))
+            tensor = torch.from_numpy(np.asarray(value))
+            counter = _OpCounter()
+            with counter:
+                training_stats.report(name, tensor)
+            if report_index != 299:  # The 300th flushes.
+                assert (counter.ops, counter.kernels) == (1, 0)
+            report_index += 1
+    counter = _OpCounter()
+    with counter:
+        training_stats.flush()  # The last 150 reports.
+    assert counter.kernels <= 20
+    collector.update()
+    for name, chunks in reported.items():
+        values = np.concatenate(chunks)
+        finite = values[np.isfinite(values)]
+        assert collector.num(name) == len(finite)
+        assert collector.mean(name) == pytest.approx(finite.mean(), rel=1e-12)
+        assert collector.std(name) == pytest.approx(finite.std(), rel=1e-9)
+    assert collector.nonfinite_names() == ['Test3/a']
 
 
 def _worker(rank, init_file, result_file):

@@ -3,7 +3,10 @@
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import dnnlib
+from training import configs
 from training.updater import NEVER, NetworkUpdater, split_round, update_ema
 
 
@@ -174,3 +177,88 @@ def test_split_round_keeps_minibatch_stddev_groups():
     rounds = [split_round(x, r, 2, group_size=4).tolist() for r in range(2)]
     assert rounds == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert [split_round(x, r, 4).tolist() for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+#----------------------------------------------------------------------------
+# No host reads inside a training step, for every preset.
+
+HOST_READ_METHODS = ['item', '__bool__', 'tolist', 'cpu', 'numpy', '__float__', '__int__', '__index__']
+
+
+class HostReads(TorchDispatchMode):
+    """Counts reads of tensor values by the host: the Tensor methods that return host values (patched by `watch`)
+    and the ATen op behind every scalar read (`_local_scalar_dense`, also reached from C++). On a GPU each is a
+    synchronization. The optimizer's own step counters (CPU tensors whatever the device) are not counted."""
+
+    def __init__(self, optimizers):
+        super().__init__()
+        self.optimizers, self.reads = optimizers, []
+
+    def _is_step_counter(self, tensor):
+        return any(state.get('step') is tensor for opt in self.optimizers for state in opt.state.values())
+
+    def record(self, what, tensor):
+        if not self._is_step_counter(tensor):
+            self.reads.append(what)
+
+    def watch(self, monkeypatch):
+        for name in HOST_READ_METHODS:
+            monkeypatch.setattr(torch.Tensor, name, self._counted(name, getattr(torch.Tensor, name)))
+
+    def _counted(self, name, method):
+        def counted(tensor, *args, **kwargs):
+            self.record(name, tensor)
+            return method(tensor, *args, **kwargs)
+        return counted
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.record('_local_scalar_dense', args[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _preset_step(cfg_name, norm):
+    """Narrow networks, optimizers, updaters and loss of a preset (gn-stylegan at 16x16, fading in from 8x8), as
+    the training loop builds them, and a batch of 4."""
+    cfg = configs.get_config(cfg_name, norm=norm)
+    resolution = cfg.get('resolution', 16)
+    opts = configs.training_options(cfg, resolution=resolution, channels=3, label_dim=10 if cfg.conditional else 0,
+                                    batch=4, **(dict(cmax=4) if cfg.arch == 'stylegan' else {}), precision='fp32')
+    if cfg.arch != 'stylegan':
+        opts.G_kwargs.ch = opts.D_kwargs.ch = 2
+    torch.manual_seed(0)
+    G = dnnlib.util.construct_class_by_name(**opts.G_kwargs).train().requires_grad_(False)
+    D = dnnlib.util.construct_class_by_name(**opts.D_kwargs).train().requires_grad_(False)
+    if cfg.arch == 'stylegan':
+        G.set_lod(0.5)
+        D.set_lod(0.5)
+    loss = dnnlib.util.construct_class_by_name(**opts.loss_kwargs, G=G, D=D, precision='fp32')
+    updaters = {}
+    for net, module, opt_kwargs in [('D', D, opts.D_opt_kwargs), ('G', G, opts.G_opt_kwargs)]:
+        opt = dnnlib.util.construct_class_by_name(params=module.parameters(), **opt_kwargs)
+        updaters[net] = NetworkUpdater(net, module, opt, torch.amp.GradScaler('cpu', enabled=False),
+                                       group_size=opts.schedule_kwargs.get('group_size', 1))
+    n = 4
+    c = torch.eye(G.c_dim)[torch.arange(n) % G.c_dim] if G.c_dim else torch.zeros(n, 0)
+    batch = [torch.rand(n, 3, resolution, resolution) * 2 - 1, c, torch.randn(n, G.z_dim), c]
+    return loss, updaters, batch
+
+
+PRESET_NORMS = [(name, 'gn') for name in configs.PRESETS] + [
+    (name, norm) for name in ['quickstart', 'gn-stylegan'] for norm in configs.NORMS if norm != 'gn']
+
+
+@pytest.mark.parametrize('cfg_name,norm', PRESET_NORMS)
+def test_training_step_reads_nothing_back_to_the_host(cfg_name, norm, monkeypatch):
+    """One D step and one G step of every preset (narrow networks) without a host read of a tensor: on a GPU,
+    no synchronization inside a step. StyleGAN's style mixing included (its generator mixes with probability 0.9)."""
+    loss, updaters, batch = _preset_step(cfg_name, norm)
+    for net in ['D', 'G']:  # First steps: Adam's state and GN's one-time check of the affine form (a host read).
+        updaters[net].step(loss, batch if net == 'D' else [None, None] + batch[2:], rounds=1, step=0)
+    reads = HostReads([u.optimizer for u in updaters.values()])
+    reads.watch(monkeypatch)
+    with reads:
+        for net in ['D', 'G']:
+            torch.manual_seed(1)
+            updaters[net].step(loss, batch if net == 'D' else [None, None] + batch[2:], rounds=1, step=1)
+    monkeypatch.undo()
+    assert reads.reads == []

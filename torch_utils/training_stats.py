@@ -1,8 +1,17 @@
 """Scalar statistics reported from anywhere in the code and averaged across processes.
 
 Any code may call `report('Loss/D/loss', value)` with a scalar or a tensor of per-sample values.
-Each report adds to running moments (count, sum, sum of squares) kept per name in float64, on the
-device the value lives on, so reporting never waits for the GPU. A `Collector` owned by the training loop periodically calls `update()`, which sums the moments
+A report costs one operation (a detach) and a list append: the values wait, on their device, until
+the next flush, which turns all of them at once into running moments (count, sum, sum of squares,
+non-finite count) in float64, one row per name in one accumulator per device, with a handful of
+fused operations (a concatenation, the moments, one index_add_). So reporting never waits for the
+GPU and adds no kernels per report to a training step. A flush happens at every `Collector.update()`
+(the training loop's tick) and whenever `MAX_PENDING` reports wait. A reported tensor is read at
+the flush, so it must not be modified in place after `report` (the losses' are not). On CUDA,
+index_add_ adds in no fixed order unless deterministic algorithms are on, so the float64 sums may
+differ in their last bits between runs (the training itself does not read them).
+
+A `Collector` owned by the training loop periodically calls `update()`, which sums the moments
 gathered since its last update over all processes (torch.distributed) and exposes mean and std.
 """
 
@@ -18,7 +27,12 @@ import dnnlib
 
 #----------------------------------------------------------------------------
 
-_moments: dict[tuple[str, torch.device], torch.Tensor] = {}  # (name, device) -> float64 [count, sum, sum_sq, non-finite count].
+MAX_PENDING = 1024  # Reports that may wait for a flush (a bound on memory where nothing calls update()).
+
+_rows: dict[str, int] = {}  # name -> its row in every device's accumulator.
+# device -> float64 [len(_rows), 4]: count, sum, sum of squares, non-finite count.
+_accumulators: dict[torch.device, torch.Tensor] = {}
+_pending: list[tuple[int, torch.Tensor]] = []  # (row, values) reported since the last flush.
 
 
 def report(name: str, value: Any) -> Any:
@@ -28,27 +42,47 @@ def report(name: str, value: Any) -> Any:
     (they would poison every average) but counted apart, for `Collector.nonfinite_names()`; they
     are masked rather than removed, since removing would make the GPU report back their number.
     """
-    elems = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
-    elems = elems.flatten().to(torch.float64)
-    finite = elems.isfinite()
-    elems = elems.where(finite, 0.0)
-    # [count, sum, sum of squares, non-finite count] with one reduction: few small kernels per report.
-    moments = torch.stack([finite.to(torch.float64), elems, elems.square(), (~finite).to(torch.float64)]).sum(dim=1)
-    key = (name, elems.device)
-    if key in _moments:
-        _moments[key] += moments
-    else:
-        _moments[key] = moments
+    row = _rows.setdefault(name, len(_rows))
+    _pending.append((row, value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))))
+    if len(_pending) >= MAX_PENDING:
+        flush()
     return value
 
 
-def _total(name: str) -> torch.Tensor:
-    """Moments of `name` since process start, summed over the devices it was reported from, on the CPU."""
-    total = torch.zeros(4, dtype=torch.float64)
-    for (key_name, _device), moments in _moments.items():
-        if key_name == name:
-            total += moments.cpu()
-    return total
+def flush() -> None:
+    """Add the moments of every pending report to its name's row, per device: a few operations for all of them."""
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = {}
+    for row, values in _pending:
+        by_device.setdefault(values.device, []).append((row, values))
+    _pending.clear()
+    for device, reports in by_device.items():
+        elems = torch.cat([values.reshape(-1) for _row, values in reports]).to(torch.float64)  # cat promotes dtypes.
+        rows = torch.tensor([row for row, _values in reports]).repeat_interleave(
+            torch.tensor([values.numel() for _row, values in reports])).to(device, non_blocking=True)
+        finite = elems.isfinite()
+        elems = elems.where(finite, 0.0)
+        moments = torch.stack([finite.to(torch.float64), elems, elems.square(), (~finite).to(torch.float64)], dim=1)
+        _accumulator(device).index_add_(0, rows, moments)
+
+
+def _accumulator(device: torch.device) -> torch.Tensor:
+    """The moments of every name on `device`, grown to a row per name known so far."""
+    accumulator = _accumulators.get(device)
+    if accumulator is None or accumulator.shape[0] < len(_rows):
+        grown = torch.zeros([len(_rows), 4], dtype=torch.float64, device=device)
+        if accumulator is not None:
+            grown[:accumulator.shape[0]] = accumulator
+        accumulator = _accumulators[device] = grown
+    return accumulator
+
+
+def _totals() -> torch.Tensor:
+    """Moments of every name since process start, [len(_rows), 4], summed over devices, on the CPU (one read each)."""
+    flush()
+    totals = torch.zeros([len(_rows), 4], dtype=torch.float64)
+    for accumulator in _accumulators.values():
+        totals[:accumulator.shape[0]] += accumulator.cpu()
+    return totals
 
 
 class Collector:
@@ -60,11 +94,12 @@ class Collector:
 
     def __init__(self, regex: str = '.*') -> None:
         self._regex = re.compile(regex)
-        self._last: dict[str, torch.Tensor] = {name: _total(name) for name in self.names()}  # Only what comes after.
+        totals = _totals()
+        self._last: dict[str, torch.Tensor] = {name: totals[_rows[name]] for name in self.names()}  # What comes after.
         self._current: dict[str, torch.Tensor] = {}
 
     def names(self) -> list[str]:
-        return sorted({n for n, _device in _moments if self._regex.fullmatch(n)})
+        return sorted(n for n in _rows if self._regex.fullmatch(n))
 
     def update(self) -> None:
         names = self.names()
@@ -72,11 +107,12 @@ class Collector:
             gathered: list[Any] = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(gathered, names)
             names = sorted(set().union(*gathered))
+        totals = _totals()
         deltas = torch.zeros(len(names), 4, dtype=torch.float64)
         for i, name in enumerate(names):
-            total = _total(name)
-            deltas[i] = total - self._last.get(name, torch.zeros(4, dtype=torch.float64))
-            self._last[name] = total.clone()
+            if name in _rows:  # Else reported by another process only.
+                deltas[i] = totals[_rows[name]] - self._last.get(name, torch.zeros(4, dtype=torch.float64))
+                self._last[name] = totals[_rows[name]]
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1 and names:
             backend_device = 'cuda' if torch.distributed.get_backend() == 'nccl' else 'cpu'
             deltas_dev = deltas.to(backend_device)

@@ -43,6 +43,8 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import nn
 
+from ops import conv2d_gradfix
+
 #----------------------------------------------------------------------------
 
 
@@ -104,18 +106,22 @@ def normalize_gradient(D: Callable[..., torch.Tensor], x: torch.Tensor, *args, z
 
     `bias_layers` (from `linearizable_layers(D)`): f enters f_hat as <g, x> + sum_l <dy_l, b_l>
     (the module docstring), with f's value but a graph through the first backward only.
+
+    D runs inside `conv2d_gradfix.higher_order_gradients()`: layers built on ops/conv2d_gradfix and
+    ops/relu_pool_gradfix record their autograd Functions, whose double backward is cheap.
     """
     check_zeta(zeta)
     caller_wants_input_grad = x.requires_grad
     if not x.requires_grad:
         x = x.detach().requires_grad_(True)
-    if bias_layers is None:
-        f = D(x, *args, **kwargs)
-        grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
-    else:
-        f, grad, f_affine = _affine_decomposition(D, bias_layers, x, *args, input_grad=caller_wants_input_grad,
-                                                  **kwargs)
-        f = f.detach() + (f_affine - f_affine.detach())  # f's value, f_affine's graph.
+    with conv2d_gradfix.higher_order_gradients():  # D's layers record ops with cheap double backwards.
+        if bias_layers is None:
+            f = D(x, *args, **kwargs)
+            grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
+        else:
+            f, grad, f_affine = _affine_decomposition(D, bias_layers, x, *args, input_grad=caller_wants_input_grad,
+                                                      **kwargs)
+            f = f.detach() + (f_affine - f_affine.detach())  # f's value, f_affine's graph.
     grad_norm = per_sample_norm(grad, f) * grad_norm_scale
     return GNOutput(normalize(f, grad_norm, zeta), grad_norm)
 

@@ -60,6 +60,12 @@ matmuls, and so the custom ops that follow them, in that dtype), while D's outpu
 gradient, GN's norm and division, the penalties and the losses are float32. fp16 needs loss
 scaling: the caller passes the scale (e.g. torch.amp.GradScaler's) as `gain` and unscales before
 the optimizer step (training/updater.py).
+Operators: the networks run on PyTorch's own convolutions, ReLUs and pooling, except in the passes that
+are differentiated twice (GN's normalize_gradient, the gradient penalties' input gradients), which open
+`conv2d_gradfix.higher_order_gradients()` so that their layers record the autograd Functions of
+ops/conv2d_gradfix and ops/relu_pool_gradfix (same values, cheap double backward). The plain and SN
+D steps and the G steps without a second derivative (the fast GN G step, every G step without GN)
+take no Python per layer in their backward passes.
 Channels-last memory format (`channels_last`) changes the layout of the networks' weights, not
 their values; it makes CPU convolutions faster (oneDNN) and is what tensor cores prefer.
 """
@@ -74,6 +80,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ops import conv2d_gradfix
 from torch_utils import training_stats
 from training.augment import consistency_augment
 from training.gradnorm import (affine_form_error, generator_backward_fast, linearizable_layers, normalize_gradient,
@@ -118,8 +125,9 @@ def input_gradient_norm(D: Callable[..., torch.Tensor], x: torch.Tensor, c: torc
                         grad_norm_scale: float = 1.0) -> torch.Tensor:
     """Per-sample ||grad_x D(x, c)|| * grad_norm_scale, differentiable w.r.t. D's parameters (gradient penalties)."""
     x = x.detach().requires_grad_(True)
-    f = D(x, c)
-    grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
+    with conv2d_gradfix.higher_order_gradients():  # The norm is differentiated again.
+        f = D(x, c)
+        grad, = torch.autograd.grad(f.sum(), x, create_graph=True)
     return per_sample_norm(grad, f) * grad_norm_scale
 
 

@@ -75,7 +75,9 @@ class NetworkUpdater:
     ) -> None:
         self.net, self.module, self.optimizer, self.scaler = net, module, optimizer, scaler
         self.group_size, self.ema = group_size, ema
-        device = next(module.parameters()).device
+        # The parameters once: each module.parameters() walks the module tree in Python (hundreds of calls per step).
+        self.params = list(module.parameters())
+        device = self.params[0].device
         self.first_bad_step = torch.full([], NEVER, dtype=torch.int64, device=device)  # Counted from 1; NEVER: none yet.
         self._optimizer_state_id: Hashable | None = None  # None: keep whatever state the optimizer holds.
 
@@ -90,24 +92,28 @@ class NetworkUpdater:
     def accumulate(self, loss: Any, batch: list[torch.Tensor | None], rounds: int) -> None:
         """Gradients of this process's batch [real_img, real_c, gen_z, gen_c] (reals None for G) in `rounds`
         accumulation rounds, averaged over processes; left in the parameters' .grad, scaled for fp16."""
-        self.module.requires_grad_(True)
-        self.optimizer.zero_grad(set_to_none=True)
+        for p in self.params:  # module.requires_grad_(True) and optimizer.zero_grad(set_to_none=True), less Python.
+            p.requires_grad_(True)
+            p.grad = None
         ones = torch.ones([], device=self.first_bad_step.device)
         gain = self.scaler.scale(ones) / rounds if self.scaler.is_enabled() else 1 / rounds
         for r in range(rounds):
-            round_batch = [x if x is None else split_round(x, r, rounds, self.group_size) for x in batch]
+            round_batch = batch if rounds == 1 else [x if x is None else split_round(x, r, rounds, self.group_size)
+                                                     for x in batch]
             loss.accumulate_gradients(self.net, *round_batch, gain=gain)
-        self.module.requires_grad_(False)
-        misc.all_reduce_mean_grads([p for p in self.module.parameters() if p.grad is not None])
+        for p in self.params:
+            p.requires_grad_(False)
+        misc.all_reduce_mean_grads([p for p in self.params if p.grad is not None])
 
     def apply(self, step: int) -> None:
         """The optimizer step on the accumulated gradients of G step `step` (counted from 0)."""
         if not self.scaler.is_enabled():  # With fp16 an overflow only skips the step (GradScaler); the losses tell divergence.
-            bad = ~torch.isfinite(grad_norm(list(self.module.parameters()))) & (self.first_bad_step == NEVER)
+            bad = ~torch.isfinite(grad_norm(self.params)) & (self.first_bad_step == NEVER)
             self.first_bad_step = torch.where(bad, step + 1, self.first_bad_step)  # Counted from 1, as in the progress lines.
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        misc.all_reduce_mean_buffers(self.module)
+        if misc.world_size() > 1:  # Else nothing to average (and no walk over the module's buffers).
+            misc.all_reduce_mean_buffers(self.module)
 
     def step(self, loss: Any, batch: list[torch.Tensor | None], rounds: int, step: int) -> None:
         """One training step: `accumulate` then `apply`."""

@@ -17,7 +17,9 @@ convolutions, average pooling, linear layers; spectral normalization only rescal
 which is what the fast generator path of gradient normalization relies on; and none of them
 mixes samples (no batch norm or minibatch statistics in D), so the loss may run reals and fakes
 through one call. The discriminators' convolutions, ReLUs and pooling go through ops/conv2d_gradfix
-and ops/relu_pool_gradfix: the same values, with double backwards that GN's D step runs cheaply.
+and ops/relu_pool_gradfix: PyTorch's own ops, except inside the loss's
+`conv2d_gradfix.higher_order_gradients()` (GN's D step, gradient penalties), where they record autograd
+Functions with the same values whose double backwards are cheap.
 """
 
 from __future__ import annotations
@@ -34,14 +36,15 @@ from torch_utils import misc, persistence
 
 
 class Conv2d(nn.Conv2d):
-    """nn.Conv2d whose convolution goes through ops/conv2d_gradfix: the same layer and values, but its
-    double backward (every GN discriminator step runs one) is written as plain convolutions, which
-    PyTorch's generic convolution double backward is not (measured faster on the CPU, bench/train_speed.py)."""
+    """nn.Conv2d whose convolution goes through ops/conv2d_gradfix: the same layer and values; inside
+    conv2d_gradfix.higher_order_gradients() its double backward (every GN discriminator step runs one) is
+    written as plain convolutions, which PyTorch's generic convolution double backward is not (measured
+    faster on the CPU, bench/train_speed.py)."""
 
-    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         if torch.is_autocast_enabled(input.device.type):  # The custom autograd op does not cast: leave bf16/fp16 to torch.
-            return super()._conv_forward(input, weight, bias)
-        return conv2d_gradfix.conv2d(input, weight, bias, stride=self.stride, padding=self.padding,
+            return super().forward(input)
+        return conv2d_gradfix.conv2d(input, self.weight, self.bias, stride=self.stride, padding=self.padding,
                                      dilation=self.dilation, groups=self.groups)
 
 
@@ -139,9 +142,9 @@ class GeneratorBlock(nn.Module):
         self.shortcut = nn.Conv2d(in_channels, out_channels, 1)
 
     def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.norm1(x, c))
+        h = torch.relu(self.norm1(x, c))
         h = self.conv1(F.interpolate(h, scale_factor=2, mode='nearest'))
-        h = self.conv2(F.relu(self.norm2(h, c)))
+        h = self.conv2(torch.relu(self.norm2(h, c)))
         return h + self.shortcut(F.interpolate(x, scale_factor=2, mode='nearest'))
 
 
@@ -207,8 +210,8 @@ class CNNGenerator(nn.Module):
         check_label(c, z.shape[0], self.c_dim)
         x = self.fc(z).view(z.shape[0], -1, self.bottom, self.bottom)
         for norm, conv in zip(self.norms[:-1], self.convs):
-            x = conv(F.relu(norm(x, c)))
-        x = self.to_rgb(F.relu(self.norms[-1](x, c)))
+            x = conv(torch.relu(norm(x, c)))
+        x = self.to_rgb(torch.relu(self.norms[-1](x, c)))
         return torch.tanh(x)
 
 
@@ -267,7 +270,7 @@ class ResidualGenerator(nn.Module):
         x = self.fc(z).view(z.shape[0], -1, self.bottom, self.bottom)
         for block in self.blocks:
             x = block(x, c)
-        return torch.tanh(self.to_rgb(F.relu(self.norm(x))))
+        return torch.tanh(self.to_rgb(torch.relu(self.norm(x))))
 
 
 class ResidualDiscriminator(nn.Module):

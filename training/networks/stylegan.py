@@ -420,16 +420,26 @@ class Generator(nn.Module):
 
         Style mixing (training mode, with probability style_mixing_prob): the styles from a random
         crossover layer on, drawn uniformly from 1 .. (number of layers in use) - 1, come from a
-        second latent; one crossover for the whole batch, as in the release.
+        second latent; one crossover for the whole batch, as in the release. The coin, the crossover
+        and the second latent are drawn on z's device and applied as a mask over the layers, so the
+        step never waits for the GPU; the second latent is mapped at every call (a mapping network's
+        cost) and used where the coin says so. (Since these three draws happen at every call, a run's random
+        stream differs from that of earlier versions, which drew the crossover and latent only when mixing.)
         """
         ws = self.mapping(z, c, truncation_psi=truncation_psi, truncation_cutoff=truncation_cutoff)
-        if self.training and self.style_mixing_prob > 0 and torch.rand([]).item() < self.style_mixing_prob:
-            active_ws = self.num_ws - 2 * math.floor(host_lod(self.synthesis))
-            cutoff = int(torch.randint(1, active_ws, []))
-            ws2 = self.mapping(torch.randn_like(z), c, truncation_psi=truncation_psi,
-                               truncation_cutoff=truncation_cutoff, update_w_avg=False)
-            ws[:, cutoff:] = ws2[:, cutoff:]
+        if self.training and self.style_mixing_prob > 0:
+            ws = self._mix_styles(ws, z, c, truncation_psi=truncation_psi, truncation_cutoff=truncation_cutoff)
         return self.synthesis(ws, noise_mode=noise_mode)
+
+    def _mix_styles(self, ws: torch.Tensor, z: torch.Tensor, c: torch.Tensor, **truncation) -> torch.Tensor:
+        """ws with the styles of layers >= cutoff taken from a second latent's; cutoff = num_ws (no mixing) unless
+        the coin (probability style_mixing_prob) falls, then uniform on 1 .. active layers - 1. Device ops only."""
+        active_ws = self.num_ws - 2 * math.floor(host_lod(self.synthesis))
+        mixing = torch.rand([], device=z.device) < self.style_mixing_prob
+        cutoff = torch.randint(1, active_ws, [], device=z.device).where(mixing, self.num_ws)
+        ws2 = self.mapping(torch.randn_like(z), c, update_w_avg=False, **truncation)
+        from_second = torch.arange(self.num_ws, device=z.device) >= cutoff  # [num_ws]
+        return torch.where(from_second.unsqueeze(-1), ws2, ws)
 
 #----------------------------------------------------------------------------
 # Discriminator.

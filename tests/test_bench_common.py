@@ -1,0 +1,46 @@
+"""bench/common.py's host-work counter, and bench/train_speed.py reporting it."""
+
+import json
+
+import torch
+from click.testing import CliRunner
+
+from bench import train_speed
+from bench.common import count_host_work
+
+
+def _three_python_calls(x):
+    def double(t):
+        return t * 2
+    return double(double(double(x)))
+
+
+def test_count_host_work_counts_ops_and_python_calls():
+    x = torch.ones(3)
+    work = count_host_work(lambda: _three_python_calls(x))
+    assert work.python_calls == 1 + 1 + 3  # The lambda, _three_python_calls, double x 3.
+    assert work.ops == 3  # Three multiplications.
+
+
+def test_count_host_work_sees_the_backward_pass():
+    x = torch.ones(3, requires_grad=True)
+    forward_ops = count_host_work(lambda: x.mul(2).sum()).ops
+    work = count_host_work(lambda: x.mul(2).sum().backward())
+    assert forward_ops == 2
+    assert work.ops >= forward_ops + 3  # The seed, SumBackward's expand, MulBackward's mul (and x.grad's accumulation).
+    assert torch.equal(x.grad, torch.full([3], 4.0))  # Run twice: 2 + 2.
+
+
+def test_train_speed_reports_ops_and_python_calls(tmp_path):
+    out = tmp_path / 'speed.json'
+    args = ['--cfg=quickstart', '--batch=2', '--norms=none,gn', '--fast-g=default', '--rounds=1', '--warmup=0',
+            '--threads=1', f'--out={out}']
+    result = CliRunner().invoke(train_speed.main, args)
+    assert result.exit_code == 0, result.output
+    assert 'ops/D' in result.output and 'calls/G' in result.output
+    rows = json.loads(out.read_text())['results']
+    for row in rows:
+        for key in ['ops_per_D_step', 'python_calls_per_D_step', 'ops_per_G_step', 'python_calls_per_G_step']:
+            assert row[key] > 50, (row['norm'], key)
+    none, gn = sorted(rows, key=lambda r: r['norm'] != 'none')
+    assert gn['ops_per_D_step'] > none['ops_per_D_step']  # GN's double backward.
