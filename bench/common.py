@@ -135,8 +135,9 @@ class TrainingStep:
         loss_kwargs: dict,                      # GANLoss kwargs (class_name included), as training_options gives them.
         precision: str = 'fp32',                # training/precision.py.
         group_size: int = 1,                    # D's minibatch-stddev groups (kept whole by accumulation rounds).
+        deterministic: bool = False,            # Repeatable GPU arithmetic, as train.py --deterministic.
     ) -> None:
-        self.precision = Precision(precision)
+        self.precision, self.deterministic = Precision(precision), deterministic
         self.loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=precision)
         self.device = next(D.parameters()).device
         self.updaters = {'D': NetworkUpdater('D', D, D_opt, self.precision.grad_scaler(self.device.type), group_size=group_size),
@@ -149,7 +150,7 @@ class TrainingStep:
 
     def switches(self) -> contextlib.AbstractContextManager:
         """The process-wide switches of this step's precision and device (torch_utils/devices.run_switches)."""
-        return devices.run_switches(self.device, self.precision.allow_tf32)
+        return devices.run_switches(self.device, self.precision.allow_tf32, self.deterministic)
 
     def run(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
         """`step` under switches already set, as in the training loop, which sets them once per run."""

@@ -23,9 +23,11 @@ Host work: after the timed rounds, one more D step and G step of every configura
 (bench/common.count_host_work): ATen ops dispatched (forward and backward; on a GPU about one kernel
 launch each) and Python function calls, so that a change in host work shows on a CPU too.
 
-Reported: sec/D step, sec/G step, sec/iteration, ops and Python calls per D and per G step, and for each preset and precision the ratios
-GN / vanilla (norm 'none') of the D step and of the G step, the figures of the GN-GAN paper's
-speed table. fp16 runs use a GradScaler as the training loop does. Prints a table; --out writes
+Reported: sec/D step, sec/G step, sec/iteration, ops and Python calls per D and per G step, on a GPU
+the peak memory allocated during a step (GiB), and for each preset and precision the ratios GN /
+vanilla (norm 'none') of the D step and of the G step, the figures of the GN-GAN paper's speed
+table. --deterministic times the steps under train.py --deterministic's switches (what repeatable
+GPU arithmetic costs); --device picks the device (default: the GPU when torch sees one). fp16 runs use a GradScaler as the training loop does. Prints a table; --out writes
 the same numbers as JSON with the device, torch version, thread count, load average and date.
 
 On a CPU shared with other work, wall time measures the neighbours as much as the code;
@@ -50,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dnnlib  # noqa: E402
 from bench.common import (HostWork, TrainingStep, build_network, count_host_work, parse_list, preset_options,  # noqa: E402
                           random_batch, write_json_atomic)
+from torch_utils import devices  # noqa: E402
 from training import configs, loss as loss_lib, precision as precision_lib  # noqa: E402
 
 #----------------------------------------------------------------------------
@@ -83,7 +86,7 @@ class Configuration:
     """One (preset, norm, fast_g, linear_d, fuse, precision): the training loop's step for it, timed."""
 
     def __init__(self, preset: dict, norm: str, fast_g: bool | None, linear_d: bool | None, fuse: bool | None,
-                 precision: str, device: torch.device, clock: Callable[[], float]) -> None:
+                 precision: str, device: torch.device, clock: Callable[[], float], deterministic: bool = False) -> None:
         self.preset, self.norm, self.precision, self.device, self.clock = preset, norm, precision, device, clock
         sn = loss_lib.CONSTRAINTS[norm].spectral_norm
         loss_kwargs = dnnlib.EasyDict(preset['opts'][norm].loss_kwargs)
@@ -91,10 +94,11 @@ class Configuration:
             if value is not None:
                 loss_kwargs[key] = value
         self.training = TrainingStep(preset['G'], preset['Ds'][sn], preset['G_opt'], preset['D_opts'][sn], loss_kwargs,
-                                     precision=precision, group_size=preset['group_size'])
+                                     precision=precision, group_size=preset['group_size'], deterministic=deterministic)
         self.gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
         self.times: dict[str, list[float]] = {'D': [], 'G': []}
         self.host_work: dict[str, HostWork] = {}
+        self.peak_memory = 0  # Most bytes the process had allocated on the GPU during one of this configuration's steps.
 
     def batch(self, net: str) -> list[torch.Tensor | None]:
         p = self.preset
@@ -104,13 +108,19 @@ class Configuration:
         return batch
 
     def step(self, net: str, record: bool) -> None:
+        """One timed step, its switches set outside the timing (the training loop sets them once per run)."""
         batch = self.batch(net)
-        self._sync()
-        start = self.clock()
-        self.training.step(net, batch)
-        self._sync()
-        if record:
-            self.times[net].append(self.clock() - start)
+        with self.training.switches():
+            if self.device.type == 'cuda':
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self._sync()
+            start = self.clock()
+            self.training.run(net, batch)
+            self._sync()
+            if record:
+                self.times[net].append(self.clock() - start)
+            if self.device.type == 'cuda':
+                self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(self.device))
 
     def count_host_work(self) -> None:
         """Ops and Python calls of one D step and one G step (each run twice, see count_host_work), under switches
@@ -133,7 +143,9 @@ class Configuration:
                     resolution=self.preset['resolution'], n_dis=self.preset['n_dis'], sec_per_D_step=d, sec_per_G_step=g,
                     sec_per_iteration=self.preset['n_dis'] * d + g, rounds=len(self.times['D']),
                     ops_per_D_step=self.host_work['D'].ops, python_calls_per_D_step=self.host_work['D'].python_calls,
-                    ops_per_G_step=self.host_work['G'].ops, python_calls_per_G_step=self.host_work['G'].python_calls)
+                    ops_per_G_step=self.host_work['G'].ops, python_calls_per_G_step=self.host_work['G'].python_calls,
+                    deterministic=self.training.deterministic,
+                    peak_memory_gib=self.peak_memory / 2 ** 30 if self.device.type == 'cuda' else None)
 
 #----------------------------------------------------------------------------
 
@@ -177,12 +189,17 @@ def ratios(rows: list[dict]) -> list[dict]:
 @click.option('--threads', help='torch intra-op threads  [default: torch\'s]', type=click.IntRange(min=1))
 @click.option('--clock', help='wall: elapsed time; process: CPU time of this process (a CPU run on a shared machine, '
               'with --threads=1)', type=click.Choice(['wall', 'process']), default='wall', show_default=True)
+@click.option('--device', help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]', metavar='DEVICE')
+@click.option('--deterministic', help='Repeatable GPU arithmetic, as train.py --deterministic (what it costs)', is_flag=True)
 @click.option('--out', help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, precisions: list[str], batch: int | None,
          resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
-         out: str | None) -> None:
+         device: str | None, deterministic: bool, out: str | None) -> None:
     """Seconds per D step and per G step of the presets, for each norm, fast-G setting and precision."""
-    device = torch.device('cuda') if torch.cuda.is_available() else torch.device('cpu')
+    try:
+        device = devices.parse_device(device)
+    except ValueError as e:
+        raise click.ClickException(f'--device: {e}')
     if threads is not None:
         torch.set_num_threads(threads)
     if clock == 'process' and device.type == 'cuda':
@@ -200,7 +217,8 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
                 for linear in (linear_settings if gn else [None]):
                     for fuse in fuse_settings:
                         for precision in precisions:
-                            runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn))
+                            runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn,
+                                                      deterministic))
     for round_idx in range(warmup + rounds):
         for run in runs:
             for net in ('D', 'G'):
@@ -211,12 +229,13 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     rows = [run.result() for run in runs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')
     print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"prec":<5} {"batch":>7} {"s/D step":>9} {"s/G step":>9} '
-          f'{"s/iter":>8} {"ops/D":>6} {"calls/D":>7} {"ops/G":>6} {"calls/G":>7}')
+          f'{"s/iter":>8} {"ops/D":>6} {"calls/D":>7} {"ops/G":>6} {"calls/G":>7} {"GiB":>6}')
     for r in rows:
         print(f'{r["cfg"]:<20} {r["norm"]:<5} {on_off(r["fast_g"]):<6} {on_off(r["linear_d"]):<6} {on_off(r["fuse_d_calls"]):<6} {r["precision"]:<5} '
               f'{r["batch_D"]:>3}/{r["batch_G"]:<3} '
               f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f} '
-              f'{r["ops_per_D_step"]:>6} {r["python_calls_per_D_step"]:>7} {r["ops_per_G_step"]:>6} {r["python_calls_per_G_step"]:>7}')
+              f'{r["ops_per_D_step"]:>6} {r["python_calls_per_D_step"]:>7} {r["ops_per_G_step"]:>6} {r["python_calls_per_G_step"]:>7} '
+              f'{"" if r["peak_memory_gib"] is None else format(r["peak_memory_gib"], ".2f"):>6}')
     gn_ratios = ratios(rows)
     if gn_ratios:
         print('\nGN / vanilla (norm none):')
