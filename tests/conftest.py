@@ -3,12 +3,14 @@
 The suite passes on a CPU machine and on a GPU machine alike. Tests that check CPU behaviour are pinned
 to the CPU: in this process (the tools' default device is the CPU) and in the subprocesses they start
 (CUDA_VISIBLE_DEVICES is empty). Tests marked `gpu` see the GPUs, and are skipped without one. Every test
-must leave torch's process-wide switches (TF32, cuDNN, determinism) as it found them.
+must leave the process-wide switches (torch's TF32, cuDNN and determinism; which autograd Functions the
+ops of ops/conv2d_gradfix.py record) as it found them.
 """
 
 import pytest
 import torch
 
+from ops import conv2d_gradfix
 from torch_utils import devices
 
 # Read once, before any test hides the GPUs: CUDA is initialized here so that torch's device count no longer
@@ -33,14 +35,28 @@ def pinned_device(request, monkeypatch):
         monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '')
 
 
+def _switches() -> dict:
+    """torch's process-wide switches (torch_utils/devices.py) and the ops' own (which autograd Functions they record)."""
+    return dict(devices.read_switches(), gradfix_enabled=conv2d_gradfix.enabled,
+                gradfix_higher_order=conv2d_gradfix.higher_order_active,
+                gradfix_no_weight_gradients=conv2d_gradfix.weight_gradients_disabled)
+
+
+def _write_switches(switches: dict) -> None:
+    devices.write_switches({name: value for name, value in switches.items() if not name.startswith('gradfix_')})
+    conv2d_gradfix.enabled = switches['gradfix_enabled']
+    conv2d_gradfix.higher_order_active = switches['gradfix_higher_order']
+    conv2d_gradfix.weight_gradients_disabled = switches['gradfix_no_weight_gradients']
+
+
 @pytest.fixture(autouse=True)
 def backend_switches_kept():
-    """Fail a test after which torch's process-wide switches differ from before it (and restore them)."""
-    before = devices.read_switches()
+    """Fail a test after which the process-wide switches differ from before it (and restore them)."""
+    before = _switches()
     yield
-    after = devices.read_switches()
+    after = _switches()
     if after != before:
-        devices.write_switches(before)
+        _write_switches(before)
         changed = {name: (before[name], after[name]) for name in before if before[name] != after[name]}
         pytest.fail(f'process-wide switches left changed (before, after): {changed}')
 

@@ -18,10 +18,10 @@ TRANSPOSE_CASES = [
 
 
 @pytest.fixture(autouse=True)
-def higher_order_gradients():
-    """The custom autograd op, which conv2d and conv_transpose2d record inside this context only."""
-    with conv2d_gradfix.higher_order_gradients():
-        yield
+def higher_order_gradients(monkeypatch):
+    """Every test here runs as inside conv2d_gradfix.higher_order_gradients(), where the ops record their
+    autograd Functions; set through monkeypatch, so that a test switching it off again is undone in order."""
+    monkeypatch.setattr(conv2d_gradfix, 'higher_order_active', True)
 
 
 def _double(shape, seed):

@@ -14,10 +14,10 @@ OPS = {  # name: (ours, torch's)
 
 
 @pytest.fixture(autouse=True)
-def higher_order_gradients():
-    """The autograd Functions, which the ops record inside this context only."""
-    with conv2d_gradfix.higher_order_gradients():
-        yield
+def higher_order_gradients(monkeypatch):
+    """Every test here runs as inside conv2d_gradfix.higher_order_gradients(), where the ops record their
+    autograd Functions; set through monkeypatch, so that a test switching it off again is undone in order."""
+    monkeypatch.setattr(conv2d_gradfix, 'higher_order_active', True)
 
 
 def input_away_from_kinks(shape, seed=0):
