@@ -69,11 +69,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _print_table(results: list[dnnlib.EasyDict]) -> None:
     rows = [('Metric', 'Result', 'Value', 'Time')]
     for result in results:
@@ -138,7 +133,7 @@ def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
     try:
         _run(rank, args, device)
     except _USER_ERRORS as e:
-        _fail(rank, args, _one_line(e))
+        _fail(rank, args, dnnlib.util.first_line(e))
     except Exception:
         if args.num_gpus > 1 and os.listdir(args.error_dir):
             raise SystemExit(1)  # The collective broke because another process failed; the parent says why.
@@ -239,7 +234,7 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
         try:
             snapshot = legacy.load_network(network_pkl, cfg)
         except (persistence.UnsafeSnapshotError, legacy.OfficialCheckpointError, OSError) as e:
-            raise click.ClickException(f'cannot load --network: {_one_line(e)}')
+            raise click.ClickException(f'cannot load --network: {dnnlib.util.first_line(e)}')
         G = snapshot.get('G_ema', snapshot.get('G'))
         if not isinstance(G, torch.nn.Module):
             raise click.ClickException(f'{network_pkl} holds no generator (G_ema or G)')

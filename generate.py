@@ -284,16 +284,11 @@ def _latent_walk(G: torch.nn.Module, seeds: list[int], c: torch.Tensor, trunc: d
                 img = G(slerp(z[i:i + 1], z[i + 1:i + 2], j / frames_per_seed), c, **style)
                 img = (img[0].permute(1, 2, 0) * 127.5 + 128).clamp(0, 255).to(torch.uint8).cpu().numpy()
                 frames.append(img.repeat(3, axis=2) if img.shape[2] == 1 else img)
-    tmp = f'{path}.{os.getpid()}.tmp{os.path.splitext(path)[1]}'
-    try:
+    with dnnlib.util.atomic_path(path, suffix=os.path.splitext(path)[1]) as tmp:
         if path.lower().endswith('.gif'):
             imageio.mimsave(tmp, frames, duration=1000 / 30, loop=0)
         else:
             imageio.mimsave(tmp, frames, fps=30)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _style_mixing_figure(G: torch.nn.Module, row_seeds: list[int], col_seeds: list[int], styles: list[list[int]],

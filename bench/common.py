@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 from typing import Callable, NamedTuple
 
 import click
@@ -45,18 +44,10 @@ def parse_list(choices: tuple[str, ...]) -> Callable:
 
 def write_json_atomic(path: str, data: dict) -> None:
     """Write `data` as JSON to `path` through a temporary file, so that no half-written file is left."""
-    dirname = os.path.dirname(os.path.abspath(path))
-    os.makedirs(dirname, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dirname, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w') as f:
-            json.dump(data, f, indent=2)
-            f.write('\n')
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with dnnlib.util.atomic_path(path) as tmp, open(tmp, 'w') as f:
+        json.dump(data, f, indent=2)
+        f.write('\n')
 
 #----------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import dnnlib  # noqa: E402  pylint: disable=wrong-import-position
 from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
 from torch_utils import custom_ops  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -334,19 +335,17 @@ def markdown(report: dict) -> str:
 
 
 def _write(path: str, text: str) -> None:
-    with open(path + '.tmp', 'w') as f:
+    with dnnlib.util.atomic_path(path) as tmp, open(tmp, 'w') as f:
         f.write(text)
-    os.replace(path + '.tmp', path)
 
 
 def _archive_logs(workdir: str, outdir: str) -> None:
     """Every step's log into outdir/logs.tar.gz (one file, however many steps ran)."""
     logs = sorted(glob.glob(os.path.join(workdir, '*.log')))
     if logs:
-        with tarfile.open(os.path.join(outdir, 'logs.tar.gz.tmp'), 'w:gz') as tar:
+        with dnnlib.util.atomic_path(os.path.join(outdir, 'logs.tar.gz')) as tmp, tarfile.open(tmp, 'w:gz') as tar:
             for log in logs:
                 tar.add(log, arcname=os.path.basename(log))
-        os.replace(os.path.join(outdir, 'logs.tar.gz.tmp'), os.path.join(outdir, 'logs.tar.gz'))
 
 
 def run_steps(report: dict, quick: bool, timeout: int, workdir: str, outdir: str) -> None:

@@ -41,6 +41,7 @@ import click
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import dnnlib  # noqa: E402  pylint: disable=wrong-import-position
 from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
 from torch_utils import custom_ops  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -185,9 +186,8 @@ def main(out, dtypes, case_set, sizes, batch, warmup, repeats):
         report = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                       date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
                       warmup=warmup, repeats=repeats, results=results, checks=checks)
-        with open(out + '.tmp', 'w') as f:
+        with dnnlib.util.atomic_path(out) as tmp, open(tmp, 'w') as f:
             json.dump(report, f, indent=2)
-        os.replace(out + '.tmp', out)
         click.echo(f'Wrote {out}')
     if failed:
         for c in failed:

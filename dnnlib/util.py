@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import inspect
 import io
 import os
 import re
+import secrets
 import tempfile
 import urllib.parse
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
 #----------------------------------------------------------------------------
 
@@ -165,6 +167,29 @@ def expand_user(ctx: Any, param: Any, value: str | None) -> str | None:
     """click callback of path options: a leading '~' or '~user' expanded (no shell expands it after '=');
     URLs and other values pass unchanged."""
     return None if value is None else os.path.expanduser(value)
+
+
+def first_line(error: BaseException, max_chars: int | None = None) -> str:
+    """The first line of an exception's message (at most `max_chars`), or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0][:max_chars] if text else type(error).__name__
+
+
+@contextlib.contextmanager
+def atomic_path(path: str, suffix: str = '') -> Iterator[str]:
+    """A temporary path beside `path`, `.<name>.<pid>.<random>.tmp<suffix>`, to write the file to: renamed to
+    `path` when the block ends, removed when it raises. A crash leaves at most that temporary file (its pid
+    tells a stale one from a live writer's), an interrupt or a full disk nothing: never a half-written file
+    under `path`. `suffix` keeps an extension for writers that choose the format by it (Pillow, imageio)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f'.{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp{suffix}')
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def format_time(seconds: float) -> str:

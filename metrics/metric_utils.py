@@ -17,7 +17,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 import urllib.parse
 import warnings
@@ -188,11 +187,6 @@ class DetectorUnavailableError(RuntimeError):
 _detectors: dict[tuple[str, str], torch.jit.ScriptModule] = {}  # (url, device) -> detector, loaded once per process.
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _check_torchscript(f: BinaryIO, url: str) -> BinaryIO:
     """`f`, once it has passed bounded_read's archive check and holds the constants.pkl that torch.jit.save
     writes (torch.save's weights-only files do not); ValueError (one line) otherwise."""
@@ -233,7 +227,7 @@ def get_feature_detector(url: str, device: torch.device = torch.device('cpu'), n
         else:
             default = VGG16_URL if option == '--pr-detector' else INCEPTION_URL
             advice = f'pass {option}=PATH_OR_URL of a TorchScript detector such as {default}'
-        raise DetectorUnavailableError(f'cannot load the feature detector {url}: {_first_line(error)}; {advice}') from error
+        raise DetectorUnavailableError(f'cannot load the feature detector {url}: {dnnlib.util.first_line(error)}; {advice}') from error
     return _detectors[key]
 
 
@@ -252,17 +246,9 @@ def run_detector(detector: torch.jit.ScriptModule, images: torch.Tensor, detecto
 def save_npz(path: str, arrays: dict[str, Any]) -> None:
     """Write arrays to an .npz file atomically (temporary file in the same folder, then rename), so a
     crash or a full disk never leaves a truncated file under `path`."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-', suffix='.npz')
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with dnnlib.util.atomic_path(path) as tmp, open(tmp, 'wb') as f:
+        np.savez(f, **arrays)
 
 
 class FeatureStats:

@@ -135,3 +135,24 @@ def test_open_url_http_cached(tmp_path):
         assert f.read() == b'payload'
     with pytest.raises(util.DownloadError, match='Could not download'):
         util.open_url(url, cache_dir=str(tmp_path / 'cache'), verbose=False, cache=False, num_attempts=1)
+
+
+def test_atomic_path_renames_on_success_and_removes_on_failure(tmp_path):
+    from torch_utils.persistence import _TEMP_FILE
+    target = tmp_path / 'out.png'
+    with dnnlib.util.atomic_path(str(target), suffix='.png') as tmp:
+        assert os.path.dirname(tmp) == str(tmp_path) and tmp.endswith('.tmp.png') and not target.exists()
+        open(tmp, 'wb').write(b'new')
+    assert target.read_bytes() == b'new' and os.listdir(tmp_path) == ['out.png']
+    with pytest.raises(OSError, match='disk full'):
+        with dnnlib.util.atomic_path(str(target)) as tmp:
+            open(tmp, 'wb').write(b'half')
+            assert _TEMP_FILE.fullmatch(os.path.basename(tmp))  # What remove_stale_temporaries finds after a crash.
+            raise OSError('disk full')
+    assert target.read_bytes() == b'new' and os.listdir(tmp_path) == ['out.png']  # Nothing half-written.
+
+
+def test_first_line():
+    assert dnnlib.util.first_line(ValueError('\n  bad value\nmore detail')) == 'bad value'
+    assert dnnlib.util.first_line(ValueError('x' * 50), max_chars=10) == 'x' * 10
+    assert dnnlib.util.first_line(KeyboardInterrupt()) == 'KeyboardInterrupt'

@@ -41,6 +41,8 @@ from typing import IO, BinaryIO, Callable
 
 import numpy as np
 
+import dnnlib
+
 MEMORY_FACTOR = 4                # Peak memory of reading a file, per byte of the file ...
 MEMORY_ALLOWANCE = 256 << 20     # ... plus this (what lazily imported modules and reference statistics take).
 ENTRY_ALLOWANCE = 64 << 20       # A decompressed entry may exceed the size of its archive by at most this.
@@ -62,11 +64,6 @@ _ZIP64_END_SIGNATURE = b'PK\x06\x06'
 _CENTRAL_HEADER_SIZE = 46
 _LOCAL_HEADER_SIZE = 30
 _MAX_COMMENT = 0xFFFF
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 class RefusedFileError(ValueError):
@@ -210,7 +207,7 @@ class ZipArchive:
                 else:
                     raise ValueError(f'.npy format version {version[0]}.{version[1]} is not read')
             except (ValueError, zipfile.BadZipFile, zlib.error, EOFError, OSError) as e:
-                raise RefusedFileError(f'{what}: not an .npy array ({_first_line(e)})') from None
+                raise RefusedFileError(f'{what}: not an .npy array ({dnnlib.util.first_line(e, 200)})') from None
             reason = 'it holds Python objects' if dtype.hasobject else accept(shape, dtype)
             if reason is not None:
                 raise RefusedFileError(f'{what}: refused to read: {reason}')

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Iterable, Sequence
 
 import numpy as np
 import PIL.Image
 import torch
+
+import dnnlib
 
 #----------------------------------------------------------------------------
 
@@ -145,11 +146,5 @@ def save_image_grid(img: np.ndarray | torch.Tensor, path: str, grid_size: tuple[
     _, c, h, w = img.shape
     img = img[:gw * gh].reshape(gh, gw, c, h, w).transpose(0, 3, 1, 4, 2).reshape(gh * h, gw * w, c)
     image = PIL.Image.fromarray(img[:, :, 0] if c == 1 else img, 'L' if c == 1 else 'RGB')
-    tmp = path + '.tmp.png'
-    try:
+    with dnnlib.util.atomic_path(path, suffix='.png') as tmp:
         image.save(tmp)
-        os.replace(tmp, path)
-    except BaseException:  # Disk full, interrupt: leave no partial file.
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise

@@ -28,7 +28,6 @@ import functools
 import json
 import os
 import re
-import secrets
 import threading
 import warnings
 import zipfile
@@ -143,19 +142,11 @@ def save_snapshot(path: str, data: dict[str, Any]) -> None:
     new file (0666 less the umask).
     """
     payload = {'format': _SNAPSHOT_FORMAT, 'version': _SNAPSHOT_VERSION, 'data': _encode(data, 'snapshot')}
-    dirname, basename = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(dirname, f'.{basename}.{os.getpid()}.{secrets.token_hex(4)}.tmp')
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, 'wb') as f:
+    with dnnlib.util.atomic_path(path) as tmp:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), 'wb') as f:
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def remove_stale_temporaries(dirname: str) -> list[str]:
@@ -205,11 +196,6 @@ def _check_tensor(t: torch.Tensor, where: str) -> None:
             stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride())):
         raise UnsafeSnapshotError(f'{where}: a tensor of shape {list(t.shape)} over only '
                                   f'{t.untyped_storage().nbytes()} stored bytes')
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
 
 
 class _ShapesOnly(torch.overrides.TorchFunctionMode):
@@ -297,7 +283,7 @@ def _decode_module(value: dict, where: str) -> torch.nn.Module:
     except UnsafeSnapshotError as e:
         raise UnsafeSnapshotError(f'{where}: {name} {e}') from None
     except Exception as e:  # The kwargs come from the file: any failure of the constructor means a bad file.
-        raise UnsafeSnapshotError(f'{where}: cannot build {name} from its init_kwargs: {_first_line(e)}') from None
+        raise UnsafeSnapshotError(f'{where}: cannot build {name} from its init_kwargs: {dnnlib.util.first_line(e, 300)}') from None
     if shapes != file_shapes:
         missing = sorted(set(shapes) - set(file_shapes))
         unexpected = sorted(set(file_shapes) - set(shapes))
@@ -309,7 +295,7 @@ def _decode_module(value: dict, where: str) -> torch.nn.Module:
         module = cls(**kwargs)
         module.load_state_dict(state)
     except Exception as e:
-        raise UnsafeSnapshotError(f'{where}: cannot rebuild {name}: {_first_line(e)}') from None
+        raise UnsafeSnapshotError(f'{where}: cannot rebuild {name}: {dnnlib.util.first_line(e, 300)}') from None
     return module.eval().requires_grad_(False)
 
 
@@ -342,7 +328,7 @@ def _unpickler_reason(error: Exception) -> str:
     """The informative part of torch's weights-only unpickler message (it also suggests weights_only=False,
     which is exactly what must not be done with an untrusted file)."""
     m = re.search(r'WeightsUnpickler error:\s*(.+?)(?:\n\n|$)', str(error), re.S)
-    return m.group(1).strip().splitlines()[0] if m else _first_line(error)
+    return m.group(1).strip().splitlines()[0] if m else dnnlib.util.first_line(error, 300)
 
 
 def load_snapshot(path_or_url: str) -> dnnlib.EasyDict:

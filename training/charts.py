@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import PIL.Image
 import PIL.ImageDraw
+
+import dnnlib
 
 #----------------------------------------------------------------------------
 
@@ -92,10 +93,5 @@ def write_progress_chart(stats_jsonl: str, png: str) -> None:
     draw = PIL.ImageDraw.Draw(image)
     for i, (name, points) in enumerate(series.items()):
         _draw_panel(draw, i * PANEL_HEIGHT, name, points, x_range, LINE_COLORS[i % len(LINE_COLORS)])
-    tmp = f'{png}.{os.getpid()}.tmp'
-    try:
+    with dnnlib.util.atomic_path(png) as tmp:
         image.save(tmp, format='PNG')
-        os.replace(tmp, png)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
