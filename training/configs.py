@@ -75,17 +75,7 @@ PRESETS = {
                                betas=[0.0, 0.99], n_dis=1, lr_decay='none', conditional=False, D_args=dict(mbstd_group_size=4),
                                description='StyleGAN v1, progressive growing 8x8 -> full resolution, hinge loss, '
                                            'GN instead of R1, 25M images'),
-    # Not from the paper: tuned so that the README's first command ends within minutes on a 2-core CPU (see
-    # docs/benchmarks.md, measured with bench/quickstart_quality.py). D is the narrower net (width 8), D batches are
-    # small (16 reals + 16 fakes) and G (width 16) gets more steps instead. In exploratory unconditional runs without
-    # x-flips at 3k steps, lr 2e-3 (linear decay to 0) gave 71% confidently classified digits and FD 61 where 1e-3 gave
-    # 59% and FD 130; 5k steps gave 77%. Beyond that, nothing unconditional within the time moved past 77-80%: 6k or
-    # 7k steps, lr 3e-3, G width 32, D width 16, batch 32 / 64, G batch 16, a small ResNet (60%). With the dataset's
-    # labels (class-conditional BN in G, projection D, the paper's BigGAN recipe) the same nets and time give 97% of
-    # samples read confidently as the class asked for (95% of real digits are), so the preset is conditional when the
-    # data has labels (the embedded digits do) and unconditional otherwise. Snapshots and grids use an EMA generator
-    # (0.995 from step 500). Reals are not flipped: the paper's augmentation for natural images teaches G mirrored 2s,
-    # 3s, 7s and 9s (at 3k steps: 71% confident with flips off, 61% with them).
+    # Not from the paper: the README's first command, minutes on a 2-core CPU; how it was chosen: docs/results-notes.md.
     'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=2e-3, lr_D=2e-3, n_dis=1,
                                batch_D=16, batch_G=32, total_steps=5000, lr_decay='linear', ema_beta=0.995,
                                ema_start=500, G_args=dict(ch=16), D_args=dict(ch=8), xflip=False, conditional='if-labels',
