@@ -184,7 +184,7 @@ def _run(command: List[str], log_path: str, timeout: int) -> dict:
                 log=f'logs.tar.gz: {os.path.basename(log_path)}')
 
 
-def test_suite(workdir: str, timeout: int) -> dict:
+def run_test_suite(workdir: str, timeout: int) -> dict:
     """The whole suite with the GPU visible (tests marked gpu run; the others pin the CPU), in parallel where
     pytest-xdist is installed."""
     xml_path = os.path.join(workdir, 'tests.xml')
@@ -363,7 +363,7 @@ def run_steps(report: dict, quick: bool, timeout: int, workdir: str, outdir: str
         click.echo('Kernel or reference...')
         report['choices'] = op_choices()
     click.echo('Test suite...')
-    report['test_suite'] = test_suite(workdir, timeout)
+    report['test_suite'] = run_test_suite(workdir, timeout)
     click.echo('bench/ops.py...')
     ops_args = ['--repeats=5', '--warmup=2', '--sizes=8,32'] if quick else []
     report['bench_ops'] = _json_bench('bench/ops.py', ops_args, workdir, 'bench-ops', timeout)

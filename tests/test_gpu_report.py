@@ -53,7 +53,7 @@ def test_suite_results_name_each_failure(tmp_path, monkeypatch):
             f.write(xml)
         return dict(command=' '.join(command), returncode=1, seconds=2.0, log='tests.log')
     monkeypatch.setattr(gpu_report, '_run', fake_run)
-    result = gpu_report.test_suite(str(tmp_path), timeout=60)
+    result = gpu_report.run_test_suite(str(tmp_path), timeout=60)
     assert (result['passed'], result['failures'], result['errors'], result['skipped']) == (2, 1, 1, 1)
     assert result['failed'] == [dict(test='tests.test_a::test_bad', message='assert 1 == 2'),
                                 dict(test='tests.test_b::test_broken', message='fixture failed')]
