@@ -14,11 +14,21 @@ Examples:
 \b
   # GN-StyleGAN on CelebA-HQ 1024x1024 with 8 GPUs, progressive growing from 8x8.
   python train.py --outdir=training-runs --cfg=gn-stylegan --data=celebahq-1024.zip --gpus=8
+
+\b
+  # Continue a run, to 160 kimg: every other option as in the snapshot.
+  python train.py --resume=training-runs/00002-celebahq-1024-gn-stylegan-gn/network-snapshot-000080.pkl --kimg=160
+
+The options of the experiment (--cfg, --data and --norm to --style-mixing below) and the length and
+batches default, with --resume, to the snapshot's; an experiment option that differs from the
+snapshot's needs --resume-override. A run's options, every default filled in, are printed first and
+written to training_options.json in its directory.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import re
@@ -35,10 +45,14 @@ import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
+from training import configs  # noqa: E402
+from training.dataset import ImageFolderDataset  # noqa: E402
+from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
 from training.loss import LOSSES, NORMS  # noqa: E402
 from training.precision import PRECISIONS  # noqa: E402
 
-QUICKSTART_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data', 'digits32.zip')
+# The command line's options that Experiment.build takes as they are.
+EXPERIMENT_OPTIONS = IDENTITY + ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown', 'deterministic', 'workers')
 
 #----------------------------------------------------------------------------
 
@@ -62,9 +76,10 @@ def _end_with_parent() -> None:
         sys.exit(1)
 
 
-def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_threads: int | None) -> None:
-    """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, on its share of
-    args.device (torch_utils/devices.py), with `num_threads` CPU threads (None: the cores shared out between the
+def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None) -> None:
+    """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, training
+    run.experiment into run.run_dir (from run.resume, a snapshot or None) on its share of the experiment's device
+    (torch_utils/devices.py), with `num_threads` CPU threads (None: the cores shared out between the
     processes on a CPU, torch's default on a GPU).
 
     A run that diverges, meets a bad image or cannot write its results ends with one line on stderr
@@ -75,15 +90,16 @@ def _run_process(rank: int, args: dnnlib.EasyDict, init_method: str | None, num_
     from training.reporter import TrainingDiverged
     if init_method is not None:  # Spawned by --gpus=N.
         _end_with_parent()
-    device = devices.process_device(torch.device(args.device), _local_rank(rank))
-    if device.type == 'cpu' and num_threads is None and args.num_gpus > 1:
-        num_threads = max(1, (os.cpu_count() or 1) // args.num_gpus)
+    num_gpus = run.experiment.gpus
+    device = devices.process_device(torch.device(run.experiment.device), _local_rank(rank))
+    if device.type == 'cpu' and num_threads is None and num_gpus > 1:
+        num_threads = max(1, (os.cpu_count() or 1) // num_gpus)
     set_threads(num_threads)
-    if args.num_gpus > 1 and not torch.distributed.is_initialized():
-        _init_process_group(init_method, rank=rank, world_size=args.num_gpus, device=device)
-    logger = dnnlib.util.Logger(os.path.join(args.run_dir, 'log.txt')) if rank == 0 else None
+    if num_gpus > 1 and not torch.distributed.is_initialized():
+        _init_process_group(init_method, rank=rank, world_size=num_gpus, device=device)
+    logger = dnnlib.util.Logger(os.path.join(run.run_dir, 'log.txt')) if rank == 0 else None
     try:
-        training_loop.training_loop(rank=rank, **dict(args, device=str(device)))
+        training_loop.training_loop(run.experiment, run_dir=run.run_dir, device=str(device), rank=rank, resume=run.resume)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # Leave together: tearing gloo down while another process still writes can abort it.
     except (TrainingDiverged, DatasetError, OSError) as e:
@@ -112,22 +128,16 @@ def _next_run_dir(outdir: str, desc: str) -> str:
     return os.path.join(outdir, f'{max(prev, default=-1) + 1:05d}-{desc}')
 
 
-def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> tuple[dict, object]:
-    """Open the training data (or the reference data of `option`) and return its kwargs and the dataset (labels
-    only for conditional presets)."""
-    from training.dataset import ImageFolderDataset
+def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> ImageFolderDataset:
+    """Open and check the training data (or the reference data of `option`): labels only for conditional presets."""
     if not os.path.exists(data):
         raise click.ClickException(f'{option}: no such file or folder: {data}')
     try:
-        dataset = ImageFolderDataset(path=os.path.abspath(data), use_labels=use_labels)  # Snapshots work from any folder.
+        dataset = ImageFolderDataset(path=os.path.abspath(data), use_labels=use_labels)
         dataset.validate()  # Every image's header (size, channels, bit depth), before a run directory exists.
     except (OSError, ValueError) as e:
         raise click.ClickException(f'{option}: {e}')
-    return dnnlib.EasyDict(dataset.init_kwargs), dataset
-
-
-EXPERIMENT_DEFAULTS = dict(cfg='quickstart', norm=None, loss=None, cr=None, precision='tf32', seed=0, data=QUICKSTART_DATA,
-                           xflip=None)  # None: the preset's.
+    return dataset
 
 
 def _load_resume(resume: str) -> dnnlib.EasyDict:
@@ -146,36 +156,48 @@ def _load_resume(resume: str) -> dnnlib.EasyDict:
     return snapshot
 
 
-def _experiment_options(opts: dnnlib.EasyDict, snapshot: dnnlib.EasyDict | None) -> list[str]:
-    """Fill the options that define the experiment (EXPERIMENT_DEFAULTS) in `opts`: the command line's, else the
-    resumed snapshot's, else the defaults. A resumed run refuses, in one line, options given that differ from its
-    snapshot's, unless --resume-override; returns those changed on purpose ('--norm=gp1 (was gn)')."""
-    recorded = dict(snapshot.get('experiment') or {}) if snapshot is not None else {}
-    if snapshot is not None and snapshot.get('training_set_kwargs'):
-        recorded['data'] = snapshot.training_set_kwargs.get('path')
-    changed = []
-    for name, default in EXPERIMENT_DEFAULTS.items():
-        given, was = opts[name], recorded.get(name)
-        if name == 'data' and given is not None:
-            given = os.path.abspath(given)
-        if given is not None and was is not None and given != was:
-            changed.append(f'--{name}={given} (was {was})')
-        opts[name] = given if given is not None else (was if was is not None else default)
-    if changed and not opts.resume_override:
-        raise click.ClickException(f'--resume: {opts.resume} was trained with other options: {"; ".join(changed)}; leave '
+def _experiment(opts: dnnlib.EasyDict, device: torch.device, snapshot: dnnlib.EasyDict | None) -> tuple[Experiment, list[str]]:
+    """The run's Experiment: the command line's options, and for those of the experiment and its length (IDENTITY,
+    CONTINUED) that it leaves out, the resumed snapshot's. A resumed run refuses, in one line, an experiment that differs from its snapshot's,
+    unless --resume-override; returns those changes ('--norm=gp1 (was gn)')."""
+    try:
+        recorded = None if snapshot is None else Experiment.from_snapshot(snapshot)
+    except (ValueError, TypeError) as e:
+        raise click.ClickException(f'--resume: {opts.resume}: {e}')
+    options = {name: opts[name] for name in EXPERIMENT_OPTIONS}
+    if options['data'] is not None:
+        options['data'] = os.path.abspath(options['data'])  # Snapshots work from any folder.
+    if recorded is not None:
+        length_given = options['steps'] is not None or options['kimg'] is not None
+        options.update({name: getattr(recorded, name) for name in IDENTITY + CONTINUED
+                        if options[name] is None and not (length_given and name in ('steps', 'kimg'))})
+    options['data'] = options['data'] or QUICKSTART_DATA
+    try:
+        use_labels = bool(configs.get_config(options['cfg'] or Experiment.cfg).conditional)  # 'if-labels' too.
+    except ValueError as e:
+        raise click.ClickException(str(e))
+    dataset = _open_dataset(options['data'], use_labels)
+    try:
+        experiment = Experiment.build(**options, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
+                                      label_dim=dataset.label_dim, gpus=opts.gpus, device=str(device))
+    except ValueError as e:
+        raise click.ClickException(str(e))
+    changes = [] if recorded is None else recorded.changes(experiment)
+    if changes and not opts.resume_override:
+        raise click.ClickException(f'--resume: {opts.resume} was trained with other options: {"; ".join(changes)}; leave '
                                    f'them out to take the snapshot\'s, or add --resume-override to change them on purpose')
-    return changed
+    return experiment, changes
 
 
-def _check_resume_networks(snapshot: dnnlib.EasyDict, args: dnnlib.EasyDict, opts: dnnlib.EasyDict) -> None:
-    """Refuse, in one line, a snapshot whose networks are not the ones this run builds."""
-    for name, kwargs in [('G', args.G_kwargs), ('D', args.D_kwargs)]:
-        expected = dnnlib.EasyDict(kwargs)
-        class_name = expected.pop('class_name')
+def _check_resume_networks(snapshot: dnnlib.EasyDict, experiment: Experiment, path: str) -> None:
+    """Refuse, in one line, a snapshot whose networks (class, parameter names and shapes) are not the ones this run
+    builds."""
+    for name, kwargs in [('G', experiment.G_kwargs), ('D', experiment.D_kwargs)]:
         net = snapshot[name]
-        if persistence.class_name_of(type(net)) != class_name or dnnlib.util.to_plain(net.init_kwargs) != dnnlib.util.to_plain(expected):
-            raise click.ClickException(f'--resume: the {name} of {opts.resume} is not the network that --cfg={opts.cfg} '
-                                       f'builds for this data; resume with the same --cfg, --norm, --cmax, --tanh and --data')
+        shapes = {key: tuple(tensor.shape) for key, tensor in net.state_dict().items()}
+        if persistence.class_name_of(type(net)) != kwargs.class_name or shapes != persistence.network_shapes(kwargs):
+            raise click.ClickException(f'--resume: the {name} of {path} is not the network that --cfg={experiment.cfg} '
+                                       f'builds with these options for this data')
 
 
 def _check_outdir(outdir: str) -> None:
@@ -202,43 +224,59 @@ def _parse_metrics(metrics: str) -> list[str]:
 
 
 @click.command(help=__doc__)
-@click.option('--outdir', help='Where to make the run directory', metavar='DIR', default='training-runs', show_default=True, callback=dnnlib.util.expand_user)
-@click.option('--cfg', help='Preset (network, loss, optimizer, schedule); see docs/configs.md  [default: quickstart; with --resume: the snapshot\'s]')
-@click.option('--data', help='Training data: zip or folder made by dataset_tool.py  [default: the embedded digits; with --resume: the snapshot\'s]', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--gpus', help='Number of processes (one per GPU; gloo on a CPU)', type=click.IntRange(min=1), default=1, show_default=True)
-@click.option('--device', help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]; with --gpus=N, cuda (CUDA_VISIBLE_DEVICES picks the GPUs) or cpu', metavar='DEVICE')
-@click.option('--deterministic', help='Repeatable GPU arithmetic: deterministic algorithms, no cuDNN benchmarking (a resumed GPU run then continues bit for bit; slower, docs/benchmarks.md)', is_flag=True)
-@click.option('--batch', help='Override the global discriminator batch M, all GPUs together (G keeps the preset\'s ratio, 2M for SN-GAN presets); gn-stylegan: cap on the schedule\'s global minibatch', type=click.IntRange(min=1))
-@click.option('--batch-gpu', help='Most samples one GPU processes at once; the rest of its share is gradient accumulation  [default: its whole share]', type=click.IntRange(min=1))
-@click.option('--kimg', help='Override the run length in thousands of real images shown to D', type=click.FloatRange(min=0, min_open=True))
-@click.option('--steps', help='Override the run length in generator steps (fixed-batch presets)', type=click.IntRange(min=1))
-@click.option('--norm', help='Discriminator constraint  [default: gn; with --resume: the snapshot\'s]', type=click.Choice(NORMS))
-@click.option('--loss', help='Adversarial loss  [default: the preset\'s; with --resume: the snapshot\'s]', type=click.Choice(LOSSES))
-@click.option('--cr', help='Consistency regularization weight (paper: 5)  [default: 0; with --resume: the snapshot\'s]', type=click.FloatRange(min=0))
-@click.option('--precision', help='Arithmetic of the networks: tf32 (float32 with TF32 tensor-core matmuls on CUDA; the same as fp32 on a CPU), fp32 (strict, the paper\'s), bf16 or fp16 (autocast; GN\'s norm and the losses stay float32); evidence in docs/precision.md  [default: tf32; with --resume: the snapshot\'s]', type=click.Choice(PRECISIONS))
-@click.option('--resolution', help='gn-stylegan: final resolution of progressive growing (default: the data\'s)', type=int)
-@click.option('--cmax', help='gn-stylegan: maximum feature maps per layer (512 in the paper)', type=click.IntRange(min=1))
-@click.option('--lod-kimg', help='gn-stylegan: thousands of images per resolution phase and per fade-in  [default: 600]', type=click.FloatRange(min=0, min_open=True))
-@click.option('--tanh', help='gn-stylegan: pass the generator\'s images through tanh, bounding them to (-1, 1) as the data is (StyleGAN v1\'s output is linear; small runs on flat-background data such as the digits need it, docs/results.md)', type=bool, default=False, show_default=True)
-@click.option('--lr-rampdown', help='gn-stylegan: thousands of images at the end of the run over which the learning rates fall linearly to 0 (StyleGAN v1\'s stay constant)  [default: 0, none]', type=click.FloatRange(min=0))
-@click.option('--xflip', help='Mirror the real images left-right at random  [default: the preset\'s: on for the paper\'s presets, off for quickstart; with --resume: the snapshot\'s]', type=bool)
-@click.option('--seed', help='Random seed (initial weights, data order, latents, grids)  [default: 0; with --resume: the snapshot\'s]', type=click.IntRange(min=0))
-@click.option('--tick', help='Progress line every this many kimg', type=click.FloatRange(min=0, min_open=True), default=4, show_default=True)
-@click.option('--snap', help='Snapshot (networks, image grid, metrics) every this many ticks', type=click.IntRange(min=1), default=50, show_default=True)
-@click.option('--metrics', help='Metrics at every snapshot, comma-separated, or "none" (e.g. fid50k_full,is50k)', default='none', show_default=True)
-@click.option('--ref-data', help='Reference split for the fid50k / fid10k metrics (e.g. the CIFAR-10 test set)', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--ref-stats', help='FID reference statistics (.npz of mu and sigma, e.g. the authors\' cifar10.train.npz) replacing the real images of every FID metric', metavar='NPZ', callback=dnnlib.util.expand_user)
-@click.option('--best-metric', help='FID metric that decides network-best.pkl  [default: the first FID in --metrics]', metavar='NAME')
-@click.option('--detector', help='Inception-v3 detector (TorchScript) of FID, IS and KID: path or URL (offline machines)', metavar='PATH_OR_URL', callback=dnnlib.util.expand_user)
-@click.option('--pr-detector', help='VGG16 detector (TorchScript) of precision/recall: path or URL (offline machines)', metavar='PATH_OR_URL', callback=dnnlib.util.expand_user)
-@click.option('--resume', help='Continue from a network snapshot (optimizer state, progress and random streams included) in a new run directory; --cfg, --norm, --loss, --cr, --precision, --seed, --data and --xflip default to the snapshot\'s', metavar='PKL', callback=dnnlib.util.expand_user)
-@click.option('--resume-override', help='With --resume: accept --cfg, --norm, --loss, --cr, --precision, --seed, --data or --xflip differing from the snapshot\'s (recorded in training_options.json)', is_flag=True)
-@click.option('--threads', help='CPU threads per process  [default: one per core, shared out between the --gpus processes on a CPU]; idle threads sleep at once (OMP_WAIT_POLICY=PASSIVE unless set), so a busy machine slows a run about in proportion', type=click.IntRange(min=1))
-@click.option('--workers', help='DataLoader worker processes per process  [default: 3 with CUDA, 0 on a CPU, where workers would compete with training for the cores]', type=click.IntRange(min=0))
-@click.option('--dry-run', help='Print the options and the schedule (phases, batches, accumulation, lr) and exit', is_flag=True)
+
+# Main options.
+@click.option('--outdir',       help='Where to make the run directory', metavar='DIR',                            type=str, default='training-runs', show_default=True, callback=dnnlib.util.expand_user)
+@click.option('--cfg',          help='Preset: network, loss, optimizer, schedule (docs/configs.md)  [default: quickstart]', type=str)
+@click.option('--data',         help='Training data, made by dataset_tool.py  [default: the embedded digits]', metavar='ZIP|DIR', type=str, callback=dnnlib.util.expand_user)
+@click.option('--gpus',         help='Processes: one per GPU, gloo processes on a CPU', metavar='INT',          type=click.IntRange(min=1), default=1, show_default=True)
+@click.option('--device',       help='cpu, cuda or cuda:N  [default: cuda if there is a GPU]', metavar='DEVICE',  type=str)
+
+# The experiment: with --resume, each defaults to the snapshot's.
+@click.option('--norm',         help='Discriminator constraint  [default: gn]',                                   type=click.Choice(NORMS))
+@click.option('--loss',         help='Adversarial loss  [default: the preset\'s]',                                type=click.Choice(LOSSES))
+@click.option('--cr',           help='Consistency regularization weight (paper: 5)  [default: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
+@click.option('--precision',    help='Arithmetic of the networks (docs/precision.md)  [default: tf32]',          type=click.Choice(PRECISIONS))
+@click.option('--seed',         help='Random seed  [default: 0]', metavar='INT',                                 type=click.IntRange(min=0))
+@click.option('--xflip',        help='Mirror the reals left-right at random  [default: the preset\'s]', metavar='BOOL', type=bool)
+@click.option('--glr',          help='G learning rate  [default: the preset\'s]', metavar='FLOAT',                type=click.FloatRange(min=0, min_open=True))
+@click.option('--dlr',          help='D learning rate  [default: the preset\'s]', metavar='FLOAT',                type=click.FloatRange(min=0, min_open=True))
+@click.option('--gamma',        help='R1 weight, with --norm=r1  [default: 10]', metavar='FLOAT',                 type=click.FloatRange(min=0))
+@click.option('--resolution',   help='gn-stylegan: final resolution  [default: the data\'s]', metavar='INT',     type=click.IntRange(min=1))
+@click.option('--cmax',         help='gn-stylegan: feature-map cap of G and D  [default: 512]', metavar='INT',    type=click.IntRange(min=1))
+@click.option('--d-cmax',       help='gn-stylegan: feature-map cap of D  [default: --cmax]', metavar='INT',      type=click.IntRange(min=1))
+@click.option('--tanh',         help='gn-stylegan: G\'s images through tanh  [default: false]', metavar='BOOL',  type=bool)
+@click.option('--map-dim',      help='gn-stylegan: width of z, w and the mapping network  [default: 512]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--map-lrmul',    help='gn-stylegan: mapping network lr multiplier  [default: 0.01]', metavar='FLOAT', type=click.FloatRange(min=0, min_open=True))
+@click.option('--style-mixing', help='gn-stylegan: style mixing probability  [default: 0.9]', metavar='FLOAT',    type=click.FloatRange(min=0, max=1))
+
+# Length and batches.
+@click.option('--batch',        help='Global D batch M; gn-stylegan: cap on the minibatch', metavar='INT',       type=click.IntRange(min=1))
+@click.option('--batch-gpu',    help='Most samples per GPU at once; the rest accumulates', metavar='INT',        type=click.IntRange(min=1))
+@click.option('--kimg',         help='Run length in thousands of real images', metavar='KIMG',                  type=click.FloatRange(min=0, min_open=True))
+@click.option('--steps',        help='Run length in G steps (fixed-batch presets)', metavar='INT',              type=click.IntRange(min=1))
+@click.option('--lod-kimg',     help='gn-stylegan: kimg per phase and per fade-in  [default: 600]', metavar='KIMG', type=click.FloatRange(min=0, min_open=True))
+@click.option('--lr-rampdown',  help='gn-stylegan: kimg of linear lr decay at the end  [default: 0]', metavar='KIMG', type=click.FloatRange(min=0))
+
+# Reporting.
+@click.option('--tick',         help='Progress line every this many kimg', metavar='KIMG',                      type=click.FloatRange(min=0, min_open=True), default=4, show_default=True)
+@click.option('--snap',         help='Grid, metrics and snapshot every this many ticks', metavar='TICKS',       type=click.IntRange(min=1), default=50, show_default=True)
+@click.option('--metrics',      help='Metrics at every snapshot, comma-separated, or none', metavar='LIST',    type=str, default='none', show_default=True)
+@click.option('--ref-data',     help='Reference split of fid50k / fid10k', metavar='ZIP|DIR',                   type=str, callback=dnnlib.util.expand_user)
+@click.option('--ref-stats',    help='FID reference statistics replacing the reals', metavar='NPZ',            type=str, callback=dnnlib.util.expand_user)
+@click.option('--best-metric',  help='FID metric that picks network-best.pkl  [default: the first FID]', metavar='NAME', type=str)
+@click.option('--detector',     help='Inception-v3 detector of FID, IS, KID', metavar='PATH|URL',               type=str, callback=dnnlib.util.expand_user)
+@click.option('--pr-detector',  help='VGG16 detector of precision/recall', metavar='PATH|URL',                   type=str, callback=dnnlib.util.expand_user)
+
+# Resuming and execution.
+@click.option('--resume',       help='Continue a snapshot\'s run (its options by default)', metavar='PKL',         type=str, callback=dnnlib.util.expand_user)
+@click.option('--resume-override', help='With --resume: accept experiment options that differ from the snapshot\'s', is_flag=True)
+@click.option('--deterministic', help='Repeatable GPU arithmetic (slower)',                                     is_flag=True)
+@click.option('--threads',      help='CPU threads per process  [default: the cores, shared out]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--workers',      help='DataLoader workers per process  [default: 3 on CUDA, 0 on a CPU]', metavar='INT', type=click.IntRange(min=0))
+@click.option('--dry-run',      help='Print the options and the schedule, and exit',                            is_flag=True)
 def main(**opts):
     opts = dnnlib.EasyDict(opts)
-    from training import configs
 
     # Under torchrun this process is one worker of WORLD_SIZE; --gpus is then ignored. The device, and whether this
     # machine has a GPU for each of its processes, before anything starts.
@@ -255,37 +293,17 @@ def main(**opts):
     except ValueError as e:
         raise click.ClickException(str(e))
 
-    # The snapshot to resume from, and the options that define the experiment: given, else the snapshot's.
+    # The experiment: the command line's options, else the resumed snapshot's, else the preset's and the defaults.
     resume = None if opts.resume is None else _load_resume(opts.resume)
-    resume_overrides = _experiment_options(opts, resume)
-
-    # Preset, data, and the command line's overrides.
-    try:
-        cfg = configs.get_config(opts.cfg, norm=opts.norm, loss=opts.loss, cr=opts.cr)
-    except ValueError as e:
-        raise click.ClickException(str(e))
-    if opts.xflip is not None:
-        cfg.xflip = opts.xflip
-    training_set_kwargs, dataset = _open_dataset(opts.data, use_labels=bool(cfg.conditional))  # 'if-labels' too.
-    try:
-        args = configs.training_options(
-            cfg, resolution=dataset.resolution, channels=dataset.num_channels, label_dim=dataset.label_dim,
-            num_gpus=opts.gpus, batch=opts.batch, batch_gpu=opts.batch_gpu, kimg=opts.kimg, steps=opts.steps,
-            max_resolution=opts.resolution, cmax=opts.cmax, lod_kimg=opts.lod_kimg, tanh=opts.tanh,
-            lr_rampdown=opts.lr_rampdown, precision=opts.precision)
-    except ValueError as e:
-        raise click.ClickException(str(e))
+    experiment, resume_overrides = _experiment(opts, device, resume)
+    if resume is not None:
+        _check_resume_networks(resume, experiment, opts.resume)
 
     # Metrics and reference data.
     metrics = _parse_metrics(opts.metrics)
-    metric_kwargs = dnnlib.EasyDict(detector_url=opts.detector, pr_detector_url=opts.pr_detector)
     for option, path in [('--ref-data', opts.ref_data), ('--ref-stats', opts.ref_stats)]:
         if path is not None and not os.path.exists(path):
             raise click.ClickException(f'{option}: no such file or folder: {path}')
-    if opts.ref_data is not None:
-        metric_kwargs.ref_dataset_kwargs = dict(class_name='training.dataset.ImageFolderDataset', path=os.path.abspath(opts.ref_data))
-    if opts.ref_stats is not None:
-        metric_kwargs.ref_stats = os.path.abspath(opts.ref_stats)
     if any(m in ('fid50k', 'fid10k') for m in metrics) and opts.ref_data is None and opts.ref_stats is None:
         raise click.ClickException('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats')
     from metrics import frechet_inception_distance, metric_main, metric_utils
@@ -294,42 +312,35 @@ def main(**opts):
         if opts.ref_stats is not None:
             frechet_inception_distance.load_ref_stats(opts.ref_stats)  # mu [D] and sigma [D, D], finite.
         if opts.ref_data is not None:
-            ref_shape = _open_dataset(opts.ref_data, use_labels=False, option='--ref-data')[1].image_shape
-            if list(ref_shape) != list(dataset.image_shape):
+            ref_shape = _open_dataset(opts.ref_data, use_labels=False, option='--ref-data').image_shape
+            if list(ref_shape) != [experiment.img_channels, experiment.img_resolution, experiment.img_resolution]:
                 raise ValueError(f'--ref-data holds {ref_shape[2]}x{ref_shape[1]} images with {ref_shape[0]} channel(s), '
-                                 f'the training data {dataset.resolution}x{dataset.resolution} with {dataset.num_channels}')
+                                 f'the training data {experiment.img_resolution}x{experiment.img_resolution} with '
+                                 f'{experiment.img_channels}')
         metric_main.check_detectors(metrics, opts.detector, opts.pr_detector)  # Fetched now, not hours in.
     except (ValueError, metric_utils.DetectorUnavailableError) as e:
         raise click.ClickException(str(e))
-
-    # Everything the training loop takes.
-    if opts.workers is None:
-        opts.workers = 3 if device.type == 'cuda' else 0
-    args.update(training_set_kwargs=training_set_kwargs, random_seed=opts.seed, num_gpus=opts.gpus, device=str(device),
-                deterministic=opts.deterministic,
-                num_workers=opts.workers, kimg_per_tick=opts.tick, image_snapshot_ticks=opts.snap,
-                network_snapshot_ticks=opts.snap, metrics=metrics, metric_kwargs=metric_kwargs,
-                best_metric=best_metric, experiment=dict(cfg=cfg.name, norm=cfg.loss_kwargs.norm, loss=cfg.loss_kwargs.loss,
-                                                         cr=cfg.loss_kwargs.cr, precision=opts.precision, seed=opts.seed,
-                                                         data=training_set_kwargs.path, xflip=cfg.xflip))
-    if resume is not None:
-        _check_resume_networks(resume, args, opts)
-    dataset_name = os.path.splitext(os.path.basename(os.path.normpath(opts.data)))[0]
-    desc = f'{dataset_name}-{cfg.name}-{cfg.loss_kwargs.norm}'
+    absolute = lambda path: None if path is None else os.path.abspath(path)
+    experiment = dataclasses.replace(experiment, metrics=tuple(metrics), best_metric=best_metric, tick=opts.tick,
+                                     snap=opts.snap, ref_data=absolute(opts.ref_data), ref_stats=absolute(opts.ref_stats),
+                                     detector=opts.detector, pr_detector=opts.pr_detector)
 
     # Print the options (all of them: training_options.json) and the schedule, last so that it stays in view; a dry
     # run stops here.
-    record = dnnlib.util.to_plain(dict(args, resume_pkl=opts.resume, resume_overrides=resume_overrides, run_desc=desc))
+    desc = experiment.description
+    record = dnnlib.util.to_plain(dict(
+        experiment.record(), resume_pkl=opts.resume, resume_overrides=resume_overrides, run_desc=desc,
+        training_set_kwargs=experiment.training_set_kwargs, G_kwargs=experiment.G_kwargs, D_kwargs=experiment.D_kwargs,
+        G_opt_kwargs=experiment.G_opt_kwargs, D_opt_kwargs=experiment.D_opt_kwargs, loss_kwargs=experiment.loss_kwargs,
+        schedule_kwargs=experiment.schedule_kwargs))
     if rank == 0:
         print()
         print('Training options:')
         print(json.dumps(record, indent=2))
         print()
-        print(f'Run {desc}: --cfg={cfg.name} --norm={cfg.loss_kwargs.norm} --loss={cfg.loss_kwargs.loss} '
-              f'--cr={cfg.loss_kwargs.cr:g} --precision={opts.precision} --seed={opts.seed} '
-              f'--xflip={str(cfg.xflip).lower()}, data {opts.data}')
+        print(f'Run {desc}: {experiment.flags()}')
         print('Schedule:')
-        for line in dnnlib.util.construct_class_by_name(**args.schedule_kwargs).describe():
+        for line in experiment.schedule.describe():
             print(f'  {line}')
         print()
     if opts.dry_run:
@@ -341,33 +352,33 @@ def main(**opts):
     _check_outdir(opts.outdir)
     if distributed_env:  # Rank 0 names the run directory and tells the other workers.
         run_dir = [_next_run_dir(opts.outdir, desc) if rank == 0 else None]
-        if args.num_gpus > 1:
-            _init_process_group('env://', rank=rank, world_size=args.num_gpus,
+        if experiment.gpus > 1:
+            _init_process_group('env://', rank=rank, world_size=experiment.gpus,
                                 device=devices.process_device(device, _local_rank(rank)))
             torch.distributed.broadcast_object_list(run_dir, src=0)
-        args.run_dir = run_dir[0]
+        run_dir = run_dir[0]
     else:
-        args.run_dir = _next_run_dir(opts.outdir, desc)
+        run_dir = _next_run_dir(opts.outdir, desc)
     if rank == 0:
-        print(f'Output directory: {args.run_dir}')
-        os.makedirs(args.run_dir, exist_ok=False)
-        with open(os.path.join(args.run_dir, 'training_options.json'), 'wt') as f:
+        print(f'Output directory: {run_dir}')
+        os.makedirs(run_dir, exist_ok=False)
+        with open(os.path.join(run_dir, 'training_options.json'), 'wt') as f:
             json.dump(record, f, indent=2)
 
     # Launch: one process per GPU (spawned, or started by torchrun), each with the snapshot to resume from.
-    args.resume = resume
     if resume is not None and rank == 0:
         print(f'Resuming from "{opts.resume}"')
+    run = dnnlib.EasyDict(experiment=experiment, run_dir=run_dir, resume=resume)
     if distributed_env:
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # The run directory exists before any worker writes to it.
-        _run_process(rank, args, init_method=None, num_threads=opts.threads)
-    elif args.num_gpus == 1:
-        _run_process(0, args, init_method=None, num_threads=opts.threads)
+        _run_process(rank, run, init_method=None, num_threads=opts.threads)
+    elif experiment.gpus == 1:
+        _run_process(0, run, init_method=None, num_threads=opts.threads)
     else:
         try:
-            torch.multiprocessing.spawn(_run_process, args=(args, f'tcp://127.0.0.1:{_free_port()}', opts.threads),
-                                        nprocs=args.num_gpus)
+            torch.multiprocessing.spawn(_run_process, args=(run, f'tcp://127.0.0.1:{_free_port()}', opts.threads),
+                                        nprocs=experiment.gpus)
         except torch.multiprocessing.ProcessExitedException as e:
             sys.exit(e.exit_code or 1)  # The process printed its reason.
 

@@ -2,7 +2,7 @@
 them, random batches, comma-separated option lists, and JSON results written atomically.
 
 The training step is the loop's own: `NetworkUpdater.step` (training/updater.py) on a `GANLoss`
-(training/loss.py), with the networks, optimizers and loss kwargs of `configs.training_options`
+(training/loss.py), with the networks, optimizers and loss kwargs of an `Experiment` (training/experiment.py)
 and the arithmetic of training/precision.py. The bench scripts time or inspect that step on
 random data; none of them has a training step of its own. `count_host_work` counts what a step costs the
 host: ATen operators dispatched and Python function calls, the same on a CPU as on a GPU.
@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dnnlib  # noqa: E402
 from torch_utils import devices  # noqa: E402
 from training import configs  # noqa: E402
+from training.experiment import Experiment  # noqa: E402
 from training.precision import Precision  # noqa: E402
 from training.updater import NetworkUpdater  # noqa: E402
 
@@ -90,21 +91,20 @@ def count_host_work(fn: Callable[[], object]) -> HostWork:
     return HostWork(ops=counter.ops, python_calls=python_calls)
 
 
-def preset_options(cfg_name: str, norm: str = 'gn', resolution: int | None = None, batch: int | None = None,
-                   cmax: int | None = None, channels: int = 3) -> dnnlib.EasyDict:
-    """`configs.training_options` of a preset on synthetic data: the preset's resolution (gn-stylegan: networks
-    built for `resolution`), 10 classes where the preset is conditional, the D batch `batch` (gn-stylegan: the
-    minibatch)."""
-    cfg = configs.get_config(cfg_name, norm=norm)
-    resolution = cfg.get('resolution', resolution)
+def preset_experiment(cfg_name: str, norm: str = 'gn', resolution: int | None = None, batch: int | None = None,
+                      cmax: int | None = None, channels: int = 3, **options) -> Experiment:
+    """The Experiment of a preset on synthetic data, as train.py builds it: the preset's resolution (gn-stylegan:
+    networks built for `resolution`), 10 classes where the preset is conditional, the D batch `batch` (gn-stylegan:
+    the minibatch), and any other Experiment `options`."""
+    preset = configs.get_config(cfg_name)
+    resolution = preset.get('resolution', resolution)
     if resolution is None:
         raise click.ClickException(f'--cfg={cfg_name} has no fixed resolution: pass --resolution')
-    if cfg.arch == 'stylegan' and batch is None:
+    if preset.arch == 'stylegan' and batch is None:
         raise click.ClickException(f'--cfg={cfg_name} has no fixed batch: pass --batch')
-    label_dim = 10 if cfg.conditional else 0
     try:
-        return configs.training_options(cfg, resolution=resolution, channels=channels, label_dim=label_dim, batch=batch,
-                                        cmax=cmax)
+        return Experiment.build(cfg=cfg_name, norm=norm, img_resolution=resolution, img_channels=channels,
+                                label_dim=10 if preset.conditional else 0, batch=batch, cmax=cmax, **options)
     except ValueError as e:
         raise click.ClickException(str(e))
 
@@ -123,7 +123,7 @@ class TrainingStep:
         D: torch.nn.Module,                     # Discriminator.
         G_opt: torch.optim.Optimizer,           # Their optimizers (may be shared between TrainingSteps).
         D_opt: torch.optim.Optimizer,
-        loss_kwargs: dict,                      # GANLoss kwargs (class_name included), as training_options gives them.
+        loss_kwargs: dict,                      # GANLoss kwargs (class_name included), as an Experiment gives them.
         precision: str = 'fp32',                # training/precision.py.
         group_size: int = 1,                    # D's minibatch-stddev groups (kept whole by accumulation rounds).
         deterministic: bool = False,            # Repeatable GPU arithmetic, as train.py --deterministic.

@@ -4,7 +4,7 @@
     python bench/precision.py --cfg=cifar10-resnet,cifar10-biggan --precisions=fp32,bf16,fp16 --out=precision.json
     python bench/precision.py --cfg=gn-stylegan --resolution=32 --cmax=128 --norms=gn,r1,none
 
-For each preset it builds G and D with training/configs.training_options at their real widths
+For each preset it builds G and D with an Experiment (training/experiment.py) at their real widths
 (gn-stylegan: for --resolution, feature maps capped at --cmax, set to --lod, style mixing off),
 copies both to float64, and runs the training loop's D step and G step (NetworkUpdater.accumulate
 of training/updater.py on GANLoss; each of --norms, the preset's loss) on the same reals, latents
@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import TrainingStep, build_network, parse_list, preset_options, random_batch, write_json_atomic  # noqa: E402
+from bench.common import TrainingStep, build_network, parse_list, preset_experiment, random_batch, write_json_atomic  # noqa: E402
 from training import configs, loss as loss_lib  # noqa: E402
 from torch_utils import devices  # noqa: E402
 from training.precision import PRECISIONS  # noqa: E402
@@ -84,10 +84,9 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precisi
 def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, seed: int, resolution: int, cmax: int,
             lod: float) -> list[dict]:
     progressive = configs.get_config(cfg_name).arch == 'stylegan'
-    opts = preset_options(cfg_name, norm=norm, batch=batch_size, resolution=resolution if progressive else None,
-                          cmax=cmax if progressive else None)
-    if progressive:
-        opts.G_kwargs.style_mixing_prob = 0  # Random per call: not comparable between float64 and float32.
+    # Style mixing draws at random per call: not comparable between float64 and float32.
+    opts = preset_experiment(cfg_name, norm=norm, batch=batch_size, resolution=resolution if progressive else None,
+                             cmax=cmax if progressive else None, style_mixing=0 if progressive else None)
     G, D = build_network(opts.G_kwargs, torch.device('cpu'), seed), build_network(opts.D_kwargs, torch.device('cpu'), seed)
     active = G.img_resolution
     if progressive:

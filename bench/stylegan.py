@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
-from bench.common import TrainingStep, build_network, preset_options, random_batch, write_json_atomic  # noqa: E402
+from bench.common import TrainingStep, build_network, preset_experiment, random_batch, write_json_atomic  # noqa: E402
 from ops import bias_act, conv2d_gradfix, upfirdn2d  # noqa: E402
 from training import progressive  # noqa: E402
 
@@ -67,7 +67,7 @@ def bench_one(resolution: int, max_resolution: int, impl: str, steps: int, warmu
     """Time `steps` D+G training steps at `resolution` after `warmup` untimed ones."""
     lod = math.log2(max_resolution) - math.log2(resolution)
     batch = progressive.BATCH[resolution] // PAPER_GPUS  # One GPU's share of the paper's 8-GPU run.
-    opts = preset_options('gn-stylegan', resolution=max_resolution, batch=batch)
+    opts = preset_experiment('gn-stylegan', resolution=max_resolution, batch=batch)
     G, D = build_network(opts.G_kwargs, device), build_network(opts.D_kwargs, device)
     for net in (G, D):
         net.set_lod(lod)

@@ -7,7 +7,7 @@
 For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; only meaningful for
 the GN variants), GN's D step in affine form or plain (--linear-d; GN only, see training/gradnorm.py),
 one or separate D calls per D step (--fuse-d) and precision (--precisions), it builds G, D, the
-optimizers and GANLoss with training/configs.training_options, as train.py does, and times the
+optimizers and GANLoss with an Experiment (training/experiment.py), as train.py does, and times the
 training loop's own D step and G step (NetworkUpdater.step of training/updater.py: zero_grad,
 GANLoss.accumulate_gradients, gradient check, optimizer step through the loss scaler; shared with
 the other bench scripts through bench/common.py), on random images and latents (the data pipeline
@@ -50,7 +50,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
-from bench.common import (HostWork, TrainingStep, build_network, count_host_work, parse_list, preset_options,  # noqa: E402
+from bench.common import (HostWork, TrainingStep, build_network, count_host_work, parse_list, preset_experiment,  # noqa: E402
                           random_batch, write_json_atomic)
 from torch_utils import devices  # noqa: E402
 from training import configs, loss as loss_lib, precision as precision_lib  # noqa: E402
@@ -60,13 +60,13 @@ from training import configs, loss as loss_lib, precision as precision_lib  # no
 
 def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution: int | None, cmax: int | None,
                  device: torch.device) -> dict:
-    """The networks and optimizers of one preset (configs.training_options), shared by all of its configurations.
+    """The networks and optimizers of one preset (an Experiment (training/experiment.py)), shared by all of its configurations.
 
     Every norm except 'sn' uses the same D (sn builds D with spectral normalization), so one D
     (two with sn) and one G serve every configuration; their weights drift as the benchmark
     trains them, which changes nothing in the arithmetic being timed.
     """
-    opts = {norm: preset_options(cfg_name, norm=norm, resolution=resolution, batch=batch, cmax=cmax) for norm in norms}
+    opts = {norm: preset_experiment(cfg_name, norm=norm, resolution=resolution, batch=batch, cmax=cmax) for norm in norms}
     any_opts = next(iter(opts.values()))
     G = build_network(any_opts.G_kwargs, device)
     G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **any_opts.G_opt_kwargs)
@@ -76,10 +76,10 @@ def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution:
         if sn not in Ds:
             Ds[sn] = build_network(opts[norm].D_kwargs, device)
             D_opts[sn] = dnnlib.util.construct_class_by_name(params=Ds[sn].parameters(), **opts[norm].D_opt_kwargs)
-    plan = dnnlib.util.construct_class_by_name(**any_opts.schedule_kwargs).plan(0, 0)
+    plan = any_opts.schedule.plan(0, 0)
     return dict(cfg=configs.get_config(cfg_name), opts=opts, G=G, G_opt=G_opt, Ds=Ds, D_opts=D_opts, n_dis=plan.n_dis,
                 batch_D=plan.batch_D, batch_G=plan.batch_G, resolution=G.img_resolution,
-                group_size=any_opts.schedule_kwargs.get('group_size', 1))
+                group_size=any_opts.schedule.group_size)
 
 
 class Configuration:

@@ -114,11 +114,13 @@ StyleGAN v1's progressive growing as the paper trained it (v1's 8-GPU configurat
 
 The minibatch is global, whatever `--gpus` is; `--batch-gpu` caps one GPU's part of it (rounds
 keep the minibatch-stddev groups of 4 whole). `--batch=B` caps the global minibatch at B.
-`--cmax` narrows the networks (maximum feature maps per layer, 512 in the paper); `--tanh=1`
-bounds G's images to (-1, 1) with tanh (v1's output is linear; small runs on data with flat
-backgrounds, such as the digits, need it: [results.md](results.md)); `--lr-rampdown=KIMG` lets
-both learning rates fall linearly to 0 over the run's last KIMG thousand images (v1's stay
-constant). The Adam state
+`--cmax` narrows the networks (maximum feature maps per layer, 512 in the paper), `--d-cmax` D
+alone; `--tanh=1` bounds G's images to (-1, 1) with tanh (v1's output is linear; small runs on data
+with flat backgrounds, such as the digits, need it: [results.md](results.md)); `--lr-rampdown=KIMG`
+lets both learning rates fall linearly to 0 over the run's last KIMG thousand images (v1's stay
+constant); `--glr` and `--dlr` replace the table's learning rates at every resolution; `--map-dim`,
+`--map-lrmul` and `--style-mixing` set the mapping network's width (512) and lr multiplier (0.01)
+and the style-mixing probability (0.9). The Adam state
 is reset whenever a fade-in starts and when it ends, as v1 does (`reset_opt_for_new_lod`). D
 sees the active resolution; GN's gradient norm is taken with respect to the full-resolution
 image that v1's D receives (see [gradnorm.md](gradnorm.md)).

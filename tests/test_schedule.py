@@ -64,7 +64,8 @@ def test_progressive_phase_labels_and_table():
     assert s.phase_label(0, 900_000) == 'fade-in 16x16 50%'
     lines = s.describe()
     rows = {line.split()[0] + ' ' + line.split()[1]: line.split() for line in lines[2:]}
-    assert rows['stable 8x8'][-4:] == ['256', '32', '1', '0.001'] and rows['stable 64x64'][-4:] == ['32', '4', '1', '0.001']
+    assert rows['stable 8x8'][-5:] == ['256', '32', '1', '0.001', '0.001']
+    assert rows['stable 64x64'][-5:] == ['32', '4', '1', '0.001', '0.001']
     assert rows['stable 64x64'][2:5] == ['3,600', '-', '25,000']
     assert len(lines) == 2 + 7  # 4 stable phases, 3 fade-ins.
 

@@ -18,6 +18,7 @@ import torch
 
 from torch_utils import persistence
 from training import progressive
+from training.experiment import Experiment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,7 +139,7 @@ def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
     assert len(snapshots(run_dir)) == 1
     assert persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[0])).progress.cur_nimg == 2 * 4
     assert result.stdout.count('Exiting...') == 1 and result.stdout.count('Training options') == 1  # Only rank 0 prints.
-    assert json.load(open(os.path.join(run_dir, 'training_options.json')))['num_gpus'] == 2
+    assert json.load(open(os.path.join(run_dir, 'training_options.json')))['gpus'] == 2
     # Resumed by two processes: they must not share the snapshot's Adam state (spawned processes receive its
     # tensors in shared memory), or their networks drift apart and the consistency check at the snapshot fails.
     run_cli(*launcher, f'--outdir={outdir}', f'--resume={os.path.join(run_dir, snapshots(run_dir)[0])}', '--steps=4',
@@ -238,8 +239,8 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--resume=/nonexistent.pkl'], '--resume'),
     (['--metrics=fid1k_wrong'], 'unknown'),
     (['--cfg=gn-stylegan', '--resolution=64'], 'exceeds'),
-    (['--tanh=1'], '--tanh and --lr-rampdown apply to --cfg=gn-stylegan only'),
-    (['--lr-rampdown=10'], '--tanh and --lr-rampdown apply to --cfg=gn-stylegan only'),
+    (['--tanh=1'], '--tanh: gn-stylegan only'),
+    (['--lr-rampdown=10', '--cmax=8'], '--cmax, --lr-rampdown: gn-stylegan only'),
     # Metrics that could not be computed are found before the first step, not at the first snapshot.
     (['--metrics=fid10k_full', '--detector=/nonexistent/inception.pt'], 'cannot load the feature detector /nonexistent/inception.pt'),
     (['--metrics=is50k', '--detector={notes}'], 'pass --detector=PATH_OR_URL of a TorchScript detector'),
@@ -301,7 +302,7 @@ def test_cpu_processes_join_a_gloo_group_when_gpus_are_visible(monkeypatch):
     monkeypatch.setattr(torch.distributed, 'init_process_group', init_process_group)
     monkeypatch.setattr(train, 'set_threads', lambda n: None)
     with pytest.raises(Joined):
-        train._run_process(1, dnnlib.EasyDict(device='cpu', num_gpus=2, run_dir='.'), init_method='tcp://127.0.0.1:9',
+        train._run_process(1, dnnlib.EasyDict(experiment=Experiment(device='cpu', gpus=2), run_dir='.'), init_method='tcp://127.0.0.1:9',
                            num_threads=None)
     assert joined == ['gloo']
 
@@ -315,9 +316,9 @@ def test_dry_run_prints_the_v1_phase_table(tmp_path):
                          '--batch-gpu=16', '--dry-run')
         rows = {' '.join(line.split()[:2]): line.split() for line in result.stdout.splitlines()
                 if line.strip().startswith(('stable', 'fade-in'))}
-        # phase, kimg range, global batch, per GPU at once, accumulation rounds, lr.
-        assert rows['stable 8x8'][-4:] == ['256', per_gpu_8, str(256 // gpus // int(per_gpu_8)), '0.001']
-        assert rows['stable 64x64'][-4:] == ['32', per_gpu_64, str(32 // gpus // int(per_gpu_64)), '0.001']
+        # phase, kimg range, global batch, per GPU at once, accumulation rounds, lr of G and of D.
+        assert rows['stable 8x8'][-5:] == ['256', per_gpu_8, str(256 // gpus // int(per_gpu_8)), '0.001', '0.001']
+        assert rows['stable 64x64'][-5:] == ['32', per_gpu_64, str(32 // gpus // int(per_gpu_64)), '0.001', '0.001']
         assert rows['fade-in 16x16'][2:5] == ['600', '-', '1,200']
         assert not os.path.exists(tmp_path / 'runs')
 
@@ -328,8 +329,8 @@ def test_xflip_flag_overrides_the_presets_flips(tmp_path, flag, expected):
     for the training loop and records it with the experiment."""
     result = run_cli('train.py', '--cfg=gn-stylegan', *flag, '--dry-run')
     options = json.loads(result.stdout[result.stdout.index('{'):result.stdout.index('\n}\n') + 2])
-    assert options['xflip'] is expected and options['experiment']['xflip'] is expected
-    assert f'--xflip={str(expected).lower()},' in result.stdout
+    assert options['xflip'] is expected
+    assert f'--xflip={str(expected).lower()} ' in result.stdout
 
 
 def test_diverged_run_ends_with_one_line(tmp_path, monkeypatch, capsys):
@@ -357,8 +358,7 @@ def test_diverged_run_ends_with_one_line(tmp_path, monkeypatch, capsys):
 def test_resume_of_a_snapshot_without_training_state_is_refused(tmp_path):
     """A snapshot holding only networks (e.g. converted from another codebase) cannot continue a run."""
     import dnnlib
-    from training import configs
-    opts = configs.training_options(configs.get_config('quickstart'), resolution=32, channels=1, label_dim=0)
+    opts = Experiment.build(cfg='quickstart', img_resolution=32, img_channels=1)
     nets = {name: dnnlib.util.construct_class_by_name(**kwargs) for name, kwargs in
             [('G', opts.G_kwargs), ('D', opts.D_kwargs), ('G_ema', opts.G_kwargs)]}
     persistence.save_snapshot(str(tmp_path / 'nets.pkl'), nets)
@@ -403,21 +403,23 @@ def test_full_disk_ends_the_run_with_one_line(tmp_path, monkeypatch):
 
 
 def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
-    """--resume without --loss/--seed/--data continues the snapshot's experiment; given and different, they are
-    refused in one line before anything is written, unless --resume-override, which training_options.json records."""
+    """--resume without --loss/--seed/--data/--batch continues the snapshot's experiment and its batches; given and
+    different, experiment options are refused in one line before anything is written, unless --resume-override,
+    which training_options.json records."""
     outdir = str(tmp_path / 'runs')
-    common = [f'--outdir={outdir}', '--steps=2', '--batch=4', '--tick=0.004', '--snap=1', '--workers=0']
-    run_cli('train.py', *common, f'--data={dataset_zip}', '--loss=ns', '--seed=3')
+    common = [f'--outdir={outdir}', '--steps=2', '--tick=0.004', '--snap=1', '--workers=0']
+    run_cli('train.py', *common, '--batch=4', f'--data={dataset_zip}', '--loss=ns', '--seed=3', '--glr=1e-3')
     snap = os.path.join(only_run_dir(outdir), snapshots(only_run_dir(outdir))[-1])
-    assert persistence.load_snapshot(snap).experiment == dict(cfg='quickstart', norm='gn', loss='ns', cr=0.0,
-                                                              precision='tf32', seed=3, data=os.path.abspath(dataset_zip),
-                                                              xflip=False)
+    recorded = persistence.load_snapshot(snap).experiment
+    assert (recorded['cfg'], recorded['norm'], recorded['loss'], recorded['seed'], recorded['glr'], recorded['dlr'],
+            recorded['batch'], recorded['data']) == ('quickstart', 'gn', 'ns', 3, 1e-3, 2e-3, 4, os.path.abspath(dataset_zip))
 
     run_cli('train.py', *common[:1], '--steps=3', *common[2:], f'--resume={snap}')
     resumed = json.load(open(os.path.join(outdir, sorted(os.listdir(outdir))[-1], 'training_options.json')))
-    assert resumed['experiment'] == dict(cfg='quickstart', norm='gn', loss='ns', cr=0.0, precision='tf32', seed=3,
-                                         data=os.path.abspath(dataset_zip), xflip=False)
-    assert resumed['loss_kwargs']['loss'] == 'ns' and resumed['random_seed'] == 3 and resumed['resume_overrides'] == []
+    assert {key: resumed[key] for key in recorded if key not in ('steps', 'workers')} == \
+        {key: value for key, value in recorded.items() if key not in ('steps', 'workers')}
+    assert resumed['steps'] == 3 and resumed['loss_kwargs']['loss'] == 'ns' and resumed['resume_overrides'] == []
+    assert resumed['G_opt_kwargs']['lr'] == 1e-3 and resumed['schedule_kwargs']['batch_D'] == 4
 
     result = run_cli('train.py', *common, f'--resume={snap}', '--norm=gp1', '--loss=ns', '--seed=4', '--xflip=1',
                      check=False)
@@ -429,7 +431,50 @@ def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
 
     run_cli('train.py', *common[:1], '--steps=3', *common[2:], f'--resume={snap}', '--seed=4', '--resume-override')
     overridden = json.load(open(os.path.join(outdir, sorted(os.listdir(outdir))[-1], 'training_options.json')))
-    assert overridden['resume_overrides'] == ['--seed=4 (was 3)'] and overridden['random_seed'] == 4
+    assert overridden['resume_overrides'] == ['--seed=4 (was 3)'] and overridden['seed'] == 4
+
+
+def _old_format(path: str, out: str) -> None:
+    """The snapshot at `path` as train.py wrote it before the Experiment: its record held only cfg, norm, loss, cr,
+    precision, seed, data and xflip, and gn-stylegan's networks had only the kwargs that differed from v1's (fmap_max
+    with --cmax)."""
+    snapshot = persistence.load_snapshot(path)
+    snapshot.experiment = {key: snapshot.experiment[key] for key in ('cfg', 'norm', 'loss', 'cr', 'precision', 'seed',
+                                                                     'data', 'xflip')}
+    for name in ('G', 'G_ema', 'D'):
+        for key in ('w_dim', 'output_tanh', 'style_mixing_prob', 'mapping_kwargs'):
+            snapshot[name].init_kwargs.pop(key, None)
+        if snapshot[name].init_kwargs.get('z_dim') == 512:
+            del snapshot[name].init_kwargs['z_dim']
+    persistence.save_snapshot(out, dict(snapshot))
+
+
+def test_snapshots_written_before_the_experiment_resume_as_they_did(tmp_path):
+    """A gn-stylegan snapshot in the old format resumes with the options it was trained with (--cmax read from its
+    networks; the options that did not exist yet take the values that code used), and continues exactly as the same
+    snapshot in the current format does."""
+    data = os.path.join(REPO_ROOT, 'data', 'digits32.zip')
+    outdir = str(tmp_path / 'runs')
+    common = ['train.py', f'--outdir={outdir}', '--tick=0.008', '--snap=100', '--workers=0']
+    run_cli(*common, '--cfg=gn-stylegan', f'--data={data}', '--cmax=4', '--batch=4', '--lod-kimg=0.02', '--kimg=0.024')
+    new = os.path.join(only_run_dir(outdir), snapshots(only_run_dir(outdir))[-1])
+    old = str(tmp_path / 'old.pkl')
+    _old_format(new, old)
+    assert 'output_tanh' not in persistence.load_snapshot(old).G.init_kwargs
+    was = Experiment.from_snapshot(persistence.load_snapshot(old))
+    assert (was.cmax, was.d_cmax, was.tanh, was.map_dim, was.map_lrmul, was.style_mixing) == (4, 4, False, 512, 0.01, 0.9)
+    assert was.changes(Experiment.from_snapshot(persistence.load_snapshot(new))) == []
+
+    finals = []
+    for snap in (new, old):  # The old record has no batch or phase length: given again, as that code needed.
+        result = run_cli(*common, f'--resume={snap}', '--kimg=0.032', '--batch=4', '--lod-kimg=0.02')
+        assert '--cmax=4 --d-cmax=4 --tanh=false' in result.stdout
+        run_dir = os.path.join(outdir, sorted(os.listdir(outdir))[-1])
+        finals.append(persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1])))
+    for name in ('G', 'D', 'G_ema'):
+        for (key, x), y in zip(finals[0][name].state_dict().items(), finals[1][name].state_dict().values()):
+            assert torch.equal(x, y), f'{name}.{key}'
+    assert finals[1].progress.cur_nimg == 32
 
 
 def test_paths_after_equals_signs_expand_the_home_directory(tmp_path, monkeypatch):

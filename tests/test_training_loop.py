@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from training import training_loop
+from training.experiment import Experiment
 from training.data_stream import RealImageStream
 from training.reporter import TrainingDiverged
 
@@ -16,19 +17,27 @@ from training.reporter import TrainingDiverged
 # Metrics during training, with the tiny TorchScript detector of the metric tests.
 
 
-def _quickstart_options(data: str, steps: int, batch: int, **overrides) -> dict:
-    """training_loop kwargs of a width-2 quickstart run on `data`."""
+@pytest.fixture(autouse=True)
+def tiny_preset(monkeypatch):
+    """--cfg=tiny: the quick start's networks at width 2, for images of any resolution."""
     from training import configs
-    cfg = configs.get_config('quickstart')
-    cfg.G_kwargs.ch = cfg.D_kwargs.ch = 2
-    del cfg['resolution']  # The CNN takes any resolution; the tests use tiny images.
+    preset = dict(configs.PRESETS['quickstart'], G_args=dict(ch=2), D_args=dict(ch=2))
+    del preset['resolution']
+    monkeypatch.setitem(configs.PRESETS, 'tiny', preset)
+
+
+def _tiny_experiment(data: str, steps: int, batch: int, **options) -> Experiment:
+    """A width-2 quickstart run on `data`."""
     from training.dataset import ImageFolderDataset
     dataset = ImageFolderDataset(path=data)
-    opts = configs.training_options(cfg, resolution=dataset.resolution, channels=dataset.num_channels, label_dim=0,
-                                    batch=batch, steps=steps)
-    opts.update(training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=data), num_workers=0)
-    opts.update(overrides)
-    return opts
+    return Experiment.build(cfg='tiny', data=data, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
+                            batch=batch, steps=steps, **options)
+
+
+def _stylegan_experiment(**options) -> Experiment:
+    """gn-stylegan, 4 feature maps, on the digits."""
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
+    return Experiment.build(cfg='gn-stylegan', data=data, img_resolution=32, img_channels=1, cmax=4, **options)
 
 
 def _run_with_metrics(tmp_path, monkeypatch, detector_url):
@@ -41,10 +50,9 @@ def _run_with_metrics(tmp_path, monkeypatch, detector_url):
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
-    training_loop.training_loop(**_quickstart_options(
-        str(tmp_path / 'data.zip'), steps=4, batch=2, run_dir=str(run_dir), kimg_per_tick=0.002,
-        image_snapshot_ticks=None, network_snapshot_ticks=1, metrics=['fid50k_full'], best_metric='fid50k_full',
-        metric_kwargs=dict(detector_url=detector_url)))
+    training_loop.training_loop(_tiny_experiment(
+        str(tmp_path / 'data.zip'), steps=4, batch=2, tick=0.002, snap=1, metrics=('fid50k_full',),
+        best_metric='fid50k_full', detector=detector_url), run_dir=str(run_dir))
     return run_dir
 
 
@@ -81,10 +89,8 @@ def test_unavailable_detector_warns_and_training_continues(tmp_path, monkeypatch
 
 
 def test_adam_state_is_reset_exactly_at_phase_changes(tmp_path):
-    from training import configs, progressive
-    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
-    cfg = configs.get_config('gn-stylegan')
-    opts = configs.training_options(cfg, resolution=32, channels=1, label_dim=0, cmax=4, batch=4, kimg=0.1, lod_kimg=0.02)
+    from training import progressive
+    experiment = _stylegan_experiment(batch=4, kimg=0.1, lod_kimg=0.02, snap=None, tick=1)
     counts = {}  # The highest Adam step count among each optimizer's parameters, after every step.
 
     def record(optimizer, args, kwargs):
@@ -92,10 +98,7 @@ def test_adam_state_is_reset_exactly_at_phase_changes(tmp_path):
     from torch.optim.optimizer import register_optimizer_step_post_hook
     handle = register_optimizer_step_post_hook(record)
     try:
-        opts.update(training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=data),
-                    num_workers=0, run_dir=str(tmp_path), image_snapshot_ticks=None, network_snapshot_ticks=None,
-                    kimg_per_tick=1)
-        training_loop.training_loop(**opts)
+        training_loop.training_loop(experiment, run_dir=str(tmp_path))
     finally:
         handle.remove()
     # 4 images per step; phases of 20 images: lod changes floor/ceil after images 20 (fade starts), 40, 60, 80.
@@ -126,9 +129,8 @@ def test_nonfinite_gradient_stops_the_run_naming_step_and_network(tmp_path, monk
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
     with pytest.raises(TrainingDiverged, match=r'G step 4: non-finite gradient of D \(loss terms: .*Loss/D/real'):
-        training_loop.training_loop(**_quickstart_options(str(tmp_path / 'data.zip'), steps=8, batch=2,
-                                                          run_dir=str(run_dir), kimg_per_tick=0.004,
-                                                          network_snapshot_ticks=1, image_snapshot_ticks=None))
+        training_loop.training_loop(_tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1),
+                                    run_dir=str(run_dir))
     names = sorted(f for f in os.listdir(run_dir) if f.startswith('network-snapshot-'))
     assert names == ['network-snapshot-000000.004.pkl']  # Written at step 2; the tick after the NaN wrote nothing.
     from torch_utils import persistence
@@ -148,10 +150,9 @@ def test_resume_continues_bit_for_bit(tmp_path, device):
     def run(name, **kw):
         run_dir = tmp_path / name
         run_dir.mkdir()
-        training_loop.training_loop(**_quickstart_options(str(tmp_path / 'data.zip'), steps=8, batch=2,
-                                                          run_dir=str(run_dir), kimg_per_tick=0.004,
-                                                          network_snapshot_ticks=1, image_snapshot_ticks=None,
-                                                          device=device, deterministic=True, **kw))
+        experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1, device=device,
+                                      deterministic=True)
+        training_loop.training_loop(experiment, run_dir=str(run_dir), device=device, **kw)
         losses = [(s['Loss/D/loss']['mean'], s['Loss/G/loss']['mean']) for s in map(json.loads, open(run_dir / 'stats.jsonl'))]
         return run_dir, losses
 
@@ -180,9 +181,9 @@ def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', True)
     monkeypatch.setattr(torch.backends.cudnn, 'benchmark', True)
     before = devices.read_switches()
-    opts = _quickstart_options(str(tmp_path / 'data.zip'), steps=1, batch=2, run_dir=str(tmp_path),
-                               kimg_per_tick=1, image_snapshot_ticks=None, precision='fp32', deterministic=True)
-    training_loop.training_loop(**opts)
+    experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=1, batch=2, tick=1, precision='fp32',
+                                  deterministic=True)
+    training_loop.training_loop(experiment, run_dir=str(tmp_path))
     assert len(seen) == 2 and seen[0] == seen[1]
     assert seen[0] == dict(before, matmul_tf32=False, cudnn_tf32=False, cudnn_benchmark=False, cudnn_deterministic=True,
                            deterministic=True, deterministic_warn_only=True)
@@ -195,10 +196,8 @@ def test_fp16_run_with_loss_scaling(tmp_path):
     from tests.test_metric_main import write_dataset_zip
     from torch_utils import persistence
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
-    opts = _quickstart_options(str(tmp_path / 'data.zip'), steps=3, batch=2, run_dir=str(tmp_path),
-                               kimg_per_tick=1, image_snapshot_ticks=None)
-    opts.precision = 'fp16'
-    training_loop.training_loop(**opts)
+    training_loop.training_loop(_tiny_experiment(str(tmp_path / 'data.zip'), steps=3, batch=2, tick=1, precision='fp16'),
+                                run_dir=str(tmp_path))
     snap = persistence.load_snapshot(str(tmp_path / 'network-snapshot-000000.006.pkl'))
     # The first steps of a GradScaler (scale 65536) overflow and are skipped; Adam's state then holds
     # fewer than 3 steps, and every weight is finite.
@@ -209,15 +208,9 @@ def test_fp16_run_with_loss_scaling(tmp_path):
 def test_loop_rounds_average_to_the_one_round_gradient(tmp_path):
     """Through the loop itself: the first D step's gradient with --batch-gpu=4 (2 rounds of 4) equals the
     one-round gradient of the same 8 reals and latents (StyleGAN: no BatchNorm; mixing off, noise strengths 0)."""
-    from training import configs
-    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
     grads = []
     for batch_gpu in (None, 4):
-        opts = configs.training_options(configs.get_config('gn-stylegan'), resolution=32, channels=1, label_dim=0,
-                                        cmax=4, batch=8, batch_gpu=batch_gpu, kimg=0.008, lod_kimg=1)
-        opts.G_kwargs.style_mixing_prob = 0
-        opts.update(training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=data),
-                    num_workers=0, run_dir=str(tmp_path), image_snapshot_ticks=None, network_snapshot_ticks=None)
+        experiment = _stylegan_experiment(batch=8, batch_gpu=batch_gpu, kimg=0.008, lod_kimg=1, style_mixing=0, snap=None)
         seen = []
 
         def record(optimizer, args, kwargs):
@@ -226,7 +219,7 @@ def test_loop_rounds_average_to_the_one_round_gradient(tmp_path):
         from torch.optim.optimizer import register_optimizer_step_pre_hook
         handle = register_optimizer_step_pre_hook(record)
         try:
-            training_loop.training_loop(**opts)
+            training_loop.training_loop(experiment, run_dir=str(tmp_path))
         finally:
             handle.remove()
         grads.append(seen[0])

@@ -7,6 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dnnlib
 from training import configs
+from training.experiment import Experiment
 from training.updater import NEVER, NetworkUpdater, split_round, update_ema
 
 
@@ -108,26 +109,24 @@ def test_ema_updater_averages_its_module():
 
 
 def _networks(arch: str):
-    from training import configs
     torch.manual_seed(0)
     if arch == 'stylegan':
-        cfg = configs.get_config('gn-stylegan')
-        opts = configs.training_options(cfg, resolution=16, channels=3, label_dim=0, cmax=8)
+        opts = Experiment.build(cfg='gn-stylegan', img_resolution=16, img_channels=3, cmax=8)
+        width = {}
     else:
-        cfg = configs.get_config('cifar10-resnet')
-        cfg.G_kwargs.ch = cfg.D_kwargs.ch = 4
-        opts = configs.training_options(cfg, resolution=32, channels=3, label_dim=0)
+        opts = Experiment.build(cfg='cifar10-resnet', img_resolution=32, img_channels=3)
+        width = dict(ch=4)
     import dnnlib
     dtype = torch.float64
-    G = dnnlib.util.construct_class_by_name(**opts.G_kwargs).to(dtype)
-    D = dnnlib.util.construct_class_by_name(**opts.D_kwargs).to(dtype)
+    G = dnnlib.util.construct_class_by_name(**dict(opts.G_kwargs, **width)).to(dtype)
+    D = dnnlib.util.construct_class_by_name(**dict(opts.D_kwargs, **width)).to(dtype)
     if arch == 'stylegan':
         G.set_lod(0.5)  # Mid fade-in: both the new and the previous level take part.
         D.set_lod(0.5)
         G.style_mixing_prob = 0  # Random per call, like the noise below: not comparable between batchings.
     else:
         G.eval()  # BatchNorm statistics are per round by design (as per GPU); compare the rest exactly.
-    return G, D, opts.schedule_kwargs.get('group_size', 1), dtype
+    return G, D, opts.schedule.group_size, dtype
 
 
 @pytest.mark.parametrize('arch', ['resnet', 'stylegan'])
@@ -222,13 +221,13 @@ def _preset_step(cfg_name, norm):
     the training loop builds them, and a batch of 4."""
     cfg = configs.get_config(cfg_name, norm=norm)
     resolution = cfg.get('resolution', 16)
-    opts = configs.training_options(cfg, resolution=resolution, channels=3, label_dim=10 if cfg.conditional else 0,
-                                    batch=4, **(dict(cmax=4) if cfg.arch == 'stylegan' else {}), precision='fp32')
-    if cfg.arch != 'stylegan':
-        opts.G_kwargs.ch = opts.D_kwargs.ch = 2
+    opts = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=resolution, img_channels=3,
+                            label_dim=10 if cfg.conditional else 0, batch=4, cmax=4 if cfg.arch == 'stylegan' else None,
+                            precision='fp32')
+    width = {} if cfg.arch == 'stylegan' else dict(ch=2)
     torch.manual_seed(0)
-    G = dnnlib.util.construct_class_by_name(**opts.G_kwargs).train().requires_grad_(False)
-    D = dnnlib.util.construct_class_by_name(**opts.D_kwargs).train().requires_grad_(False)
+    G = dnnlib.util.construct_class_by_name(**dict(opts.G_kwargs, **width)).train().requires_grad_(False)
+    D = dnnlib.util.construct_class_by_name(**dict(opts.D_kwargs, **width)).train().requires_grad_(False)
     if cfg.arch == 'stylegan':
         G.set_lod(0.5)
         D.set_lod(0.5)
@@ -237,7 +236,7 @@ def _preset_step(cfg_name, norm):
     for net, module, opt_kwargs in [('D', D, opts.D_opt_kwargs), ('G', G, opts.G_opt_kwargs)]:
         opt = dnnlib.util.construct_class_by_name(params=module.parameters(), **opt_kwargs)
         updaters[net] = NetworkUpdater(net, module, opt, torch.amp.GradScaler('cpu', enabled=False),
-                                       group_size=opts.schedule_kwargs.get('group_size', 1))
+                                       group_size=opts.schedule.group_size)
     n = 4
     c = torch.eye(G.c_dim)[torch.arange(n) % G.c_dim] if G.c_dim else torch.zeros(n, 0)
     batch = [torch.rand(n, 3, resolution, resolution) * 2 - 1, c, torch.randn(n, G.z_dim), c]

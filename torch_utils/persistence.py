@@ -250,6 +250,13 @@ def _shapes_of(cls: type, kwargs: dict, max_bytes: int) -> dict[str, tuple[int, 
     return _shapes_cache[key]
 
 
+def network_shapes(network_kwargs: dict) -> dict[str, tuple[int, ...]]:
+    """State dict shapes of the network that `network_kwargs` (class_name + constructor kwargs) describes, built on
+    the meta device without storage."""
+    kwargs = dnnlib.util.to_plain(dict(network_kwargs))
+    return _shapes_of(dnnlib.util.get_class(kwargs.pop('class_name')), kwargs, max_bytes=1 << 62)
+
+
 def _decode_module(value: dict, where: str) -> torch.nn.Module:
     name, kwargs, state = value[_MODULE_TAG], value.get('init_kwargs'), value.get('state_dict')
     if set(value) != {_MODULE_TAG, 'init_kwargs', 'state_dict'}:

@@ -1,6 +1,6 @@
 """The --cfg presets: the paper's training settings for each dataset and architecture, as data.
 
-`get_config(name)` returns an EasyDict that `training_options` reads:
+`get_config(name)` returns an EasyDict that training/experiment.py's `Experiment` reads:
 
     name, description       preset name and a one-line summary
     G_kwargs, D_kwargs      class_name + constructor kwargs, without c_dim / img_resolution / img_channels
@@ -21,9 +21,8 @@
                             'if-labels': class-conditional exactly when the dataset has labels
     xflip                   random horizontal flips of the real images (all of the paper's presets)
 
-`training_options(cfg, ...)` completes a preset for a dataset and the command line's overrides
-and returns what the training loop takes: network, optimizer and loss kwargs, the kwargs of the
-run's schedule (training/schedule.py), the precision and the x-flip setting.
+`Experiment.build` completes a preset for a dataset and the command line's overrides; the training
+loop builds the networks, optimizers, loss and schedule from the Experiment.
 
 Settings follow the GN-GAN paper and the authors' release (Adam; D batch M, G batch 2M). Every
 preset takes the --norm, --loss and --cr overrides; --norm=sn turns on D's spectral normalization.
@@ -36,7 +35,7 @@ import copy
 import dnnlib
 from training import progressive
 from training.loss import CONSTRAINTS, LOSSES, NORMS
-from training.precision import PRECISIONS, check_choice
+from training.precision import check_choice
 
 #----------------------------------------------------------------------------
 
@@ -112,76 +111,3 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
             cfg[key] = preset[key]
     cfg.xflip = preset.get('xflip', True)  # Random horizontal flips of the reals (the paper's, for every dataset).
     return cfg
-
-
-def training_options(cfg: dnnlib.EasyDict, *, resolution: int, channels: int, label_dim: int, num_gpus: int = 1,
-                     batch: int | None = None, batch_gpu: int | None = None, kimg: float | None = None,
-                     steps: int | None = None, max_resolution: int | None = None, cmax: int | None = None,
-                     lod_kimg: float | None = None, tanh: bool = False, lr_rampdown: float | None = None,
-                     precision: str = 'tf32') -> dnnlib.EasyDict:
-    """The training loop's network, optimizer, loss and schedule kwargs for preset `cfg` on a dataset of
-    `resolution`x`resolution` images with `channels` channels and `label_dim` classes (0: no labels),
-    with the command line's overrides applied. Every check of those overrides lives here; a bad
-    combination raises ValueError with a one-line message.
-
-        batch           fixed presets: D batch M (G keeps the preset's ratio); gn-stylegan: cap on the minibatch
-        batch_gpu       cap on the samples one process handles at once (the rest: accumulation rounds)
-        kimg, steps     run length in thousands of real images or in G steps (fixed presets only)
-        max_resolution, cmax, lod_kimg   gn-stylegan only: final resolution, feature-map cap, phase length
-        tanh            gn-stylegan only: G's images through tanh (v1's are linear)
-        lr_rampdown     gn-stylegan only: kimg over which the learning rates fall linearly to 0 at the run's end
-        precision       arithmetic of the networks (training/loss.py): fp32, tf32, bf16, fp16
-    """
-    progressive_run = cfg.arch == 'stylegan'
-    check_choice('precision', precision, PRECISIONS)
-    if steps is not None and kimg is not None:
-        raise ValueError('give --kimg or --steps, not both')
-    if cfg.conditional is True and label_dim == 0:
-        raise ValueError(f'--cfg={cfg.name} is class-conditional, but the dataset has no labels')
-    if not progressive_run and (max_resolution is not None or cmax is not None or lod_kimg is not None or tanh
-                                or lr_rampdown is not None):
-        raise ValueError('--resolution, --cmax, --lod-kimg, --tanh and --lr-rampdown apply to --cfg=gn-stylegan only')
-    if not progressive_run and cfg.get('resolution', resolution) != resolution:  # No resolution: any.
-        raise ValueError(f'--cfg={cfg.name} is built for {cfg.resolution}x{cfg.resolution} images, '
-                         f'but the dataset holds {resolution}x{resolution}')
-    if progressive_run and steps is not None:
-        raise ValueError(f'--cfg={cfg.name} counts its length in --kimg, not --steps')
-    opts = dnnlib.EasyDict(xflip=cfg.xflip, precision=precision, G_opt_kwargs=copy.deepcopy(cfg.G_opt_kwargs),
-                           D_opt_kwargs=copy.deepcopy(cfg.D_opt_kwargs), loss_kwargs=copy.deepcopy(cfg.loss_kwargs))
-    common = dict(c_dim=label_dim if cfg.conditional else 0, img_channels=channels)  # 'if-labels': label_dim may be 0.
-
-    if progressive_run:
-        final = resolution if max_resolution is None else max_resolution
-        if resolution & (resolution - 1):
-            raise ValueError(f'progressive growing needs power-of-two images, the dataset has {resolution}x{resolution}')
-        if final < progressive.START_RESOLUTION or final & (final - 1):
-            raise ValueError(f'progressive growing needs a power-of-two final resolution of at least '
-                             f'{progressive.START_RESOLUTION}, got {final}')
-        if final > resolution:
-            raise ValueError(f'--resolution={final} exceeds the dataset resolution {resolution}')
-        fmap = {} if cmax is None else dict(fmap_max=cmax)
-        opts.G_kwargs = dnnlib.EasyDict(cfg.G_kwargs, img_resolution=final, **common, **fmap)
-        if tanh:  # Only then: a G without it keeps the kwargs of snapshots written before the option.
-            opts.G_kwargs.output_tanh = True
-        opts.D_kwargs = dnnlib.EasyDict(cfg.D_kwargs, img_resolution=final, **common, **fmap)
-        phase = progressive.PHASE_KIMG if lod_kimg is None else lod_kimg
-        opts.schedule_kwargs = dnnlib.EasyDict(
-            class_name='training.schedule.ProgressiveSchedule', max_resolution=final,
-            total_kimg=progressive.TOTAL_KIMG if kimg is None else kimg, phase_kimg=phase, fade_kimg=phase,
-            max_batch=batch, num_gpus=num_gpus, batch_gpu=batch_gpu, group_size=cfg.D_kwargs.mbstd_group_size)
-        if lr_rampdown is not None:  # Only then: the schedule kwargs of runs before the option stay as they were.
-            opts.schedule_kwargs.lr_rampdown_kimg = lr_rampdown
-    else:
-        opts.G_kwargs = dnnlib.EasyDict(cfg.G_kwargs, img_resolution=resolution, **common)
-        opts.D_kwargs = dnnlib.EasyDict(cfg.D_kwargs, img_resolution=resolution, **common)
-        batch_D = cfg.batch_D if batch is None else batch
-        batch_G = cfg.batch_G if batch is None else max(1, cfg.batch_G * batch // cfg.batch_D)
-        total_steps = cfg.total_steps if steps is None else steps
-        if kimg is not None:
-            total_steps = max(1, round(kimg * 1000 / (cfg.n_dis * batch_D)))
-        opts.schedule_kwargs = dnnlib.EasyDict(
-            class_name='training.schedule.FixedSchedule', batch_D=batch_D, batch_G=batch_G, n_dis=cfg.n_dis,
-            lr_G=cfg.G_opt_kwargs.lr, lr_D=cfg.D_opt_kwargs.lr, total_steps=total_steps, lr_decay=cfg.lr_decay,
-            ema_beta=cfg.ema_beta, ema_start=cfg.ema_start, num_gpus=num_gpus, batch_gpu=batch_gpu)
-    dnnlib.util.construct_class_by_name(**opts.schedule_kwargs)  # Checks batch sizes against --gpus / --batch-gpu.
-    return opts

@@ -188,7 +188,7 @@ class GANLoss:
         fast_g: bool | None = None,         # GN generator step by one first-order backward; None = iff D.is_piecewise_linear.
         fuse_d_calls: bool | None = None,   # Reals, fakes (and CR's copies) in one D call; None = iff D.is_sample_independent, on CUDA.
         linear_d: bool | None = None,       # GN D step with f in its affine form; None = iff D qualifies (see above).
-        precision: str = 'fp32',            # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
+        precision: str | Precision = 'fp32', # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
         channels_last: bool | None = None,  # Convert G's and D's weights to channels-last; None = on a CPU, or with bf16/fp16.
     ) -> None:
         check_choice('loss', loss, LOSSES)
@@ -202,7 +202,7 @@ class GANLoss:
         self.r1_gamma = r1_gamma
         self.cr = cr
         self.fast_g = bool(getattr(D, 'is_piecewise_linear', False)) if fast_g is None else bool(fast_g)
-        self.precision = Precision(precision)
+        self.precision = precision if isinstance(precision, Precision) else Precision(precision)
         param = next(D.parameters(), None)
         device_type = None if param is None else param.device.type
         if fuse_d_calls is None:  # On a CPU one call on the concatenation measured slower (docs/benchmarks.md).

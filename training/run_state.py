@@ -10,8 +10,8 @@ snapshot (torch_utils/persistence.py: plain data, safe to load) is
     progress                    step, cur_nimg, cur_tick, consumed, best_metric, best
     rng_states                  one {torch, cuda, labels} per process
     training_set_kwargs         the data it was trained on
-    experiment                  the options that define the run (train.py: cfg, norm, loss, cr, precision,
-                                seed, data), which a resumed run takes unless told otherwise
+    experiment                  the run's Experiment as plain data (training/experiment.py), which a
+                                resumed run takes unless told otherwise
 
 REQUIRED_KEYS are what a resumed run needs; train.py refuses any other file with that list. On
 resume, random streams restart from the seed when the process count differs (they are per process).

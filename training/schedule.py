@@ -145,7 +145,7 @@ class ProgressiveSchedule:
 
     At cur_nimg real images: lod = progressive.lod_at(...), active resolution R = max_resolution /
     2**floor(lod); global minibatch batch[R] (capped at `max_batch`) for D and G alike; Adam learning
-    rate lr[R] for both, times min(1, kimg_left / lr_rampdown_kimg) when a ramp-down is asked for
+    rates lr_G[R] and lr_D[R], times min(1, kimg_left / lr_rampdown_kimg) when a ramp-down is asked for
     (linear to 0 at the end of the run; v1's rate is constant); G EMA decay beta = 0.5 ** (minibatch
     / (ema_kimg * 1000)), a half-life of ema_kimg thousand images. The optimizer state id is
     (floor(lod), ceil(lod)): it changes when a fade-in starts and when it ends, where v1 resets Adam
@@ -159,7 +159,8 @@ class ProgressiveSchedule:
         phase_kimg: float = progressive.PHASE_KIMG,     # Thousands of images per stable phase...
         fade_kimg: float = progressive.FADE_KIMG,       # ...and per fade-in.
         batch: dict | None = None,                      # Global minibatch by resolution (default progressive.BATCH).
-        lr: dict | None = None,                         # Learning rate by resolution (default progressive.LR).
+        lr_G: dict | None = None,                       # G's learning rate by resolution (default progressive.LR).
+        lr_D: dict | None = None,                       # D's (default progressive.LR).
         max_batch: int | None = None,                   # Cap on the global minibatch (--batch).
         ema_kimg: float = progressive.EMA_KIMG,         # Half-life of the G EMA in thousands of images.
         lr_rampdown_kimg: float = 0,                    # Lrs fall linearly to 0 over the run's last kimg (0: constant).
@@ -169,7 +170,8 @@ class ProgressiveSchedule:
     ) -> None:
         # Keys may arrive as strings from a config that went through JSON.
         self.batch = {int(r): int(n) for r, n in (progressive.BATCH if batch is None else batch).items()}
-        self.lr = {int(r): float(v) for r, v in (progressive.LR if lr is None else lr).items()}
+        self.lr_G, self.lr_D = ({int(r): float(v) for r, v in (progressive.LR if lr is None else lr).items()}
+                                for lr in (lr_G, lr_D))
         if max_batch is not None:
             self.batch = {r: min(n, max_batch) for r, n in self.batch.items()}
         self.max_resolution, self.start_resolution = max_resolution, start_resolution
@@ -184,7 +186,7 @@ class ProgressiveSchedule:
             self.levels.append(res)
             res *= 2
         progressive.lod_at(0, max_resolution, start_resolution, phase_kimg, fade_kimg)  # Validates the arguments.
-        missing = [r for r in self.levels if r not in self.batch or r not in self.lr]
+        missing = [r for r in self.levels if r not in self.batch or r not in self.lr_G or r not in self.lr_D]
         if missing:
             raise ValueError(f'the schedule has no minibatch size or learning rate for resolution {missing[0]}')
         self.batch_gpu = {r: split_batch(self.batch[r], num_gpus, batch_gpu, group_size, f'minibatch at {r}x{r}')
@@ -199,9 +201,9 @@ class ProgressiveSchedule:
         batch = self.batch[res]
         share = batch // self.num_gpus
         rounds = share // self.batch_gpu[res]
-        lr = self.lr[res] * self._lr_scale(cur_nimg)
+        scale = self._lr_scale(cur_nimg)
         return StepPlan(batch_D=batch, batch_G=batch, share_D=share, share_G=share, rounds_D=rounds, rounds_G=rounds,
-                        n_dis=1, lr_G=lr, lr_D=lr, ema_beta=0.5 ** (batch / (self.ema_kimg * 1000)),
+                        n_dis=1, lr_G=self.lr_G[res] * scale, lr_D=self.lr_D[res] * scale, ema_beta=0.5 ** (batch / (self.ema_kimg * 1000)),
                         lod=lod, optimizer_state_id=(math.floor(lod), math.ceil(lod)))
 
     def _lr_scale(self, cur_nimg: int) -> float:
@@ -244,12 +246,12 @@ class ProgressiveSchedule:
         lines = [f'Progressive growing {self.start_resolution}x{self.start_resolution} -> '
                  f'{self.max_resolution}x{self.max_resolution}, {self.total_kimg:,g} kimg of reals, '
                  f'{self.num_gpus} GPU(s); Adam state reset at the start and end of every fade-in',
-                 f'{"phase":<20s} {"kimg":>19s} {"global batch":>12s} {"per GPU":>8s} {"rounds":>6s} {"lr":>8s}']
+                 f'{"phase":<20s} {"kimg":>19s} {"global batch":>12s} {"per GPU":>8s} {"rounds":>6s} {"lr G":>8s} {"lr D":>8s}']
         for kind, res, start, end in self._phases():
             per_gpu = self.batch[res] // self.num_gpus
             lines.append(f'{f"{kind} {res}x{res}":<20s} {f"{start:,g} - {min(end, self.total_kimg):,g}":>19s} '
                          f'{self.batch[res]:>12d} {self.batch_gpu[res]:>8d} {per_gpu // self.batch_gpu[res]:>6d} '
-                         f'{self.lr[res]:>8g}')
+                         f'{self.lr_G[res]:>8g} {self.lr_D[res]:>8g}')
         if self.lr_rampdown_kimg > 0:
             start = max(self.total_kimg - self.lr_rampdown_kimg, 0)
             lines.append(f'learning rates fall linearly to 0 from kimg {start:,g} to {self.total_kimg:,g}')

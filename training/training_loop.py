@@ -39,7 +39,7 @@ import dnnlib
 from torch_utils import devices, misc
 from training.data_stream import LabelSampler, RealImageStream
 from training.evaluation import MetricEvaluator
-from training.precision import Precision
+from training.experiment import Experiment
 from training.reporter import ImageGrids, TickReporter
 from training.run_state import RunState, snapshot_label
 from training.updater import NetworkUpdater
@@ -48,50 +48,31 @@ from training.updater import NetworkUpdater
 
 
 def training_loop(
-    run_dir: str = '.',                      # Output directory.
-    training_set_kwargs: dict = {},          # Dataset: class_name + kwargs.
-    G_kwargs: dict = {},                     # Generator: class_name + kwargs (c_dim, img_resolution, img_channels included).
-    D_kwargs: dict = {},                     # Discriminator, likewise.
-    G_opt_kwargs: dict = {},                 # Generator optimizer: class_name + kwargs.
-    D_opt_kwargs: dict = {},                 # Discriminator optimizer.
-    loss_kwargs: dict = {},                  # Loss (training.loss.GANLoss): adversarial loss, D constraint, CR.
-    schedule_kwargs: dict = {},              # Run schedule (training/schedule.py): batches, rounds, lr, EMA, lod, length.
-    precision: str = 'tf32',                 # Arithmetic: fp32, tf32, bf16, fp16 (training/precision.py).
-    device: str = 'cpu',                     # Where this process computes: 'cpu' or 'cuda:N' (torch_utils/devices.py).
-    deterministic: bool = False,             # Repeatable GPU arithmetic (deterministic algorithms, no cuDNN benchmarking).
-    xflip: bool = True,                      # Mirror each real image left-right with probability 1/2.
-    random_seed: int = 0,                    # Global seed.
-    num_gpus: int = 1,                       # Number of processes.
-    rank: int = 0,                           # This process.
-    num_workers: int = 2,                    # DataLoader worker processes per process.
-    kimg_per_tick: float = 4,                # Progress is printed every this many thousand real images.
-    image_snapshot_ticks: int | None = 50,   # Image grids every this many ticks (None = never).
-    network_snapshot_ticks: int | None = 50, # Snapshots (and metrics) every this many ticks; always one at the end.
-    metrics: list[str] = [],                 # Metrics evaluated at every snapshot.
-    metric_kwargs: dict = {},                # Extra arguments of metric_main.calc_metric (reference data, detectors).
-    best_metric: str | None = None,          # Metric (lower is better) that picks network-best.pkl; None = none kept.
-    resume: dict | None = None,              # Snapshot to continue from, as persistence.load_snapshot returns it.
-    experiment: dict = {},                   # The options that define the run (train.py's), kept in snapshots for --resume.
+    experiment: Experiment,     # The run: data, networks, loss, schedule, precision, seed, reporting (training/experiment.py).
+    run_dir: str = '.',         # Output directory.
+    device: str = 'cpu',        # Where this process computes: 'cpu' or 'cuda:N' (torch_utils/devices.py).
+    rank: int = 0,              # This process, of experiment.gpus.
+    resume: dict | None = None, # Snapshot to continue from, as persistence.load_snapshot returns it.
 ) -> None:
-    """Train G and D on `training_set_kwargs` by the algorithm in the module docstring; write everything into `run_dir`."""
+    """Train G and D as `experiment` says, by the algorithm in the module docstring; write everything into `run_dir`."""
     # Set up: arithmetic, random streams, data, networks, loss, schedule, optimizers. The process-wide switches
     # (TF32, cuDNN, determinism) hold for the run and are restored when it ends, however it ends.
     start_time = time.time()
     device = torch.device(device)
-    precision = Precision(precision)
-    with devices.run_switches(device, precision.allow_tf32, deterministic):
-        state = RunState(random_seed, num_gpus, rank, device, best_metric)  # Seeds every stream.
+    num_gpus, seed, precision, schedule = experiment.gpus, experiment.seed, experiment.arithmetic, experiment.schedule
+    with devices.run_switches(device, precision.allow_tf32, experiment.deterministic):
+        state = RunState(seed, num_gpus, rank, device, experiment.best_metric)  # Seeds every stream.
         log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
+        training_set_kwargs = experiment.training_set_kwargs
         training_set = dnnlib.util.construct_class_by_name(**training_set_kwargs)
         log(f'Dataset: {len(training_set)} images, {training_set.resolution}x{training_set.resolution}, '
             f'{training_set.num_channels} channel(s), labels: {training_set.label_dim or "none"}')
-        G = dnnlib.util.construct_class_by_name(**G_kwargs).train().requires_grad_(False).to(device)
-        D = dnnlib.util.construct_class_by_name(**D_kwargs).train().requires_grad_(False).to(device)
+        G = dnnlib.util.construct_class_by_name(**experiment.G_kwargs).train().requires_grad_(False).to(device)
+        D = dnnlib.util.construct_class_by_name(**experiment.D_kwargs).train().requires_grad_(False).to(device)
         G_ema = copy.deepcopy(G).eval()
-        G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **G_opt_kwargs)
-        D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **D_opt_kwargs)
-        loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=precision.name)
-        schedule = dnnlib.util.construct_class_by_name(**schedule_kwargs)
+        G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **experiment.G_opt_kwargs)
+        D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **experiment.D_opt_kwargs)
+        loss = dnnlib.util.construct_class_by_name(**experiment.loss_kwargs, G=G, D=D, precision=precision)
         log(f'G: {sum(p.numel() for p in G.parameters()):,} parameters, D: {sum(p.numel() for p in D.parameters()):,}')
         nets, optimizers = dict(G=G, D=D, G_ema=G_ema), dict(G_opt=G_opt, D_opt=D_opt)
 
@@ -105,13 +86,14 @@ def training_loop(
         # The parts: updaters, data, outputs.
         updater_D = NetworkUpdater('D', D, D_opt, precision.grad_scaler(device.type), group_size=schedule.group_size)
         updater_G = NetworkUpdater('G', G, G_opt, precision.grad_scaler(device.type), group_size=schedule.group_size, ema=G_ema)
-        reals = RealImageStream(training_set, chunk=schedule.min_share(), rank=rank, num_replicas=num_gpus, seed=random_seed,
-                                device=device, num_workers=num_workers, consumed=state.consumed, xflip=xflip,
+        reals = RealImageStream(training_set, chunk=schedule.min_share(), rank=rank, num_replicas=num_gpus, seed=seed,
+                                device=device, num_workers=experiment.workers, consumed=state.consumed, xflip=experiment.xflip,
                                 max_resolution=G.img_resolution)
         fake_labels = LabelSampler(training_set, state.label_rng, device)
-        reporter = TickReporter(run_dir, schedule, state, kimg_per_tick, start_time, device, log)
-        evaluator = MetricEvaluator(metrics, metric_kwargs, training_set_kwargs, run_dir, num_gpus, rank, device, log)
-        grids = ImageGrids(run_dir, training_set, G.z_dim, random_seed, device) if rank == 0 and image_snapshot_ticks else None
+        reporter = TickReporter(run_dir, schedule, state, experiment.tick, start_time, device, log)
+        evaluator = MetricEvaluator(list(experiment.metrics), experiment.metric_kwargs, training_set_kwargs, run_dir, num_gpus,
+                                    rank, device, log)
+        grids = ImageGrids(run_dir, training_set, G.z_dim, seed, device) if rank == 0 else None
         if grids is not None and resume is None:
             grids.save(G_ema, '_init')
         last_snapshot = last_grid = None
@@ -146,9 +128,9 @@ def training_loop(
             stats = reporter.tick([updater_D, updater_G], state, done)
             state.cur_tick += 1
             label = snapshot_label(state.cur_nimg)
-            if grids is not None and (done or state.cur_tick % image_snapshot_ticks == 0):
+            snapshot_due = done or (experiment.snap is not None and state.cur_tick % experiment.snap == 0)
+            if grids is not None and snapshot_due:
                 last_grid = grids.save(G_ema, label)
-            snapshot_due = done or (network_snapshot_ticks is not None and state.cur_tick % network_snapshot_ticks == 0)
             if snapshot_due:
                 for module in nets.values():
                     misc.check_ddp_consistency(module)  # Every process must hold the same networks.
@@ -157,10 +139,10 @@ def training_loop(
                 stats.update(metric_stats)
                 state.consumed = reals.consumed
                 state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []),
-                           state.snapshot(nets, optimizers, training_set_kwargs, experiment))
+                           state.snapshot(nets, optimizers, training_set_kwargs, experiment.record()))
                 last_snapshot = snapshot_pkl
                 if new_best:
-                    log(f'New best {best_metric}: {state.best:.4g} -> network-best.pkl')
+                    log(f'New best {experiment.best_metric}: {state.best:.4g} -> network-best.pkl')
             reporter.end_tick(stats, state, chart=snapshot_due)
 
     # Done: say where the results are.

@@ -1,0 +1,110 @@
+"""training/experiment.py: a preset completed for a dataset and the command line, what the loop builds from it, and
+its record in snapshots (compared by value on --resume, older records filled as their code did)."""
+
+import json
+
+import pytest
+
+from training.experiment import Experiment
+
+
+def build(cfg: str, **options) -> Experiment:
+    return Experiment.build(cfg=cfg, **dict(dict(img_resolution=32, img_channels=3), **options))
+
+
+def test_fixed_preset_overrides():
+    experiment = build('cifar10-resnet', label_dim=10, gpus=2, batch=32, batch_gpu=8, kimg=16)
+    s = experiment.schedule_kwargs
+    # --batch=32 sets M = 32 and G keeps the ratio 2M; 16 kimg of reals at 5 D steps of 32 = 100 G steps.
+    assert (s.batch_D, s.batch_G, s.total_steps, s.num_gpus, s.batch_gpu) == (32, 64, 100, 2, 8)
+    assert experiment.steps == 100 and experiment.kimg is None
+    assert experiment.G_kwargs.c_dim == 0 and experiment.G_kwargs.img_resolution == 32  # Unconditional: labels unused.
+    assert build('cifar10-resnet', steps=7).schedule.total_steps == 7
+    biggan = build('cifar10-biggan', label_dim=10)
+    assert biggan.G_kwargs.c_dim == 10 and biggan.D_kwargs.c_dim == 10
+
+
+def test_defaults_are_filled_in_from_the_preset():
+    """The paper's CIFAR-10 ResNet: lr 2e-4 for G and 4e-4 for D, M = 64, 200k G steps (Table 1 of the SN-GAN
+    setting the paper follows)."""
+    experiment = build('cifar10-resnet')
+    assert (experiment.glr, experiment.dlr, experiment.batch, experiment.steps, experiment.loss) == \
+        (2e-4, 4e-4, 64, 200_000, 'hinge')
+    assert (experiment.cmax, experiment.tanh, experiment.lod_kimg) == (None, None, None)  # gn-stylegan's only.
+    assert experiment.G_opt_kwargs.lr == 2e-4 and experiment.D_opt_kwargs.lr == 4e-4
+    assert experiment.schedule.plan(0, 0).lr_D == 4e-4
+
+
+def test_quickstart_is_conditional_exactly_when_the_data_has_labels():
+    labelled, unlabelled = build('quickstart', img_channels=1, label_dim=10), build('quickstart', img_channels=1)
+    assert (labelled.G_kwargs.c_dim, labelled.D_kwargs.c_dim) == (10, 10)
+    assert (unlabelled.G_kwargs.c_dim, unlabelled.D_kwargs.c_dim) == (0, 0)
+
+
+def test_progressive():
+    experiment = build('gn-stylegan', img_resolution=256, resolution=128, cmax=64, lod_kimg=10, kimg=100, batch=16, gpus=4)
+    s = experiment.schedule_kwargs
+    assert (s.max_resolution, s.phase_kimg, s.fade_kimg, s.total_kimg, s.max_batch, s.num_gpus, s.group_size) == \
+        (128, 10, 10, 100, 16, 4, 4)
+    assert experiment.G_kwargs.fmap_max == experiment.D_kwargs.fmap_max == 64 and experiment.G_kwargs.img_resolution == 128
+    # v1's defaults: 25M images, 600k per phase, linear output, mixing in 90% of G's batches, mapping lr x0.01.
+    v1 = build('gn-stylegan')
+    assert (v1.kimg, v1.lod_kimg, v1.tanh, v1.style_mixing, v1.map_lrmul, v1.cmax) == (25000, 600, False, 0.9, 0.01, 512)
+    assert v1.G_kwargs.mapping_kwargs == dict(layer_features=512, lr_multiplier=0.01) and v1.G_kwargs.output_tanh is False
+
+
+def test_progressive_diagnostic_options_reach_the_networks_and_the_schedule():
+    """The options of docs/results-notes.md's diagnostics: lr per network at every resolution, D's width, the mapping
+    network's width and lr multiplier, style mixing, R1's gamma."""
+    experiment = build('gn-stylegan', glr=3e-4, dlr=3e-3, d_cmax=128, cmax=32, map_dim=32, map_lrmul=0.1,
+                       style_mixing=0, gamma=0.01, norm='r1', tanh=True)
+    for nimg in (0, 1_300_000, 2_500_000):  # 8x8, the fade-in to 16x16, 32x32.
+        plan = experiment.schedule.plan(0, nimg)
+        assert (plan.lr_G, plan.lr_D) == (3e-4, 3e-3)
+    assert (experiment.G_kwargs.fmap_max, experiment.D_kwargs.fmap_max) == (32, 128)
+    assert (experiment.G_kwargs.z_dim, experiment.G_kwargs.w_dim) == (32, 32)
+    assert experiment.G_kwargs.mapping_kwargs == dict(layer_features=32, lr_multiplier=0.1)
+    assert experiment.G_kwargs.style_mixing_prob == 0 and experiment.G_kwargs.output_tanh is True
+    assert experiment.loss_kwargs.r1_gamma == 0.01
+    # Without them: v1's lr table, 1e-3 up to 64x64 and 1.5e-3 above, for G and D alike.
+    v1 = build('gn-stylegan', img_resolution=128).schedule
+    assert [v1.plan(0, nimg).lr_G for nimg in (0, 10_000_000)] == [1e-3, 1.5e-3]
+    assert [v1.plan(0, nimg).lr_D for nimg in (0, 10_000_000)] == [1e-3, 1.5e-3]
+
+
+@pytest.mark.parametrize('name, options, message', [
+    ('cifar10-resnet', dict(steps=3, kimg=1), 'not both'),
+    ('cifar10-resnet', dict(img_resolution=48), 'built for 32x32'),
+    ('cifar10-resnet', dict(cmax=8), '--cmax: gn-stylegan only'),
+    ('cifar10-resnet', dict(resolution=16), '--resolution: gn-stylegan only'),
+    ('quickstart', dict(tanh=True), '--tanh: gn-stylegan only'),
+    ('quickstart', dict(lr_rampdown=10, style_mixing=0.5), '--style-mixing, --lr-rampdown: gn-stylegan only'),
+    ('cifar10-biggan', dict(label_dim=0), 'class-conditional'),
+    ('cifar10-resnet', dict(gpus=3), 'not divisible by --gpus=3'),
+    ('gn-stylegan', dict(steps=3), '--kimg, not --steps'),
+    ('gn-stylegan', dict(resolution=64), 'exceeds'),
+    ('gn-stylegan', dict(img_resolution=48), 'power-of-two'),
+    ('gn-stylegan', dict(batch_gpu=2), 'whole groups of 4'),
+    ('cifar10-cnn', dict(precision='fp8'), 'unknown precision'),
+    ('cifar10-cnn', dict(norm='spectral'), 'gn1'),
+    ('cifar10-cnn', dict(cr=-1), 'non-negative'),
+    ('cifar100-resnet', dict(), 'cifar10-resnet'),
+])
+def test_bad_combinations_are_refused(name, options, message):
+    with pytest.raises(ValueError, match=message):
+        build(name, **options)
+
+
+def test_record_is_plain_data_that_rebuilds_the_same_experiment():
+    experiment = build('gn-stylegan', cmax=16, glr=3e-4, kimg=160, metrics=('fid50k_full',), best_metric='fid50k_full')
+    record = json.loads(json.dumps(experiment.record()))  # Through JSON: plain data only.
+    assert Experiment.from_snapshot(dict(experiment=record)) == experiment
+    assert Experiment.from_snapshot(dict(experiment=record)).changes(experiment.replace(dlr=2e-3, seed=1)) == \
+        ['--seed=1 (was 0)', '--dlr=0.002 (was None)']
+
+
+def test_unknown_record_fields_are_refused():
+    """A record is data from a file: a field this code does not know is refused, not passed on."""
+    record = build('quickstart').record()
+    with pytest.raises(ValueError, match='unknown fields evil'):
+        Experiment.from_snapshot(dict(experiment=dict(record, evil='os.system')))

@@ -1,0 +1,306 @@
+"""One training run, described once: `Experiment`, built from a preset and the command line.
+
+    options (train.py's flags; None = not given)  --Experiment.build-->  Experiment (every value filled in, checked)
+    Experiment  -->  networks, optimizers, loss, schedule, data kwargs  -->  training loop
+    Experiment  -->  snapshot['experiment'] (plain data)  --Experiment.from_snapshot-->  Experiment (on --resume)
+
+An Experiment is immutable and holds plain values only: the preset's choices with the command line's
+overrides applied and every default filled in (the learning rates, R1's gamma, the final resolution,
+the feature-map caps ...), the facts about the data that the networks depend on (resolution,
+channels, classes), and how the run is executed and reported. Everything the training loop builds
+is derived from it (`G_kwargs`, `D_kwargs`, `loss_kwargs`, `schedule`, ...), and a snapshot stores it
+with `record()`, so that a resumed run is compared with its snapshot field by field (`IDENTITY`): a
+new option only needs a field with a default, which an older snapshot's record lacks and
+`from_snapshot` fills with what the code of that snapshot used.
+
+A field that does not apply to the preset is None (the progressive-growing options of an SN-GAN
+preset, for example); giving it on the command line is refused in one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import dnnlib
+from training import configs, progressive
+from training.loss import LOSSES, NORMS
+from training.precision import PRECISIONS, Precision, check_choice
+
+#----------------------------------------------------------------------------
+
+QUICKSTART_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
+DATASET_CLASS = 'training.dataset.ImageFolderDataset'
+
+# What the experiment is: compared with the snapshot's on --resume, and taken from it when not given.
+IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', 'glr', 'dlr', 'gamma', 'resolution',
+            'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing')
+
+# How long and in which batches: taken from the snapshot on --resume when not given, and free to change.
+CONTINUED = ('batch', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
+
+# gn-stylegan's options: None for every other preset.
+PROGRESSIVE_ONLY = ('cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'lod_kimg', 'lr_rampdown')
+
+# StyleGAN v1's network defaults (training/networks/stylegan.py), filled in for gn-stylegan.
+STYLEGAN_DEFAULTS = dict(cmax=512, tanh=False, map_dim=512, map_lrmul=0.01, style_mixing=0.9)
+R1_GAMMA = 10.0  # v1's FFHQ value; the R1 weight of every preset.
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A training run: what it trains (IDENTITY), on which data, how long, where, and what it reports."""
+
+    # The experiment (IDENTITY).
+    cfg: str = 'quickstart'             # Preset (training/configs.py).
+    data: str = QUICKSTART_DATA         # Training data, an absolute path.
+    norm: str = 'gn'                    # D constraint (training/loss.py).
+    loss: str = 'hinge'                 # Adversarial loss.
+    cr: float = 0.0                     # Consistency regularization weight.
+    precision: str = 'tf32'             # Arithmetic of the networks (training/precision.py).
+    seed: int = 0                       # Global seed.
+    xflip: bool = True                  # Mirror the real images left-right at random.
+    glr: float | None = None            # G's Adam learning rate; gn-stylegan: at every resolution, None = v1's per resolution.
+    dlr: float | None = None            # D's, likewise.
+    gamma: float = R1_GAMMA             # R1's weight (--norm=r1).
+    resolution: int = 32                # Final resolution of the networks (gn-stylegan: of progressive growing).
+    cmax: int | None = None             # gn-stylegan: G's feature-map cap (and D's unless d_cmax).
+    d_cmax: int | None = None           # gn-stylegan: D's feature-map cap.
+    tanh: bool | None = None            # gn-stylegan: G's images through tanh.
+    map_dim: int | None = None          # gn-stylegan: width of z, w and the mapping network.
+    map_lrmul: float | None = None      # gn-stylegan: learning-rate multiplier of the mapping network.
+    style_mixing: float | None = None   # gn-stylegan: probability of mixing two latents' styles in a G batch.
+
+    # The data the networks are built for.
+    img_resolution: int = 32            # Resolution of the training images.
+    img_channels: int = 1               # Their channels.
+    label_dim: int = 0                  # Their classes (0: no labels).
+
+    # Length and batches.
+    batch: int | None = None            # Global D batch M (gn-stylegan: cap on the minibatch, None = v1's).
+    batch_gpu: int | None = None        # Cap on the samples one process handles at once (None: its whole share).
+    steps: int | None = None            # Run length in G steps (fixed presets).
+    kimg: float | None = None           # Run length in thousands of real images (gn-stylegan).
+    lod_kimg: float | None = None       # gn-stylegan: thousands of images per phase and per fade-in.
+    lr_rampdown: float | None = None    # gn-stylegan: kimg at the end over which the lrs fall linearly to 0.
+
+    # Execution.
+    gpus: int = 1                       # Processes (one per GPU, or gloo processes on a CPU).
+    device: str = 'cpu'                 # 'cpu', 'cuda' or 'cuda:N' (torch_utils/devices.py).
+    deterministic: bool = False         # Repeatable GPU arithmetic.
+    workers: int = 0                    # DataLoader worker processes per process.
+
+    # Reporting.
+    tick: float = 4                     # Progress line every this many kimg.
+    snap: int | None = 50               # Image grid, metrics and snapshot every this many ticks (None: only at the end).
+    metrics: tuple[str, ...] = ()       # Metrics at every snapshot.
+    best_metric: str | None = None      # Metric (lower is better) that picks network-best.pkl.
+    ref_data: str | None = None         # Reference split of fid50k / fid10k.
+    ref_stats: str | None = None        # FID reference statistics (.npz).
+    detector: str | None = None         # Inception-v3 detector (path or URL).
+    pr_detector: str | None = None      # VGG16 detector of precision/recall.
+
+    #------------------------------------------------------------------------
+    # Building and checking.
+
+    @classmethod
+    def build(cls, **options: Any) -> Experiment:
+        """The Experiment of a preset (`cfg`) with `options` (fields; None = not given: the preset's value or the
+        default), every value filled in and checked; a bad value or combination raises ValueError in one line."""
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f'Experiment has no option {", ".join(unknown)}')
+        given = {name: value for name, value in options.items() if value is not None}
+        name = given.get('cfg', cls.cfg)
+        preset = configs.get_config(name)
+        progressive_run = preset.arch == 'stylegan'
+        values = dict(given, cfg=name)
+        values.setdefault('loss', preset.loss_kwargs.loss)
+        values.setdefault('xflip', preset.xflip)
+        values['cr'] = float(values.get('cr', 0.0))
+        check_choice('norm', values.get('norm', cls.norm), NORMS)
+        check_choice('loss', values['loss'], LOSSES)
+        check_choice('precision', values.get('precision', cls.precision), PRECISIONS)
+        if values['cr'] < 0:
+            raise ValueError(f'cr must be non-negative, got {values["cr"]}')
+        if 'steps' in given and 'kimg' in given:
+            raise ValueError('give --kimg or --steps, not both')
+        label_dim = values.get('label_dim', cls.label_dim)
+        if preset.conditional is True and label_dim == 0:
+            raise ValueError(f'--cfg={name} is class-conditional, but the dataset has no labels')
+        img_resolution = values.get('img_resolution', cls.img_resolution)
+
+        if progressive_run:
+            if 'steps' in given:
+                raise ValueError(f'--cfg={name} counts its length in --kimg, not --steps')
+            if img_resolution & (img_resolution - 1):
+                raise ValueError(f'progressive growing needs power-of-two images, the dataset has '
+                                 f'{img_resolution}x{img_resolution}')
+            final = values.setdefault('resolution', img_resolution)
+            if final < progressive.START_RESOLUTION or final & (final - 1):
+                raise ValueError(f'progressive growing needs a power-of-two final resolution of at least '
+                                 f'{progressive.START_RESOLUTION}, got {final}')
+            if final > img_resolution:
+                raise ValueError(f'--resolution={final} exceeds the dataset resolution {img_resolution}')
+            for key, default in STYLEGAN_DEFAULTS.items():
+                values.setdefault(key, default)
+            values.setdefault('d_cmax', values['cmax'])
+            values.setdefault('kimg', progressive.TOTAL_KIMG)
+            values.setdefault('lod_kimg', progressive.PHASE_KIMG)
+            values.setdefault('lr_rampdown', 0.0)
+        else:
+            misplaced = [key for key in PROGRESSIVE_ONLY if key in given]
+            if given.get('resolution', img_resolution) != img_resolution:
+                misplaced.append('resolution')
+            if misplaced:
+                raise ValueError(f'{", ".join("--" + key.replace("_", "-") for key in misplaced)}: gn-stylegan only')
+            if preset.get('resolution', img_resolution) != img_resolution:  # No resolution: any.
+                raise ValueError(f'--cfg={name} is built for {preset.resolution}x{preset.resolution} images, '
+                                 f'but the dataset holds {img_resolution}x{img_resolution}')
+            values['resolution'] = img_resolution
+            values.setdefault('glr', preset.G_opt_kwargs.lr)
+            values.setdefault('dlr', preset.D_opt_kwargs.lr)
+            values.setdefault('batch', preset.batch_D)
+            if 'kimg' in values:  # The length in G steps: kimg of reals at n_dis D steps of M each.
+                values['steps'] = max(1, round(values.pop('kimg') * 1000 / (preset.n_dis * values['batch'])))
+            values.setdefault('steps', preset.total_steps)
+        experiment = cls(**values)
+        experiment.schedule  # Built once: checks the batches against --gpus and --batch-gpu.
+        return experiment
+
+    @classmethod
+    def from_snapshot(cls, snapshot: dict) -> Experiment:
+        """The Experiment a snapshot was trained by. Its record is plain data, checked against the fields; a field
+        that an older snapshot's record lacks takes what that snapshot's code used: the network options are read
+        from its networks, the data from its training_set_kwargs, the rest from the preset (older code had no option
+        for them)."""
+        record = dict(snapshot.get('experiment') or {})
+        unknown = sorted(set(record) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f'its experiment record has unknown fields {", ".join(unknown)}')
+        if 'img_resolution' not in record:  # Written before the Experiment: only cfg, norm, loss, cr, precision, seed, xflip.
+            G, D = snapshot['G'].init_kwargs, snapshot['D'].init_kwargs
+            record.setdefault('data', (snapshot.get('training_set_kwargs') or {}).get('path'))
+            record.update(img_resolution=G['img_resolution'], resolution=G['img_resolution'], img_channels=G['img_channels'],
+                          label_dim=G.get('c_dim', 0))
+            if configs.get_config(record.get('cfg', cls.cfg)).arch == 'stylegan':
+                record.update(img_resolution=(snapshot.get('training_set_kwargs') or {}).get('resolution', G['img_resolution']),
+                              cmax=G.get('fmap_max'), d_cmax=D.get('fmap_max'), tanh=G.get('output_tanh'),
+                              style_mixing=G.get('style_mixing_prob'),
+                              map_lrmul=(G.get('mapping_kwargs') or {}).get('lr_multiplier'))
+        if isinstance(record.get('metrics'), list):
+            record['metrics'] = tuple(record['metrics'])
+        return cls.build(**record)
+
+    def record(self) -> dict:
+        """The Experiment as plain data (snapshot['experiment'], training_options.json)."""
+        return dnnlib.util.to_plain(dict(dataclasses.asdict(self), metrics=list(self.metrics)))
+
+    def flags(self) -> str:
+        """The experiment as train.py flags: '--cfg=quickstart --norm=gn ... --data=...' (fields that apply)."""
+        text = lambda value: str(value).lower() if isinstance(value, bool) else f'{value:g}' if isinstance(value, float) else value
+        return ' '.join(f'--{name.replace("_", "-")}={text(getattr(self, name))}' for name in IDENTITY
+                        if getattr(self, name) is not None)
+
+    def changes(self, other: Experiment) -> list[str]:
+        """The IDENTITY fields where `other` differs from this one: ['--norm=gp1 (was gn)', ...]."""
+        return [f'--{name.replace("_", "-")}={getattr(other, name)} (was {getattr(self, name)})'
+                for name in IDENTITY if getattr(other, name) != getattr(self, name)]
+
+    def replace(self, **changes: Any) -> Experiment:
+        """This Experiment with some fields changed, filled in and checked again."""
+        return Experiment.build(**dict(dataclasses.asdict(self), **changes))
+
+    #------------------------------------------------------------------------
+    # What the training loop builds from it.
+
+    @functools.cached_property
+    def preset(self) -> dnnlib.EasyDict:
+        return configs.get_config(self.cfg, norm=self.norm, loss=self.loss, cr=self.cr)
+
+    @property
+    def progressive(self) -> bool:
+        return self.preset.arch == 'stylegan'
+
+    @property
+    def conditional(self) -> bool:
+        return bool(self.preset.conditional) and self.label_dim > 0  # 'if-labels': when the data has labels.
+
+    @property
+    def description(self) -> str:
+        """'digits32-quickstart-gn': the run directory's name, after its number."""
+        return f'{os.path.splitext(os.path.basename(os.path.normpath(self.data)))[0]}-{self.cfg}-{self.norm}'
+
+    @property
+    def training_set_kwargs(self) -> dnnlib.EasyDict:
+        return dnnlib.EasyDict(class_name=DATASET_CLASS, path=self.data, resolution=self.img_resolution,
+                               use_labels=bool(self.preset.conditional), max_size=None, xflip=False, random_seed=0)
+
+    def _network_kwargs(self, base: dict, cmax: int | None) -> dnnlib.EasyDict:
+        kwargs = dnnlib.EasyDict(base, img_resolution=self.resolution, img_channels=self.img_channels,
+                                 c_dim=self.label_dim if self.conditional else 0)
+        if self.progressive:
+            kwargs.update(fmap_max=cmax)
+        return kwargs
+
+    @property
+    def G_kwargs(self) -> dnnlib.EasyDict:
+        kwargs = self._network_kwargs(self.preset.G_kwargs, self.cmax)
+        if self.progressive:
+            kwargs.update(z_dim=self.map_dim, w_dim=self.map_dim, output_tanh=self.tanh, style_mixing_prob=self.style_mixing,
+                          mapping_kwargs=dict(layer_features=self.map_dim, lr_multiplier=self.map_lrmul))
+        return kwargs
+
+    @property
+    def D_kwargs(self) -> dnnlib.EasyDict:
+        return self._network_kwargs(self.preset.D_kwargs, self.d_cmax)
+
+    @property
+    def G_opt_kwargs(self) -> dnnlib.EasyDict:
+        return dnnlib.EasyDict(self.preset.G_opt_kwargs, lr=self.glr if self.glr is not None else self.preset.G_opt_kwargs.lr)
+
+    @property
+    def D_opt_kwargs(self) -> dnnlib.EasyDict:
+        return dnnlib.EasyDict(self.preset.D_opt_kwargs, lr=self.dlr if self.dlr is not None else self.preset.D_opt_kwargs.lr)
+
+    @property
+    def loss_kwargs(self) -> dnnlib.EasyDict:
+        return dnnlib.EasyDict(self.preset.loss_kwargs, r1_gamma=self.gamma)
+
+    @functools.cached_property
+    def arithmetic(self) -> Precision:
+        """The precision, parsed once."""
+        return Precision(self.precision)
+
+    @functools.cached_property
+    def schedule_kwargs(self) -> dnnlib.EasyDict:
+        if self.progressive:
+            lr = lambda value: None if value is None else {r: value for r in progressive.LR}
+            return dnnlib.EasyDict(
+                class_name='training.schedule.ProgressiveSchedule', max_resolution=self.resolution, total_kimg=self.kimg,
+                phase_kimg=self.lod_kimg, fade_kimg=self.lod_kimg, lr_G=lr(self.glr), lr_D=lr(self.dlr),
+                max_batch=self.batch, lr_rampdown_kimg=self.lr_rampdown, num_gpus=self.gpus, batch_gpu=self.batch_gpu,
+                group_size=self.preset.D_kwargs.mbstd_group_size)
+        preset = self.preset
+        return dnnlib.EasyDict(
+            class_name='training.schedule.FixedSchedule', batch_D=self.batch,
+            batch_G=max(1, preset.batch_G * self.batch // preset.batch_D), n_dis=preset.n_dis, lr_G=self.glr,
+            lr_D=self.dlr, total_steps=self.steps, lr_decay=preset.lr_decay, ema_beta=preset.ema_beta,
+            ema_start=preset.ema_start, num_gpus=self.gpus, batch_gpu=self.batch_gpu)
+
+    @functools.cached_property
+    def schedule(self):
+        """The run's schedule (training/schedule.py), built once."""
+        return dnnlib.util.construct_class_by_name(**self.schedule_kwargs)
+
+    @property
+    def metric_kwargs(self) -> dnnlib.EasyDict:
+        """Extra arguments of metric_main.calc_metric: reference data and detectors."""
+        kwargs = dnnlib.EasyDict(detector_url=self.detector, pr_detector_url=self.pr_detector)
+        if self.ref_data is not None:
+            kwargs.ref_dataset_kwargs = dict(class_name=DATASET_CLASS, path=self.ref_data)
+        if self.ref_stats is not None:
+            kwargs.ref_stats = self.ref_stats
+        return kwargs
