@@ -165,36 +165,34 @@ def _spawn(args: dnnlib.EasyDict) -> None:
 
 
 def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
-    return dnnlib.EasyDict(class_name='training.dataset.ImageFolderDataset', path=path)
+    return dnnlib.EasyDict(class_name='training.data.dataset.ImageFolderDataset', path=path)
 
 #----------------------------------------------------------------------------
 
 
 @click.command(help=__doc__)
-@click.option('--network', 'network_pkl', help='Network snapshot, or official GN-GAN checkpoint with --cfg: path or URL', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--cfg', help='Preset of the official checkpoint given as --network', type=click.Choice(legacy.official_cfgs()))
-@click.option('--images', help='Evaluate the images of this folder or zip instead of a network', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--write-stats', help='Write mu and sigma of the Inception features of --data to this .npz, then exit', metavar='NPZ', callback=dnnlib.util.expand_user)
-@click.option('--metrics', help='Comma-separated list of metrics', metavar='LIST', default='fid50k_full', show_default=True)
-@click.option('--data', help='Training set, zip or folder [default: the snapshot\'s training set]', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--ref-data', help='Reference split of fid50k / fid10k, zip or folder', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--ref-stats', help='FID reference statistics (.npz of mu and sigma) replacing the real images of every FID metric', metavar='NPZ', callback=dnnlib.util.expand_user)
-@click.option('--mirror', help='Add x-flipped copies of the real images (not the paper protocol)', type=bool,
-              is_flag=False, flag_value=True, default=False, metavar='BOOL', show_default=True)
-@click.option('--gpus', 'num_gpus', help='Number of processes (one per GPU; gloo on a CPU)', type=click.IntRange(min=1),
-              default=1, show_default=True, metavar='INT')
-@click.option('--device', help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]; with --gpus=N, '
-              'cuda (CUDA_VISIBLE_DEVICES picks the GPUs) or cpu', metavar='DEVICE')
-@click.option('--detector', 'detector_url', help='Inception-v3 detector (TorchScript) of FID, IS and KID: path or URL '
-              '[default: the official one]', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--pr-detector', 'pr_detector_url', help='VGG16 detector (TorchScript) of precision/recall: path or URL '
-              '[default: the official one]', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--workers', 'num_workers', help='Data loader worker processes per GPU [default: 3, or fewer on fewer CPUs]',
-              type=click.IntRange(min=0), metavar='INT')
-@click.option('--threads', help='CPU threads per process  [default: one per core, shared out between the --gpus processes on a CPU]', type=click.IntRange(min=1))
-@click.option('--verbose', help='Print progress', type=bool, default=True, show_default=True, metavar='BOOL')
-@click.option('--num-gen', help='Override the number of generated images (tests only)', type=click.IntRange(min=1), hidden=True)
-@click.option('--max-real', help='Override the number of real images (tests only)', type=click.IntRange(min=1), hidden=True)
+@click.option('--network', 'network_pkl',             help='Network snapshot, or official GN-GAN checkpoint with --cfg', metavar='PKL|URL', type=str, callback=dnnlib.util.expand_user)
+@click.option('--cfg',                                help='Preset of the official checkpoint given as --network',                    type=click.Choice(legacy.official_cfgs()))
+@click.option('--images',                             help='Evaluate the images of this folder or zip instead', metavar='ZIP|DIR',     type=str, callback=dnnlib.util.expand_user)
+@click.option('--write-stats',                        help='Write FID statistics of --data to this .npz and exit', metavar='NPZ',     type=str, callback=dnnlib.util.expand_user)
+@click.option('--metrics',                            help='Metrics, comma-separated', metavar='LIST',                                 type=str, default='fid50k_full', show_default=True)
+
+# Reference data and detectors.
+@click.option('--data',                               help='Training set  [default: the snapshot\'s]', metavar='ZIP|DIR',             type=str, callback=dnnlib.util.expand_user)
+@click.option('--ref-data',                           help='Reference split of fid50k / fid10k', metavar='ZIP|DIR',                    type=str, callback=dnnlib.util.expand_user)
+@click.option('--ref-stats',                          help='FID reference statistics replacing the reals', metavar='NPZ',             type=str, callback=dnnlib.util.expand_user)
+@click.option('--mirror',                             help='Add x-flipped copies of the reals (not the paper\'s protocol)', metavar='BOOL', type=bool, is_flag=False, flag_value=True, default=False, show_default=True)
+@click.option('--detector', 'detector_url',           help='Inception-v3 detector of FID, IS, KID  [default: the official one]', metavar='PATH|URL', type=str, callback=dnnlib.util.expand_user)
+@click.option('--pr-detector', 'pr_detector_url',     help='VGG16 detector of precision/recall  [default: the official one]', metavar='PATH|URL', type=str, callback=dnnlib.util.expand_user)
+
+# Execution.
+@click.option('--gpus', 'num_gpus',                   help='Processes: one per GPU, gloo processes on a CPU', metavar='INT',          type=click.IntRange(min=1), default=1, show_default=True)
+@click.option('--device',                             help='cpu, cuda or cuda:N  [default: cuda if there is a GPU]', metavar='DEVICE', type=str)
+@click.option('--workers', 'num_workers',             help='DataLoader workers per process  [default: 3, fewer on fewer CPUs]', metavar='INT', type=click.IntRange(min=0))
+@click.option('--threads',                            help='CPU threads per process  [default: the cores, shared out]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--verbose',                            help='Print progress', metavar='BOOL',                                           type=bool, default=True, show_default=True)
+@click.option('--num-gen',                            help='Override the number of generated images (tests only)',                     type=click.IntRange(min=1), hidden=True)
+@click.option('--max-real',                           help='Override the number of real images (tests only)',                          type=click.IntRange(min=1), hidden=True)
 def main(network_pkl: str | None, cfg: str | None, images: str | None, write_stats: str | None, metrics: str,
          data: str | None, ref_data: str | None, ref_stats: str | None, mirror: bool, num_gpus: int, device: str | None,
          detector_url: str | None, pr_detector_url: str | None, num_workers: int | None, threads: int | None, verbose: bool,

@@ -1,6 +1,6 @@
 """Build a training dataset: a zip archive (or folder) of PNGs plus dataset.json.
 
-The output is exactly what training/dataset.py reads:
+The output is exactly what training/data/dataset.py reads:
 
     00000/img00000000.png, 00000/img00000001.png, ..., 00001/img00001000.png, ...
     dataset.json   {"labels": [["00000/img00000000.png", 6], ...]}   or   {"labels": null}
@@ -31,7 +31,7 @@ from typing import BinaryIO, Callable, Iterator, Optional
 
 from torch_utils.threads import set_threads, set_wait_policy
 
-set_wait_policy()  # Before torch is imported (training/dataset.py imports it; torch_utils/threads.py).
+set_wait_policy()  # Before torch is imported (training/data/dataset.py imports it; torch_utils/threads.py).
 
 import click  # noqa: E402
 import numpy as np  # noqa: E402
@@ -41,7 +41,7 @@ from tqdm import tqdm  # noqa: E402
 
 import dnnlib  # noqa: E402
 from torch_utils import bounded_read  # noqa: E402
-from training.dataset import DatasetError, image_channels, max_labels_size  # noqa: E402
+from training.data.dataset import DatasetError, image_channels, max_labels_size  # noqa: E402
 
 CIFAR10_SIZE = 32     # CIFAR-10 images are 32x32 RGB, stored as rows of 3*32*32 bytes (channel, row, column).
 STL10_SIZE = 96       # STL-10 images are 96x96 RGB, stored per channel in column-major order.
@@ -74,7 +74,7 @@ def image_to_array(image: PIL.Image.Image, name: str) -> np.ndarray:
     """Pixels as uint8 [H, W, C]: grayscale modes become L (C = 1), everything else RGB (C = 3).
 
     Modes with more than 8 bits per sample would lose precision silently, so they are refused, by
-    the rule the training loader applies (training.dataset.image_channels).
+    the rule the training loader applies (training.data.dataset.image_channels).
     """
     try:
         mode = 'L' if image_channels(image, name) == 1 else 'RGB'
@@ -121,7 +121,7 @@ def open_image_collection(fnames: list[str], read: Callable[[str], bytes], size:
     """Images of a folder or zip, given their relative names (sorted, '/'-separated), a reader and the size of each file.
 
     A dataset.json at the top level supplies labels; it must then label every image used. It is read
-    only when no larger than labels of the images can be (training.dataset.max_labels_size).
+    only when no larger than labels of the images can be (training.data.dataset.max_labels_size).
     """
     extensions = image_extensions()
     image_fnames = sorted(fname for fname in fnames if posixpath.splitext(fname)[1].lower() in extensions)
@@ -540,14 +540,14 @@ def encode_png(pixels: np.ndarray) -> bytes:
 #----------------------------------------------------------------------------
 
 @click.command()
-@click.option('--source', help='Image folder or zip, cifar-10-python.tar.gz, stl10_binary.tar.gz (or its folder), LSUN lmdb folder', required=True, metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--dest', help='Output: a .zip archive, or else a folder', required=True, metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--max-images', help='Use at most this many images (the first ones)', type=click.IntRange(min=1), metavar='INT')
-@click.option('--resolution', help='Output size, e.g. 256x256 (resizes images that differ)', callback=parse_resolution, metavar='WxH')
-@click.option('--transform', help='Crop before resizing to --resolution', type=click.Choice(['center-crop', 'center-crop-wide']))
-@click.option('--subset', help='CIFAR-10: train (default) or test; STL-10: unlabeled (default), train or test', type=click.Choice(['train', 'test', 'unlabeled']))
-@click.option('--drop-labels', help='Write the images without their labels (dataset.json says null): class-conditional presets then refuse the data, \'quickstart\' trains unconditionally', is_flag=True)
-@click.option('--threads', help='CPU threads of torch  [default: one per core]; the image conversion itself runs on one', type=click.IntRange(min=1))
+@click.option('--source',       help='Images: folder, zip, CIFAR-10 or STL-10 archive, LSUN lmdb folder', metavar='PATH', type=str, required=True, callback=dnnlib.util.expand_user)
+@click.option('--dest',         help='Output: a .zip archive, or else a folder', metavar='PATH',                      type=str, required=True, callback=dnnlib.util.expand_user)
+@click.option('--max-images',   help='Use at most this many images (the first ones)', metavar='INT',                  type=click.IntRange(min=1))
+@click.option('--resolution',   help='Output size, e.g. 256x256 (resizes images that differ)', metavar='WxH',         type=str, callback=parse_resolution)
+@click.option('--transform',    help='Crop before resizing to --resolution',                                          type=click.Choice(['center-crop', 'center-crop-wide']))
+@click.option('--subset',       help='CIFAR-10: train or test; STL-10: unlabeled, train or test  [default: train; unlabeled]', type=click.Choice(['train', 'test', 'unlabeled']))
+@click.option('--drop-labels',  help='Write the images without their labels (dataset.json: null)',                    is_flag=True)
+@click.option('--threads',      help='CPU threads of torch  [default: one per core]', metavar='INT',                  type=click.IntRange(min=1))
 def main(source: str, dest: str, max_images: Optional[int], resolution: Optional[tuple[int, int]], transform: Optional[str], subset: Optional[str],
          drop_labels: bool, threads: Optional[int]) -> None:
     """Convert an image dataset into the zip format that training reads.
@@ -569,6 +569,8 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
     its own dataset.json.
     Grayscale sources stay 1-channel. All images must come out square and of
     one size; --resolution (with --transform for non-square sources) sees to it.
+    Without labels, class-conditional presets refuse the data and 'quickstart'
+    trains unconditionally.
     """
     set_threads(threads)
     transform_pixels = make_transform(transform, resolution)

@@ -20,6 +20,10 @@ Examples:
 \b
   # A latent walk through seeds 0-7 and back to 0 (30 frames between two seeds); .mp4 needs imageio-ffmpeg.
   python generate.py --network=snap.pkl --seeds=0-7 --video=out/walk.gif --outdir=out
+
+--mix-styles takes coarse (layers 0-3), middle (4-7), fine (8-) or a list such as 0-3; by default
+the rows are split 3:2:1 into coarse, middle and fine, as in StyleGAN's figure, whose noise is const.
+With random noise, StyleGAN's images are made one at a time, each depending on its seed only.
 """
 
 from __future__ import annotations
@@ -143,25 +147,27 @@ def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int
 
 
 @click.command(help=__doc__)
-@click.option('--network', 'network', help='Network snapshot file or URL', metavar='PKL_OR_URL', required=True, callback=dnnlib.util.expand_user)
-@click.option('--cfg', help='Preset of an official GN-GAN checkpoint given as --network', type=click.Choice(legacy.official_cfgs()))
-@click.option('--seeds', help='Seeds in 0..2^32-1, e.g. 0-63 or 1,5,9', default='0-7', show_default=True)
-@click.option('--trunc', 'truncation_psi', help='Truncation psi (StyleGAN networks; 1 = off)', type=float, default=1, show_default=True)
-@click.option('--trunc-cutoff', 'truncation_cutoff', help='Truncate only the first N style layers (StyleGAN)  [default: 8, as StyleGAN]', type=click.IntRange(min=0))
-@click.option('--class', 'class_idx', help='Class label (conditional networks)', type=click.IntRange(min=0))
-@click.option('--noise-mode', help='Per-layer noise (StyleGAN)  [default: random, seeded by the image\'s seed; const in the style-mixing figure, as StyleGAN]',
-              type=click.Choice(['const', 'random', 'none']))
-@click.option('--grid', help='Also write all seeds as one image grid.png', is_flag=True)
-@click.option('--mix-rows', help='Style mixing: seeds giving the rows (StyleGAN)', metavar='SEEDS')
-@click.option('--mix-cols', help='Style mixing: seeds giving the columns (StyleGAN)', metavar='SEEDS')
-@click.option('--mix-styles', help='Style mixing: layers the rows take from the columns: coarse, middle, fine or a list such as 0-3  '
-              '[default: StyleGAN\'s figure, rows split 3:2:1 into coarse (0-3), middle (4-7) and fine (8-)]', metavar='STYLES')
-@click.option('--outdir', help='Where to write the images', metavar='DIR', required=True, callback=dnnlib.util.expand_user)
-@click.option('--batch', help='Images per forward pass (StyleGAN with random noise: 1, so that an image depends on its seed only)', type=click.IntRange(min=1), default=16, show_default=True)
-@click.option('--threads', help='CPU threads  [default: one per core]', type=click.IntRange(min=1))
-@click.option('--video', help='Also write a latent walk through --seeds (and back to the first) to this .gif or .mp4 (mp4: pip install imageio-ffmpeg)', metavar='PATH', callback=dnnlib.util.expand_user)
-@click.option('--video-frames', help='Video frames from one seed to the next (30 per second)', type=click.IntRange(min=1), default=30, show_default=True)
-@click.option('--device', help='cpu, cuda or cuda:N  [default: the first GPU if there is one (CUDA_VISIBLE_DEVICES picks which), else cpu]', metavar='DEVICE')
+@click.option('--network', 'network',                 help='Network snapshot: path or URL', metavar='PKL|URL',                         type=str, required=True, callback=dnnlib.util.expand_user)
+@click.option('--cfg',                                help='Preset of an official GN-GAN checkpoint given as --network',               type=click.Choice(legacy.official_cfgs()))
+@click.option('--seeds',                              help='Seeds in 0..2^32-1, e.g. 0-63 or 1,5,9', metavar='LIST',                   type=str, default='0-7', show_default=True)
+@click.option('--outdir',                             help='Where to write the images', metavar='DIR',                                 type=str, required=True, callback=dnnlib.util.expand_user)
+@click.option('--class', 'class_idx',                 help='Class label (conditional networks)', metavar='INT',                        type=click.IntRange(min=0))
+@click.option('--grid',                               help='Also write all seeds as one grid.png',                                     is_flag=True)
+@click.option('--batch',                              help='Images per forward pass (StyleGAN random noise: 1)', metavar='INT', type=click.IntRange(min=1), default=16, show_default=True)
+
+# StyleGAN networks.
+@click.option('--trunc', 'truncation_psi',            help='Truncation psi (1 = off)', metavar='FLOAT',                                type=float, default=1, show_default=True)
+@click.option('--trunc-cutoff', 'truncation_cutoff',  help='Truncate only the first N style layers  [default: 8]', metavar='INT',      type=click.IntRange(min=0))
+@click.option('--noise-mode',                         help='Per-layer noise  [default: random, seeded by the image\'s seed]',         type=click.Choice(['const', 'random', 'none']))
+@click.option('--mix-rows',                           help='Style mixing: seeds of the rows', metavar='SEEDS',                         type=str)
+@click.option('--mix-cols',                           help='Style mixing: seeds of the columns', metavar='SEEDS',                      type=str)
+@click.option('--mix-styles',                         help='Style mixing: layers taken from the columns  [default: coarse/middle/fine]', metavar='STYLES', type=str)
+
+# Videos and execution.
+@click.option('--video',                              help='Also write a latent walk through --seeds (.gif, or .mp4 with imageio-ffmpeg)', metavar='PATH', type=str, callback=dnnlib.util.expand_user)
+@click.option('--video-frames',                       help='Video frames from one seed to the next (30 per second)', metavar='INT',   type=click.IntRange(min=1), default=30, show_default=True)
+@click.option('--device',                             help='cpu, cuda or cuda:N  [default: cuda if there is a GPU]', metavar='DEVICE', type=str)
+@click.option('--threads',                            help='CPU threads  [default: one per core]', metavar='INT',                      type=click.IntRange(min=1))
 def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, truncation_cutoff: int | None, class_idx: int | None,
          noise_mode: str | None, grid: bool, mix_rows: str | None, mix_cols: str | None, mix_styles: str | None, outdir: str,
          batch: int, threads: int | None, video: str | None, video_frames: int, device: str | None) -> None:

@@ -39,7 +39,7 @@ import torch
 
 import dnnlib
 from torch_utils import bounded_read, persistence
-from training import configs
+from training.recipes import configs
 
 #----------------------------------------------------------------------------
 

@@ -45,11 +45,11 @@ import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
-from training import configs  # noqa: E402
-from training.dataset import ImageFolderDataset  # noqa: E402
+from training.recipes import configs  # noqa: E402
+from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
-from training.loss import LOSSES, NORMS  # noqa: E402
-from training.precision import PRECISIONS  # noqa: E402
+from training.step.loss import LOSSES, NORMS  # noqa: E402
+from training.step.precision import PRECISIONS  # noqa: E402
 
 # The command line's options that Experiment.build takes as they are.
 EXPERIMENT_OPTIONS = IDENTITY + ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown', 'deterministic', 'workers')
@@ -86,8 +86,8 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
     and a non-zero exit; its run directory keeps the log and the last finite snapshot.
     """
     from training import training_loop
-    from training.dataset import DatasetError
-    from training.reporter import TrainingDiverged
+    from training.data.dataset import DatasetError
+    from training.run.reporter import TrainingDiverged
     if init_method is not None:  # Spawned by --gpus=N.
         _end_with_parent()
     num_gpus = run.experiment.gpus
@@ -143,7 +143,7 @@ def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> ImageF
 def _load_resume(resume: str) -> dnnlib.EasyDict:
     """The snapshot to continue from, loaded once for the whole run; refused in one line if it is unreadable or
     has no optimizer state and progress (not written by train.py)."""
-    from training.run_state import REQUIRED_KEYS
+    from training.run.run_state import REQUIRED_KEYS
     persistence.remove_stale_temporaries(os.path.dirname(os.path.abspath(resume)))  # Left by a killed writer.
     try:
         snapshot = persistence.load_snapshot(resume)

@@ -1,9 +1,9 @@
 """What the bench scripts share: a preset's networks and training step built as the training loop builds
 them, random batches, comma-separated option lists, and JSON results written atomically.
 
-The training step is the loop's own: `NetworkUpdater.step` (training/updater.py) on a `GANLoss`
-(training/loss.py), with the networks, optimizers and loss kwargs of an `Experiment` (training/experiment.py)
-and the arithmetic of training/precision.py. The bench scripts time or inspect that step on
+The training step is the loop's own: `NetworkUpdater.step` (training/step/updater.py) on a `GANLoss`
+(training/step/loss.py), with the networks, optimizers and loss kwargs of an `Experiment` (training/experiment.py)
+and the arithmetic of training/step/precision.py. The bench scripts time or inspect that step on
 random data; none of them has a training step of its own. `count_host_work` counts what a step costs the
 host: ATen operators dispatched and Python function calls, the same on a CPU as on a GPU.
 """
@@ -24,10 +24,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
 from torch_utils import devices  # noqa: E402
-from training import configs  # noqa: E402
+from training.recipes import configs  # noqa: E402
 from training.experiment import Experiment  # noqa: E402
-from training.precision import Precision  # noqa: E402
-from training.updater import NetworkUpdater  # noqa: E402
+from training.step.precision import Precision  # noqa: E402
+from training.step.updater import NetworkUpdater  # noqa: E402
 
 #----------------------------------------------------------------------------
 
@@ -124,7 +124,7 @@ class TrainingStep:
         G_opt: torch.optim.Optimizer,           # Their optimizers (may be shared between TrainingSteps).
         D_opt: torch.optim.Optimizer,
         loss_kwargs: dict,                      # GANLoss kwargs (class_name included), as an Experiment gives them.
-        precision: str = 'fp32',                # training/precision.py.
+        precision: str = 'fp32',                # training/step/precision.py.
         group_size: int = 1,                    # D's minibatch-stddev groups (kept whole by accumulation rounds).
         deterministic: bool = False,            # Repeatable GPU arithmetic, as train.py --deterministic.
     ) -> None:

@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import write_json_atomic  # noqa: E402
 from bench.quickstart_quality import generate, judge, trained_judge  # noqa: E402
 from torch_utils import misc  # noqa: E402
-from training import loss as loss_lib  # noqa: E402
+from training.step import loss as loss_lib  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEASURES = ('confident', 'classes', 'as_asked', 'fd')

@@ -7,7 +7,7 @@
 For each preset it builds G and D with an Experiment (training/experiment.py) at their real widths
 (gn-stylegan: for --resolution, feature maps capped at --cmax, set to --lod, style mixing off),
 copies both to float64, and runs the training loop's D step and G step (NetworkUpdater.accumulate
-of training/updater.py on GANLoss; each of --norms, the preset's loss) on the same reals, latents
+of training/step/updater.py on GANLoss; each of --norms, the preset's loss) on the same reals, latents
 and labels: once in float64 (the reference) and once per precision on the float32 networks.
 StyleGAN draws per-pixel noise at every call, which float64 and float32 draw differently; its
 strengths start at 0, so the noise changes no value, but the strengths' own gradients are left out
@@ -39,9 +39,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import TrainingStep, build_network, parse_list, preset_experiment, random_batch, write_json_atomic  # noqa: E402
-from training import configs, loss as loss_lib  # noqa: E402
+from training.recipes import configs  # noqa: E402
+from training.step import loss as loss_lib  # noqa: E402
 from torch_utils import devices  # noqa: E402
-from training.precision import PRECISIONS  # noqa: E402
+from training.step.precision import PRECISIONS  # noqa: E402
 
 #----------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from metrics.metric_utils import fid_from_stats  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
-from training.dataset import ImageFolderDataset  # noqa: E402
+from training.data.dataset import ImageFolderDataset  # noqa: E402
 
 DIGITS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
 
@@ -141,7 +141,7 @@ def generate(network: str, num: int, seed: int, device: torch.device = torch.dev
     the class each was generated for, drawn on `device` (0, 1, ..., 9, 0, ... for a conditional G; None for an unconditional one).
     A progressive G snapshotted while growing draws at its active resolution, and one grown only to 8x8 or
     16x16 (train.py --resolution) draws at that; those images are brought to 32x32 by nearest-neighbour
-    upsampling, as a growing run itself shows them to D (training/progressive.py)."""
+    upsampling, as a growing run itself shows them to D (training/recipes/progressive.py)."""
     try:
         snapshot = persistence.load_snapshot(network)
     except (OSError, persistence.UnsafeSnapshotError) as e:

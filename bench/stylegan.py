@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dnnlib  # noqa: E402
 from bench.common import TrainingStep, build_network, preset_experiment, random_batch, write_json_atomic  # noqa: E402
 from ops import bias_act, conv2d_gradfix, upfirdn2d  # noqa: E402
-from training import progressive  # noqa: E402
+from training.recipes import progressive  # noqa: E402
 
 #----------------------------------------------------------------------------
 

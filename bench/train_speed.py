@@ -5,10 +5,10 @@
     python bench/train_speed.py --cfg=gn-stylegan --resolution=64 --cmax=64 --batch=8 --norms=gn,r1 --precisions=fp32,bf16 --rounds=3
 
 For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; only meaningful for
-the GN variants), GN's D step in affine form or plain (--linear-d; GN only, see training/gradnorm.py),
+the GN variants), GN's D step in affine form or plain (--linear-d; GN only, see training/step/gradnorm.py),
 one or separate D calls per D step (--fuse-d) and precision (--precisions), it builds G, D, the
 optimizers and GANLoss with an Experiment (training/experiment.py), as train.py does, and times the
-training loop's own D step and G step (NetworkUpdater.step of training/updater.py: zero_grad,
+training loop's own D step and G step (NetworkUpdater.step of training/step/updater.py: zero_grad,
 GANLoss.accumulate_gradients, gradient check, optimizer step through the loss scaler; shared with
 the other bench scripts through bench/common.py), on random images and latents (the data pipeline
 is not part of the measurement). gn-stylegan's networks are built for --resolution and run at
@@ -53,7 +53,8 @@ import dnnlib  # noqa: E402
 from bench.common import (HostWork, TrainingStep, build_network, count_host_work, parse_list, preset_experiment,  # noqa: E402
                           random_batch, write_json_atomic)
 from torch_utils import devices  # noqa: E402
-from training import configs, loss as loss_lib, precision as precision_lib  # noqa: E402
+from training.recipes import configs  # noqa: E402
+from training.step import loss as loss_lib, precision as precision_lib  # noqa: E402
 
 #----------------------------------------------------------------------------
 

@@ -62,8 +62,14 @@ MAX_PLAIN_DEPTH = 32  # Nesting of plain data; configs need a handful of levels,
 PROJECT_PACKAGES = ('training', 'metrics', 'torch_utils', 'ops')
 
 # What may be built by name besides the networks, which register themselves (torch_utils.persistence).
-ALLOWED_CLASS_NAMES = ('torch.optim.Adam', 'training.loss.GANLoss', 'training.dataset.ImageFolderDataset',
-                       'training.schedule.FixedSchedule', 'training.schedule.ProgressiveSchedule')
+ALLOWED_CLASS_NAMES = ('torch.optim.Adam', 'training.step.loss.GANLoss', 'training.data.dataset.ImageFolderDataset',
+                       'training.recipes.schedule.FixedSchedule', 'training.recipes.schedule.ProgressiveSchedule')
+
+# Where classes named in older snapshots and configs live now (training/ was one flat package).
+RENAMED_CLASSES = {'training.loss.GANLoss': 'training.step.loss.GANLoss',
+                   'training.dataset.ImageFolderDataset': 'training.data.dataset.ImageFolderDataset',
+                   'training.schedule.FixedSchedule': 'training.recipes.schedule.FixedSchedule',
+                   'training.schedule.ProgressiveSchedule': 'training.recipes.schedule.ProgressiveSchedule'}
 
 _registered_classes: dict[str, type] = {}  # 'module.QualName' -> class.
 
@@ -72,6 +78,12 @@ _DOTTED_NAME = re.compile(r'[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+')
 
 class ConfigError(ValueError):
     """A class name or kwargs dict (typically read from a file) that this project will not build."""
+
+
+def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise ValueError with a one-line message if `value` is not one of `choices`."""
+    if value not in choices:
+        raise ValueError(f'unknown {kind} "{value}"; valid: {", ".join(choices)}')
 
 
 def check_plain(value: Any, where: str, depth: int = 0) -> None:
@@ -101,13 +113,14 @@ def register_class(cls: type) -> type:
 
 
 def get_class(name: Any) -> type:
-    """The class called `name` ('training.dataset.ImageFolderDataset'), if this project may build it by name.
+    """The class called `name` ('training.data.dataset.ImageFolderDataset'), if this project may build it by name.
 
     Only modules of PROJECT_PACKAGES and those of ALLOWED_CLASS_NAMES are ever imported, so a name
     refused here has run nothing.
     """
     if not isinstance(name, str):
         raise ConfigError(f'class name must be a string, got {type(name).__name__}')
+    name = RENAMED_CLASSES.get(name, name)
     if name not in _registered_classes and _DOTTED_NAME.fullmatch(name) and name.split('.')[0] in PROJECT_PACKAGES:
         parts = name.split('.')  # A network registers itself when its module is first imported.
         for i in range(len(parts) - 1, 0, -1):

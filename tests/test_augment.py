@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from training.augment import consistency_augment, flip_translate
+from training.step.augment import consistency_augment, flip_translate
 
 
 def reference_flip_translate(img, flip, dy, dx, fill):

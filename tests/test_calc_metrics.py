@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 import calc_metrics
-import training.dataset
+import training.data.dataset
 from metrics import metric_utils
 from tests.test_metric_main import (TinyGenerator, dataset_kwargs_of, features_of, fid_reference, make_detector,
                                     write_dataset_zip)
@@ -80,7 +80,7 @@ def test_run_writes_results_and_reuses_cached_statistics(run, monkeypatch):
     mtime = os.stat(cache_file).st_mtime_ns
     def refuse(*args, **kwargs):
         raise AssertionError('the dataset was opened although its statistics are cached')
-    monkeypatch.setattr(training.dataset.ImageFolderDataset, '__init__', refuse)
+    monkeypatch.setattr(training.data.dataset.ImageFolderDataset, '__init__', refuse)
     result = invoke(run, metrics='fid50k_full')
     assert result.exit_code == 0, result.output
     assert 'Using cached dataset statistics' in result.output

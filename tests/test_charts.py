@@ -1,4 +1,4 @@
-"""training/charts.py: the run's losses and metrics drawn against kimg."""
+"""training/run/charts.py: the run's losses and metrics drawn against kimg."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import PIL.Image
 
-from training import charts
+from training.run import charts
 
 
 def _write_stats(path, rows):

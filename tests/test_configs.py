@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import dnnlib
-from training.configs import get_config
-from training.loss import GANLoss
+from training.recipes.configs import get_config
+from training.step.loss import GANLoss
 
 KEYS = {'name', 'description', 'G_kwargs', 'D_kwargs', 'loss_kwargs', 'G_opt_kwargs', 'D_opt_kwargs', 'n_dis',
         'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim', 'conditional', 'resolution',
@@ -59,7 +59,7 @@ def test_preset_matches_release(name):
     cfg = get_config(name)
     assert isinstance(cfg, dnnlib.EasyDict) and set(cfg) == KEYS
     assert cfg.name == name and cfg.description and '\n' not in cfg.description
-    assert cfg.loss_kwargs == dict(class_name='training.loss.GANLoss', loss=RELEASE_LOSSES[one('loss')], norm='gn', cr=0.0)
+    assert cfg.loss_kwargs == dict(class_name='training.step.loss.GANLoss', loss=RELEASE_LOSSES[one('loss')], norm='gn', cr=0.0)
     betas = [float(b) for b in flags['betas']]
     assert cfg.G_opt_kwargs == dict(class_name='torch.optim.Adam', lr=float(one('lr_G')), betas=betas, eps=1e-8)
     assert cfg.D_opt_kwargs == dict(class_name='torch.optim.Adam', lr=float(one('lr_D')), betas=betas, eps=1e-8)

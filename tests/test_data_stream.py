@@ -1,12 +1,12 @@
-"""training/data_stream.py: data sharding, batch assembly, reals as D sees them, labels of fakes."""
+"""training/data/data_stream.py: data sharding, batch assembly, reals as D sees them, labels of fakes."""
 
 import itertools
 
 import numpy as np
+import pytest
 import torch
 
-from training import progressive
-from training.data_stream import InfiniteSampler, LabelSampler, RealImageStream, random_xflip
+from training.data.data_stream import InfiniteSampler, LabelSampler, RealImageStream, process_reals, random_xflip
 
 
 def test_infinite_sampler_shards_are_disjoint_and_cover_each_pass():
@@ -89,8 +89,8 @@ def test_real_image_stream_at_a_lod_and_flipped():
     torch.manual_seed(1)
     img, _ = _stream(dataset, chunk=4, xflip=True, max_resolution=16).next(4, lod=0.5)
     torch.manual_seed(1)  # The same flips, drawn after the lod processing.
-    assert torch.equal(img, random_xflip(progressive.process_reals(raw, 0.5, 16)))
-    flipped = [not torch.equal(a, b) for a, b in zip(img, progressive.process_reals(raw, 0.5, 16))]
+    assert torch.equal(img, random_xflip(process_reals(raw, 0.5, 16)))
+    flipped = [not torch.equal(a, b) for a, b in zip(img, process_reals(raw, 0.5, 16))]
     assert img.shape == (4, 1, 16, 16) and 0 < sum(flipped) < 4  # This seed flips some images, not all.
 
 
@@ -104,3 +104,46 @@ def test_label_sampler_follows_the_label_distribution():
     class Unlabelled(_ToyDataset):
         label_dim = 0
     assert LabelSampler(Unlabelled(), np.random.default_rng(0), torch.device('cpu')).sample(5).shape == (5, 0)
+
+#----------------------------------------------------------------------------
+# Reals.
+
+
+def _box_down(x: np.ndarray, factor: int) -> np.ndarray:
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // factor, factor, w // factor, factor).mean(axis=(3, 5))
+
+
+def test_process_reals_stable_level():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal([2, 3, 32, 32])
+    out = process_reals(torch.tensor(x), lod=2.0, max_resolution=32)
+    assert out.shape == (2, 3, 8, 8)
+    # Directly at the loop level: mean over each 4x4 block, written out element by element.
+    expected = np.empty([2, 3, 8, 8])
+    for i in range(8):
+        for j in range(8):
+            expected[:, :, i, j] = x[:, :, 4 * i:4 * i + 4, 4 * j:4 * j + 4].mean(axis=(2, 3))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-12)
+
+
+def test_process_reals_fade_blend():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal([2, 3, 64, 64])
+    lod = 1.25  # Active resolution 64 / 2 = 32, a quarter of the way from the 32x32 level towards 16x16.
+    out = process_reals(torch.tensor(x), lod=lod, max_resolution=64)
+    x32 = _box_down(x, 2)
+    x16_up = np.kron(_box_down(x32, 2), np.ones([1, 1, 2, 2]))
+    expected = 0.75 * x32 + 0.25 * x16_up
+    assert out.shape == (2, 3, 32, 32)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-12)
+
+
+def test_process_reals_capped_run_and_errors():
+    x = torch.randn(1, 3, 64, 64, dtype=torch.float64)
+    # Dataset at 64 but the run capped at 32: lod 0 means 32x32.
+    np.testing.assert_allclose(process_reals(x, 0.0, 32).numpy(), _box_down(x.numpy(), 2), atol=1e-12)
+    with pytest.raises(ValueError):
+        process_reals(x, 0.0, 128)  # Reals smaller than the active resolution.
+    with pytest.raises(ValueError):
+        process_reals(x, 5.0, 64)  # lod beyond 4x4.

@@ -1,4 +1,4 @@
-"""training/dataset.py: lazy reads, labels, x-flips, subsets, checks, DataLoader workers, pickling.
+"""training/data/dataset.py: lazy reads, labels, x-flips, subsets, checks, DataLoader workers, pickling.
 
 Datasets are written here with zipfile and PIL directly in the documented
 format, so the loader is checked against the format and not against itself.
@@ -21,9 +21,9 @@ import torch
 from click.testing import CliRunner
 
 import dataset_tool
-import training.dataset
+import training.data.dataset
 from torch_utils import bounded_read
-from training.dataset import DatasetError, ImageFolderDataset
+from training.data.dataset import DatasetError, ImageFolderDataset
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -89,7 +89,7 @@ def test_reads_lazily(tmp_path, monkeypatch):
     names = make_dataset(str(tmp_path / 'data.zip'), images, replace={'00000/img00000003.png': b'not a png'})
     decoded = []
     real_open = PIL.Image.open
-    monkeypatch.setattr(training.dataset.PIL.Image, 'open', lambda *args, **kwargs: decoded.append(1) or real_open(*args, **kwargs))
+    monkeypatch.setattr(training.data.dataset.PIL.Image, 'open', lambda *args, **kwargs: decoded.append(1) or real_open(*args, **kwargs))
     dataset = ImageFolderDataset(str(tmp_path / 'data.zip'))
     assert len(decoded) == 1
     np.testing.assert_array_equal(dataset[2][0], images[2].transpose(2, 0, 1))
@@ -207,7 +207,7 @@ def test_init_kwargs_rebuild_the_dataset(tmp_path):
     dataset = ImageFolderDataset(str(tmp_path / 'data.zip'), use_labels=True, max_size=4, xflip=True, random_seed=3)
     kwargs = dataset.init_kwargs
     assert type(kwargs) is dict and json.loads(json.dumps(kwargs)) == kwargs  # Plain data, safe in a snapshot.
-    assert kwargs == dict(class_name='training.dataset.ImageFolderDataset', path=str(tmp_path / 'data.zip'), resolution=4,
+    assert kwargs == dict(class_name='training.data.dataset.ImageFolderDataset', path=str(tmp_path / 'data.zip'), resolution=4,
         use_labels=True, max_size=4, xflip=True, random_seed=3)
     module_name, class_name = kwargs.pop('class_name').rsplit('.', 1)
     rebuilt = getattr(importlib.import_module(module_name), class_name)(**kwargs)

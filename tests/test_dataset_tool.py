@@ -2,7 +2,7 @@
 
 Expected pixels come from the file formats' definitions (byte offsets), from
 numpy slicing, or from block averages; the written datasets are read back both
-directly (zipfile + PIL) and through training.dataset.ImageFolderDataset.
+directly (zipfile + PIL) and through training.data.dataset.ImageFolderDataset.
 """
 
 import errno
@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import dataset_tool
 from tests.test_dataset import png16_bytes
-from training.dataset import ImageFolderDataset
+from training.data.dataset import ImageFolderDataset
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

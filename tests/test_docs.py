@@ -17,7 +17,7 @@ def test_configs_md_is_current():
         committed = f.read()
     assert committed == make_configs_md.render(), 'docs/configs.md is out of date: run python docs/make_configs_md.py'
     # The table really comes from the presets: every preset has a row with its description.
-    from training.configs import PRESETS
+    from training.recipes.configs import PRESETS
     for name, preset in PRESETS.items():
         assert f'| `{name}` | {preset["description"]} |' in committed
 

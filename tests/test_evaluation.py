@@ -1,4 +1,4 @@
-"""training/evaluation.py: metrics at a snapshot, their statistics, and the best-metric bookkeeping."""
+"""training/run/evaluation.py: metrics at a snapshot, their statistics, and the best-metric bookkeeping."""
 
 import json
 
@@ -6,8 +6,8 @@ import torch
 
 import dnnlib
 from metrics import metric_main, metric_utils
-from training.evaluation import MetricEvaluator
-from training.run_state import RunState
+from training.run.evaluation import MetricEvaluator
+from training.run.run_state import RunState
 
 
 def _evaluator(tmp_path, monkeypatch, values, lines):
@@ -31,8 +31,8 @@ def _evaluator(tmp_path, monkeypatch, values, lines):
 def test_statistics_and_best_value(tmp_path, monkeypatch):
     state = RunState(seed=0, num_gpus=1, rank=0, device=torch.device('cpu'), best_metric='fid50k_full')
     evaluator, calls = _evaluator(tmp_path, monkeypatch, [30.0, 25.0, 27.0], [])
-    outcomes = [evaluator.evaluate(None, str(tmp_path / f'snap{i}.pkl'), state) for i in range(3)]
-    assert [new_best for _, new_best in outcomes] == [True, True, False] and state.best == 25.0
+    outcomes = [evaluator.evaluate(None, str(tmp_path / f'snap{i}.pkl')) for i in range(3)]
+    assert [state.record_metric(results) for _, results in outcomes] == [True, True, False] and state.best == 25.0
     assert outcomes[2][0] == {'Metrics/fid50k_full': dict(num=1, mean=27.0, std=0.0),
                               'Metrics/is50k_mean': dict(num=1, mean=9.0, std=0.0),
                               'Metrics/is50k_std': dict(num=1, mean=0.5, std=0.0)}
@@ -43,7 +43,6 @@ def test_statistics_and_best_value(tmp_path, monkeypatch):
 
 
 def test_unavailable_detector_costs_the_metrics_once(tmp_path, monkeypatch):
-    state = RunState(seed=0, num_gpus=1, rank=0, device=torch.device('cpu'), best_metric='fid50k_full')
     lines, calls, metrics = [], [], ['fid50k_full', 'is50k']
 
     def unavailable(metric, **kwargs):
@@ -52,7 +51,7 @@ def test_unavailable_detector_costs_the_metrics_once(tmp_path, monkeypatch):
     monkeypatch.setattr(metric_main, 'calc_metric', unavailable)
     evaluator = MetricEvaluator(metrics, {}, {}, str(tmp_path), num_gpus=1, rank=0, device=torch.device('cpu'),
                                 log=lines.append)
-    assert evaluator.evaluate(None, 'a.pkl', state) == ({}, False)
-    assert evaluator.evaluate(None, 'b.pkl', state) == ({}, False)
+    assert evaluator.evaluate(None, 'a.pkl') == ({}, {})
+    assert evaluator.evaluate(None, 'b.pkl') == ({}, {})
     assert calls == ['fid50k_full'] and lines == ['Warning: cannot fetch the Inception detector; training continues without metrics']
     assert metrics == ['fid50k_full', 'is50k']  # The caller's list is left alone.

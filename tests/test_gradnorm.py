@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.gradnorm import generator_backward_fast, normalize, normalize_gradient
+from training.step.gradnorm import generator_backward_fast, normalize, normalize_gradient
 
 SHAPE = (3, 6, 6)  # Input images [C, H, W].
 NUM_CLASSES = 3
@@ -324,7 +324,7 @@ def preset_D(class_name, resolution, kwargs, c_dim, spectral_norm=False):
 @pytest.mark.parametrize('zeta', ['abs', 0])
 def test_affine_form_gives_the_double_backward_gradients(class_name, resolution, kwargs, c_dim, zeta):
     """Parameter gradients and input gradients of a loss on f_hat equal the plain double backward's (float64)."""
-    from training.gradnorm import linearizable_layers
+    from training.step.gradnorm import linearizable_layers
     D = preset_D(class_name, resolution, kwargs, c_dim)
     layers = linearizable_layers(D)
     assert layers is not None and all(m.bias is not None for m in layers)
@@ -344,7 +344,7 @@ def test_affine_form_gives_the_double_backward_gradients(class_name, resolution,
 
 
 def test_linearizable_layers_accepts_only_what_the_identity_covers():
-    from training.gradnorm import linearizable_layers
+    from training.step.gradnorm import linearizable_layers
     from training.networks.stylegan import Discriminator as StyleGANDiscriminator
     resnet = preset_D(*D_FAMILIES[2], c_dim=4)
     convs_and_linears_with_bias = [m for m in resnet.modules() if isinstance(m, (nn.Conv2d, nn.Linear)) and m.bias is not None]
@@ -365,7 +365,7 @@ def test_linearizable_layers_accepts_only_what_the_identity_covers():
 
 
 def test_linearization_error_measures_the_identity():
-    from training.gradnorm import linearizable_layers, linearization_error
+    from training.step.gradnorm import linearizable_layers, linearization_error
     D = preset_D(*D_FAMILIES[3], c_dim=4)
     x, c = torch.rand(3, 3, 48, 48, dtype=torch.float64), torch.eye(4, dtype=torch.float64)[[1, 2, 3]]
     assert linearization_error(D, linearizable_layers(D), x, c) < 1e-12
@@ -409,7 +409,7 @@ def test_affine_form_runs_four_convolution_passes_instead_of_six(class_name, res
     first backward (input gradients), and in the second backward two passes through the first backward's graph
     (a convolution of the incoming gradient, a weight gradient) and two through the forward graph (input and
     weight gradients of f's own term): 6. The affine form skips the last two: 4. Each pass costs one forward."""
-    from training.gradnorm import linearizable_layers
+    from training.step.gradnorm import linearizable_layers
     D = preset_D(class_name, resolution, kwargs, c_dim=0)
     x, c = torch.rand(2, 3, resolution, resolution, dtype=torch.float64), torch.zeros(2, 0, dtype=torch.float64)
     with ConvFlops() as forward, torch.no_grad():

@@ -25,7 +25,7 @@ from metrics import frechet_inception_distance, metric_utils
 from tests import hostile_files
 from tests.hostile_files import deflate_bomb, deflated, stored, zip_bytes
 from torch_utils import bounded_read, persistence
-from training.dataset import DatasetError, ImageFolderDataset
+from training.data.dataset import DatasetError, ImageFolderDataset
 
 BOMB_BYTES = 512 << 20  # Each bomb expands to this: far above the bound for files of ~0.5 MB.
 

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 import dnnlib
 from torch_utils import devices, training_stats
-from training.augment import consistency_augment
-from training.configs import PRESETS, get_config
-from training.loss import CONSTRAINTS, LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
+from training.step.augment import consistency_augment
+from training.recipes.configs import PRESETS, get_config
+from training.step.loss import CONSTRAINTS, LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
 from training.networks.biggan import BigGANDiscriminator, BigGANGenerator
 from training.networks.sngan import CNNDiscriminator, CNNGenerator, ResNetDiscriminator, ResNetGenerator
 from training.networks.stylegan import Discriminator as StyleGANDiscriminator
@@ -130,7 +130,7 @@ def test_a_new_constraint_is_one_table_entry(monkeypatch):
     import dataclasses
     import click
     import train
-    from training import loss as loss_lib
+    from training.step import loss as loss_lib
     norm_option = next(p for p in train.main.params if p.name == 'norm')
     assert isinstance(norm_option.type, click.Choice) and tuple(norm_option.type.choices) == NORMS == tuple(CONSTRAINTS)
 

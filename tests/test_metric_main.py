@@ -109,7 +109,7 @@ def write_dataset_zip(path: str, num_images: int = 24, resolution: int = 8, labe
 
 
 def dataset_kwargs_of(path: str) -> dict:
-    return dict(class_name='training.dataset.ImageFolderDataset', path=path)
+    return dict(class_name='training.data.dataset.ImageFolderDataset', path=path)
 
 
 def features_of(detector: TinyDetector, images: np.ndarray) -> np.ndarray:

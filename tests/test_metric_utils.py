@@ -191,7 +191,7 @@ def test_stats_cache_key(tmp_path, monkeypatch):
     monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
     data = tmp_path / 'data.zip'
     data.write_bytes(b'x')
-    kwargs = dict(class_name='training.dataset.ImageFolderDataset', path=str(data), xflip=False)
+    kwargs = dict(class_name='training.data.dataset.ImageFolderDataset', path=str(data), xflip=False)
     key = lambda ds, det='http://a/inception.pt', stats=dict(capture_mean_cov=True, max_items=None): \
         metric_utils.stats_cache_file(ds, det, dict(return_features=True), stats)
     base = key(kwargs)
@@ -285,7 +285,7 @@ def test_stats_cache_key_uses_dataset_content(tmp_path, monkeypatch):
     monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
     root = tmp_path / 'data'
     write_png(root / '00000' / 'img.png', np.full([8, 8, 3], 7, np.uint8))
-    key = lambda: metric_utils.stats_cache_file(dict(class_name='training.dataset.ImageFolderDataset', path=str(root)),
+    key = lambda: metric_utils.stats_cache_file(dict(class_name='training.data.dataset.ImageFolderDataset', path=str(root)),
                                                 'http://a/inception.pt', dict(return_features=True), dict(max_items=None))
     base = key()
     assert os.path.basename(base).startswith('data-inception-')

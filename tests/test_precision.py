@@ -1,9 +1,9 @@
-"""training/precision.py: the TF32 switch, autocast and loss scaling of each --precision."""
+"""training/step/precision.py: the TF32 switch, autocast and loss scaling of each --precision."""
 
 import pytest
 import torch
 
-from training.precision import PRECISIONS, Precision
+from training.step.precision import PRECISIONS, Precision
 
 
 def test_tf32_allowed_for_each_precision():

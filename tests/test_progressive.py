@@ -1,14 +1,12 @@
-"""Tests for training/progressive.py: StyleGAN v1's lod formula and tables, and the processing of reals.
+"""Tests for training/recipes/progressive.py: StyleGAN v1's lod formula and tables, and the processing of reals.
 
 Expected values are worked out by hand from the schedule's definition (600 kimg stable + 600 kimg
 fade-in per resolution, starting at 8x8) and, for the reals, with numpy box averages.
 """
 
-import numpy as np
 import pytest
-import torch
 
-from training import progressive
+from training.recipes import progressive
 
 #----------------------------------------------------------------------------
 # lod at chosen points of a 1024x1024 run, worked out by hand (600 kimg stable + 600 kimg fade-in).
@@ -46,46 +44,3 @@ def test_global_batch_table_is_stylegan_v1_8gpu_run():
     assert progressive.BATCH == {8: 256, 16: 128, 32: 64, 64: 32, 128: 32, 256: 32, 512: 32, 1024: 32}
     # The paper: 1e-3 up to 64x64, 1.5e-3 above.
     assert progressive.LR == {r: 1e-3 if r <= 64 else 1.5e-3 for r in progressive.BATCH}
-
-#----------------------------------------------------------------------------
-# Reals.
-
-
-def _box_down(x: np.ndarray, factor: int) -> np.ndarray:
-    n, c, h, w = x.shape
-    return x.reshape(n, c, h // factor, factor, w // factor, factor).mean(axis=(3, 5))
-
-
-def test_process_reals_stable_level():
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal([2, 3, 32, 32])
-    out = progressive.process_reals(torch.tensor(x), lod=2.0, max_resolution=32)
-    assert out.shape == (2, 3, 8, 8)
-    # Directly at the loop level: mean over each 4x4 block, written out element by element.
-    expected = np.empty([2, 3, 8, 8])
-    for i in range(8):
-        for j in range(8):
-            expected[:, :, i, j] = x[:, :, 4 * i:4 * i + 4, 4 * j:4 * j + 4].mean(axis=(2, 3))
-    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-12)
-
-
-def test_process_reals_fade_blend():
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal([2, 3, 64, 64])
-    lod = 1.25  # Active resolution 64 / 2 = 32, a quarter of the way from the 32x32 level towards 16x16.
-    out = progressive.process_reals(torch.tensor(x), lod=lod, max_resolution=64)
-    x32 = _box_down(x, 2)
-    x16_up = np.kron(_box_down(x32, 2), np.ones([1, 1, 2, 2]))
-    expected = 0.75 * x32 + 0.25 * x16_up
-    assert out.shape == (2, 3, 32, 32)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-12)
-
-
-def test_process_reals_capped_run_and_errors():
-    x = torch.randn(1, 3, 64, 64, dtype=torch.float64)
-    # Dataset at 64 but the run capped at 32: lod 0 means 32x32.
-    np.testing.assert_allclose(progressive.process_reals(x, 0.0, 32).numpy(), _box_down(x.numpy(), 2), atol=1e-12)
-    with pytest.raises(ValueError):
-        progressive.process_reals(x, 0.0, 128)  # Reals smaller than the active resolution.
-    with pytest.raises(ValueError):
-        progressive.process_reals(x, 5.0, 64)  # lod beyond 4x4.

@@ -1,4 +1,4 @@
-"""training/reporter.py: image grids, the progress line, statistics files and the divergence stop."""
+"""training/run/reporter.py: image grids, the progress line, statistics files and the divergence stop."""
 
 import json
 import time
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from torch_utils import training_stats
-from training import schedule as schedule_lib
-from training.reporter import TickReporter, TrainingDiverged, grid_layout, grid_reals
-from training.run_state import RunState
-from training.updater import NetworkUpdater
+from training.recipes import schedule as schedule_lib
+from training.run.reporter import TickReporter, TrainingDiverged, grid_layout, grid_reals
+from training.run.run_state import RunState
+from training.step.updater import NetworkUpdater
 
 
 def test_grid_layout_one_row_per_class():

@@ -1,9 +1,9 @@
-"""training/run_state.py: counters, best metric, random streams, and the snapshot that resumes a run."""
+"""training/run/run_state.py: counters, best metric, random streams, and the snapshot that resumes a run."""
 
 import numpy as np
 import torch
 
-from training.run_state import NETWORKS, OPTIMIZERS, REQUIRED_KEYS, RunState, snapshot_label
+from training.run.run_state import NETWORKS, OPTIMIZERS, REQUIRED_KEYS, RunState, snapshot_label
 
 
 def test_snapshot_label():
@@ -34,11 +34,11 @@ def _nets_and_optimizers():
 def test_snapshot_then_resume_restores_everything():
     device = torch.device('cpu')
     state = RunState(seed=3, num_gpus=1, rank=0, device=device, best_metric='fid')
-    state.step, state.cur_nimg, state.cur_tick, state.consumed, state.best = 5, 640, 2, 640, 12.5
+    state.step, state.cur_nimg, state.cur_tick, state.best = 5, 640, 2, 12.5
     nets, optimizers = _nets_and_optimizers()
     state.label_rng.integers(10, size=7)  # Advance the streams past their seeds.
     torch.rand(5)
-    snapshot = state.snapshot(nets, optimizers, dict(class_name='x.Y', path='/data'))
+    snapshot = state.snapshot(nets, optimizers, 640, dict(class_name='x.Y', path='/data'))
     assert set(REQUIRED_KEYS) <= set(snapshot)
     expected_torch, expected_labels = torch.rand(4), state.label_rng.integers(1000, size=4)
 
@@ -47,7 +47,7 @@ def test_snapshot_then_resume_restores_everything():
     fresh_nets = {name: torch.nn.Linear(3, 2) for name in NETWORKS}
     fresh_opts = {name: torch.optim.Adam(fresh_nets[name[0]].parameters(), lr=0.1) for name in OPTIMIZERS}
     resumed.resume(snapshot, fresh_nets, fresh_opts, log=print)
-    assert (resumed.step, resumed.cur_nimg, resumed.cur_tick, resumed.consumed, resumed.best) == (5, 640, 2, 640, 12.5)
+    assert (resumed.step, resumed.cur_nimg, resumed.cur_tick, resumed.resume_position, resumed.best) == (5, 640, 2, 640, 12.5)
     for name in NETWORKS:
         assert torch.equal(fresh_nets[name].weight, nets[name].weight)
     for name in OPTIMIZERS:
@@ -67,7 +67,7 @@ def test_resume_with_another_metric_or_process_count():
     state = RunState(seed=0, num_gpus=1, rank=0, device=torch.device('cpu'), best_metric='fid')
     state.best = 3.0
     nets, optimizers = _nets_and_optimizers()
-    snapshot = state.snapshot(nets, optimizers, {})
+    snapshot = state.snapshot(nets, optimizers, 0, {})
     other = RunState(seed=0, num_gpus=1, rank=0, device=torch.device('cpu'), best_metric='kid')
     other.resume(snapshot, nets, optimizers, log=print)
     assert other.best is None  # A best value of another metric means nothing for this one.

@@ -1,4 +1,4 @@
-"""Tests for training/schedule.py: the run's per-step plan for fixed-batch presets and StyleGAN v1's growing.
+"""Tests for training/recipes/schedule.py: the run's per-step plan for fixed-batch presets and StyleGAN v1's growing.
 
 Expected values come from StyleGAN v1's 8-GPU configuration (train.py: minibatch 256 at 8x8, 128 at
 16, 64 at 32, 32 above; G_smoothing_kimg 10; reset_opt_for_new_lod) and the paper's learning rates,
@@ -8,7 +8,7 @@ worked out by hand for the points below.
 import numpy as np
 import pytest
 
-from training import schedule
+from training.recipes import schedule
 
 # kimg, lod, active resolution, global minibatch, lr, for a 1024x1024 run.
 POINTS = [(0, 7.0, 8, 256, 1e-3), (900, 6.5, 16, 128, 1e-3), (2550, 5.0, 32, 64, 1e-3), (3150, 4.75, 64, 32, 1e-3),

@@ -31,7 +31,7 @@ def valid_payload() -> dict:
     """What save_snapshot writes for a tiny generator, as torch.load(weights_only=True) reads it back."""
     torch.manual_seed(0)
     G = sngan.CNNGenerator(c_dim=0, img_resolution=16, img_channels=3, ch=4, z_dim=4)
-    data = dict(G=G, G_ema=G, training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path='data.zip'),
+    data = dict(G=G, G_ema=G, training_set_kwargs=dict(class_name='training.data.dataset.ImageFolderDataset', path='data.zip'),
                 progress=dict(step=1, cur_nimg=64), cfg=dict(G_opt_kwargs=dict(class_name='torch.optim.Adam', lr=1e-3)))
     with tempfile.TemporaryDirectory() as tmp:
         persistence.save_snapshot(os.path.join(tmp, 'valid.pkl'), data)
@@ -132,18 +132,18 @@ CRAFTED = {
     'dataset basicConfig': (with_data(training_set_kwargs=lambda ctx: dict(class_name='logging.basicConfig', filename=str(ctx['marker']), filemode='w')), 'logging.basicConfig'),
     'dataset torch.hub.load': (with_data(training_set_kwargs=lambda ctx: dict(class_name='torch.hub.load', repo_or_dir=hub_dir(ctx), model='x', source='local', trust_repo=True)), 'torch.hub.load'),
     'dataset os.system': (with_data(training_set_kwargs=lambda ctx: dict(class_name='os.system', command=touch(ctx))), 'os.system'),
-    'dataset os.system via project module': (with_data(training_set_kwargs=lambda ctx: dict(class_name='training.dataset.os.system', command=touch(ctx))), 'training.dataset.os.system'),
+    'dataset os.system via project module': (with_data(training_set_kwargs=lambda ctx: dict(class_name='training.data.dataset.os.system', command=touch(ctx))), 'training.data.dataset.os.system'),
     'dataset module import': (with_data(training_set_kwargs=dict(class_name='evilmod.Evil')), 'evilmod.Evil'),
     'dataset project module import': (with_data(training_set_kwargs=dict(class_name='training.evilmod.Evil')), 'training.evilmod.Evil'),
-    'dataset unknown kwarg': (with_data(training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path='x', filemode='w')), 'filemode'),
-    'dataset non-plain kwarg': (with_data(training_set_kwargs=dict(class_name='training.dataset.ImageFolderDataset', path=torch.zeros(2))), 'plain data'),
+    'dataset unknown kwarg': (with_data(training_set_kwargs=dict(class_name='training.data.dataset.ImageFolderDataset', path='x', filemode='w')), 'filemode'),
+    'dataset non-plain kwarg': (with_data(training_set_kwargs=dict(class_name='training.data.dataset.ImageFolderDataset', path=torch.zeros(2))), 'plain data'),
     'dataset without class_name': (with_data(training_set_kwargs=dict(path='x')), 'class name'),
-    'dataset not a dict': (with_data(training_set_kwargs='training.dataset.ImageFolderDataset'), 'training_set_kwargs'),
+    'dataset not a dict': (with_data(training_set_kwargs='training.data.dataset.ImageFolderDataset'), 'training_set_kwargs'),
     'network basicConfig': (with_network(__persistent_module__='logging.basicConfig', init_kwargs=lambda ctx: dict(filename=str(ctx['marker']), filemode='w')), 'logging.basicConfig'),
     'network subprocess.Popen': (with_network(__persistent_module__='subprocess.Popen', init_kwargs=lambda ctx: dict(args=['touch', str(ctx['marker'])])), 'subprocess.Popen'),
     'network torch.hub.load': (with_network(__persistent_module__='torch.hub.load', init_kwargs=lambda ctx: dict(repo_or_dir=hub_dir(ctx), model='x', source='local')), 'torch.hub.load'),
     'network project function': (with_network(__persistent_module__='training.training_loop.training_loop', init_kwargs=lambda ctx: dict(run_dir=str(ctx['marker']))), 'training.training_loop.training_loop'),
-    'network non-network project class': (with_network(__persistent_module__='training.dataset.ImageFolderDataset', init_kwargs=lambda ctx: dict(path=str(ctx['marker']))), "this project's networks"),
+    'network non-network project class': (with_network(__persistent_module__='training.data.dataset.ImageFolderDataset', init_kwargs=lambda ctx: dict(path=str(ctx['marker']))), "this project's networks"),
     'network inside progress': (with_data(progress=lambda ctx: {'x': network('logging.basicConfig', dict(filename=str(ctx['marker'])))}), 'logging.basicConfig'),
     'preset G_kwargs': (with_data(cfg=lambda ctx: dict(G_kwargs=dict(class_name='logging.basicConfig', filename=str(ctx['marker'])))), 'logging.basicConfig'),
     'preset optimizer in a list': (with_data(cfg=lambda ctx: dict(opts=[dict(class_name='os.system', command=touch(ctx))])), 'os.system'),

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from torch_utils import persistence, training_stats
-from training import loss as loss_lib
+from training.step import loss as loss_lib
 from training.networks import stylegan
 
 #----------------------------------------------------------------------------

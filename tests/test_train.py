@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from torch_utils import persistence
-from training import progressive
+from training.recipes import progressive
 from training.experiment import Experiment
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -337,7 +337,7 @@ def test_diverged_run_ends_with_one_line(tmp_path, monkeypatch, capsys):
     """train.py in-process with one NaN pixel injected into the reals: one line naming step and network, exit 1."""
     from click.testing import CliRunner
     import train
-    from training.data_stream import RealImageStream
+    from training.data.data_stream import RealImageStream
     calls = []
     next_batch = RealImageStream.next
 
@@ -436,9 +436,10 @@ def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
 
 def _old_format(path: str, out: str) -> None:
     """The snapshot at `path` as train.py wrote it before the Experiment: its record held only cfg, norm, loss, cr,
-    precision, seed, data and xflip, and gn-stylegan's networks had only the kwargs that differed from v1's (fmap_max
-    with --cmax)."""
+    precision, seed, data and xflip, gn-stylegan's networks had only the kwargs that differed from v1's (fmap_max
+    with --cmax), and the dataset class lived in the flat training package."""
     snapshot = persistence.load_snapshot(path)
+    snapshot.training_set_kwargs['class_name'] = 'training.dataset.ImageFolderDataset'
     snapshot.experiment = {key: snapshot.experiment[key] for key in ('cfg', 'norm', 'loss', 'cr', 'precision', 'seed',
                                                                      'data', 'xflip')}
     for name in ('G', 'G_ema', 'D'):

@@ -9,8 +9,8 @@ import torch
 
 from training import training_loop
 from training.experiment import Experiment
-from training.data_stream import RealImageStream
-from training.reporter import TrainingDiverged
+from training.data.data_stream import RealImageStream
+from training.run.reporter import TrainingDiverged
 
 
 #----------------------------------------------------------------------------
@@ -20,7 +20,7 @@ from training.reporter import TrainingDiverged
 @pytest.fixture(autouse=True)
 def tiny_preset(monkeypatch):
     """--cfg=tiny: the quick start's networks at width 2, for images of any resolution."""
-    from training import configs
+    from training.recipes import configs
     preset = dict(configs.PRESETS['quickstart'], G_args=dict(ch=2), D_args=dict(ch=2))
     del preset['resolution']
     monkeypatch.setitem(configs.PRESETS, 'tiny', preset)
@@ -28,7 +28,7 @@ def tiny_preset(monkeypatch):
 
 def _tiny_experiment(data: str, steps: int, batch: int, **options) -> Experiment:
     """A width-2 quickstart run on `data`."""
-    from training.dataset import ImageFolderDataset
+    from training.data.dataset import ImageFolderDataset
     dataset = ImageFolderDataset(path=data)
     return Experiment.build(cfg='tiny', data=data, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
                             batch=batch, steps=steps, **options)
@@ -89,7 +89,7 @@ def test_unavailable_detector_warns_and_training_continues(tmp_path, monkeypatch
 
 
 def test_adam_state_is_reset_exactly_at_phase_changes(tmp_path):
-    from training import progressive
+    from training.recipes import progressive
     experiment = _stylegan_experiment(batch=4, kimg=0.1, lod_kimg=0.02, snap=None, tick=1)
     counts = {}  # The highest Adam step count among each optimizer's parameters, after every step.
 
@@ -171,7 +171,7 @@ def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch):
     once the run ends."""
     from tests.test_metric_main import write_dataset_zip
     from torch_utils import devices
-    from training.updater import NetworkUpdater
+    from training.step.updater import NetworkUpdater
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     seen = []
     step = NetworkUpdater.step

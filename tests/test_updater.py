@@ -1,4 +1,4 @@
-"""training/updater.py: one network's training step: accumulation rounds, Adam resets, divergence flag, EMA."""
+"""training/step/updater.py: one network's training step: accumulation rounds, Adam resets, divergence flag, EMA."""
 
 import numpy as np
 import pytest
@@ -6,9 +6,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dnnlib
-from training import configs
+from training.recipes import configs
 from training.experiment import Experiment
-from training.updater import NEVER, NetworkUpdater, split_round, update_ema
+from training.step.updater import NEVER, NetworkUpdater, split_round, update_ema
 
 
 def test_update_ema_matches_formula():
@@ -132,7 +132,7 @@ def _networks(arch: str):
 @pytest.mark.parametrize('arch', ['resnet', 'stylegan'])
 @pytest.mark.parametrize('net', ['D', 'G'])
 def test_accumulation_rounds_give_full_batch_gradients(arch, net):
-    from training.loss import GANLoss
+    from training.step.loss import GANLoss
     G, D, group, dtype = _networks(arch)
     n, rounds = 16, 4
     torch.manual_seed(1)

@@ -36,8 +36,20 @@ def test_construct_class_by_name_builds_allowed_classes():
     assert type(G).__name__ == 'CNNGenerator' and G.init_kwargs.ch == 4
 
 
+def test_class_names_of_older_snapshots_build_the_moved_classes():
+    """training/ was one flat package; snapshots and configs written then name its classes by the old paths."""
+    from training.data.dataset import ImageFolderDataset
+    from training.recipes.schedule import FixedSchedule, ProgressiveSchedule
+    from training.step.loss import GANLoss
+    assert [util.get_class(f'training.{name}') for name in ['dataset.ImageFolderDataset', 'loss.GANLoss',
+                                                            'schedule.FixedSchedule', 'schedule.ProgressiveSchedule']] \
+        == [ImageFolderDataset, GANLoss, FixedSchedule, ProgressiveSchedule]
+    with pytest.raises(util.ConfigError):
+        util.get_class('training.loss.os')  # Only those four names.
+
+
 @pytest.mark.parametrize('name', ['collections.OrderedDict', 'logging.basicConfig', 'torch.hub.load', 'os.system',
-                                  'training.dataset.os.system', 'training.training_loop.training_loop',
+                                  'training.data.dataset.os.system', 'training.training_loop.training_loop',
                                   'builtins.eval', 'subprocess.Popen', 'training', '', 'torch.optim.SGD'])
 def test_construct_class_by_name_refuses_everything_else(name, tmp_path):
     with pytest.raises(util.ConfigError, match='not a class this project builds'):
@@ -66,9 +78,9 @@ def test_unknown_kwargs_are_refused():
     ({'class_name': 5}, 'class name must be a string'),
     ({'path': 'x'}, 'class name must be a string'),
     ({'class_name': 'logging.basicConfig', 'filename': 'x'}, 'not a class this project builds'),
-    ({'class_name': 'training.dataset.ImageFolderDataset', 'path': 'x', 'filemode': 'w'}, 'takes no argument "filemode"'),
-    ({'class_name': 'training.dataset.ImageFolderDataset', 'path': object()}, 'plain data'),
-    ({'class_name': 'training.dataset.ImageFolderDataset', 'path': {1: 'x'}}, 'keys must be str'),
+    ({'class_name': 'training.data.dataset.ImageFolderDataset', 'path': 'x', 'filemode': 'w'}, 'takes no argument "filemode"'),
+    ({'class_name': 'training.data.dataset.ImageFolderDataset', 'path': object()}, 'plain data'),
+    ({'class_name': 'training.data.dataset.ImageFolderDataset', 'path': {1: 'x'}}, 'keys must be str'),
 ])
 def test_check_class_kwargs_refuses(kwargs, message):
     with pytest.raises(util.ConfigError, match=message):
@@ -82,7 +94,7 @@ def test_check_plain_bounds_nesting():
     with pytest.raises(util.ConfigError, match='nested deeper'):
         util.check_plain(deep, 'x')
     util.check_plain({'a': [1, 2.5, None, 'b', (True,)]}, 'x')  # Plain data passes.
-    kwargs = util.check_class_kwargs({'class_name': 'training.dataset.ImageFolderDataset', 'path': 'x', 'xflip': True}, 'x')
+    kwargs = util.check_class_kwargs({'class_name': 'training.data.dataset.ImageFolderDataset', 'path': 'x', 'xflip': True}, 'x')
     assert isinstance(kwargs, dnnlib.EasyDict) and kwargs.xflip is True
 
 

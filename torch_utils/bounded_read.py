@@ -27,7 +27,7 @@ It does so by refusing, before decompressing anything:
 
 What the loaders build from the bytes (networks from tensors, Python objects from JSON) is bounded by
 their own checks; each is documented where it is made (persistence.py, frechet_inception_distance.py,
-training/dataset.py). Decoding an image is bounded by Pillow's pixel limit (PIL.Image.MAX_IMAGE_PIXELS).
+training/data/dataset.py). Decoding an image is bounded by Pillow's pixel limit (PIL.Image.MAX_IMAGE_PIXELS).
 """
 
 from __future__ import annotations

@@ -25,14 +25,14 @@ import os
 from typing import Any
 
 import dnnlib
-from training import configs, progressive
-from training.loss import LOSSES, NORMS
-from training.precision import PRECISIONS, Precision, check_choice
+from training.recipes import configs, progressive
+from training.step.loss import LOSSES, NORMS
+from training.step.precision import PRECISIONS, Precision
 
 #----------------------------------------------------------------------------
 
 QUICKSTART_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
-DATASET_CLASS = 'training.dataset.ImageFolderDataset'
+DATASET_CLASS = 'training.data.dataset.ImageFolderDataset'
 
 # What the experiment is: compared with the snapshot's on --resume, and taken from it when not given.
 IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', 'glr', 'dlr', 'gamma', 'resolution',
@@ -54,12 +54,12 @@ class Experiment:
     """A training run: what it trains (IDENTITY), on which data, how long, where, and what it reports."""
 
     # The experiment (IDENTITY).
-    cfg: str = 'quickstart'             # Preset (training/configs.py).
+    cfg: str = 'quickstart'             # Preset (training/recipes/configs.py).
     data: str = QUICKSTART_DATA         # Training data, an absolute path.
-    norm: str = 'gn'                    # D constraint (training/loss.py).
+    norm: str = 'gn'                    # D constraint (training/step/loss.py).
     loss: str = 'hinge'                 # Adversarial loss.
     cr: float = 0.0                     # Consistency regularization weight.
-    precision: str = 'tf32'             # Arithmetic of the networks (training/precision.py).
+    precision: str = 'tf32'             # Arithmetic of the networks (training/step/precision.py).
     seed: int = 0                       # Global seed.
     xflip: bool = True                  # Mirror the real images left-right at random.
     glr: float | None = None            # G's Adam learning rate; gn-stylegan: at every resolution, None = v1's per resolution.
@@ -120,9 +120,9 @@ class Experiment:
         values.setdefault('loss', preset.loss_kwargs.loss)
         values.setdefault('xflip', preset.xflip)
         values['cr'] = float(values.get('cr', 0.0))
-        check_choice('norm', values.get('norm', cls.norm), NORMS)
-        check_choice('loss', values['loss'], LOSSES)
-        check_choice('precision', values.get('precision', cls.precision), PRECISIONS)
+        dnnlib.util.check_choice('norm', values.get('norm', cls.norm), NORMS)
+        dnnlib.util.check_choice('loss', values['loss'], LOSSES)
+        dnnlib.util.check_choice('precision', values.get('precision', cls.precision), PRECISIONS)
         if values['cr'] < 0:
             raise ValueError(f'cr must be non-negative, got {values["cr"]}')
         if 'steps' in given and 'kimg' in given:
@@ -279,20 +279,20 @@ class Experiment:
         if self.progressive:
             lr = lambda value: None if value is None else {r: value for r in progressive.LR}
             return dnnlib.EasyDict(
-                class_name='training.schedule.ProgressiveSchedule', max_resolution=self.resolution, total_kimg=self.kimg,
+                class_name='training.recipes.schedule.ProgressiveSchedule', max_resolution=self.resolution, total_kimg=self.kimg,
                 phase_kimg=self.lod_kimg, fade_kimg=self.lod_kimg, lr_G=lr(self.glr), lr_D=lr(self.dlr),
                 max_batch=self.batch, lr_rampdown_kimg=self.lr_rampdown, num_gpus=self.gpus, batch_gpu=self.batch_gpu,
                 group_size=self.preset.D_kwargs.mbstd_group_size)
         preset = self.preset
         return dnnlib.EasyDict(
-            class_name='training.schedule.FixedSchedule', batch_D=self.batch,
+            class_name='training.recipes.schedule.FixedSchedule', batch_D=self.batch,
             batch_G=max(1, preset.batch_G * self.batch // preset.batch_D), n_dis=preset.n_dis, lr_G=self.glr,
             lr_D=self.dlr, total_steps=self.steps, lr_decay=preset.lr_decay, ema_beta=preset.ema_beta,
             ema_start=preset.ema_start, num_gpus=self.gpus, batch_gpu=self.batch_gpu)
 
     @functools.cached_property
     def schedule(self):
-        """The run's schedule (training/schedule.py), built once."""
+        """The run's schedule (training/recipes/schedule.py), built once."""
         return dnnlib.util.construct_class_by_name(**self.schedule_kwargs)
 
     @property

@@ -1,7 +1,7 @@
 """The training loop: the paper's alternating D/G updates, with progress, snapshots and metrics.
 
 One iteration is one generator update ("G step", the unit the paper counts in). The run's schedule
-(training/schedule.py) says, before every G step, what it uses:
+(training/recipes/schedule.py) says, before every G step, what it uses:
 
     set up, or resume from a snapshot (networks, optimizers, counters, data position, random streams)
     for each G step, until the schedule says done:
@@ -9,7 +9,7 @@ One iteration is one generator update ("G step", the unit the paper counts in). 
         if the plan's optimizer state id changed: reset Adam   # StyleGAN v1: every new level of detail
         repeat n_dis times:                       # discriminator updates
             x ~ data (M), at the lod, flipped at random (xflip); z ~ N(0, I) (M)
-            minimize L_D(f_hat(x), f_hat(G(z)))   # f_hat = GN-normalized D, see training/gradnorm.py
+            minimize L_D(f_hat(x), f_hat(G(z)))   # f_hat = GN-normalized D, see training/step/gradnorm.py
         z ~ N(0, I) (M_G)
         minimize L_G(f_hat(G(z)))
         G_ema <- beta * G_ema + (1 - beta) * G
@@ -20,11 +20,11 @@ Each "minimize" is one Adam step on the gradient of the batch mean. The batch is
 process (one per GPU, or gloo on a CPU) takes its share of disjoint data, in accumulation rounds
 when the share exceeds --batch-gpu, and the processes average their gradients before the step.
 
-The parts, one concept each: the real-image stream and fake labels (training/data_stream.py), the
-updaters that run one network's training step (training/updater.py), the run state and its
-snapshots (training/run_state.py), progress lines, statistics, grids and the divergence stop
-(training/reporter.py), metrics and the best snapshot (training/evaluation.py), and the
-arithmetic (training/precision.py).
+The parts, one concept each: the real-image stream and fake labels (training/data/data_stream.py), the
+updaters that run one network's training step (training/step/updater.py), the run state and its
+snapshots (training/run/run_state.py), progress lines, statistics, grids and the divergence stop
+(training/run/reporter.py), metrics and the best snapshot (training/run/evaluation.py), and the
+arithmetic (training/step/precision.py).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ import torch
 
 import dnnlib
 from torch_utils import devices, misc
-from training.data_stream import LabelSampler, RealImageStream
-from training.evaluation import MetricEvaluator
+from training.data.data_stream import LabelSampler, RealImageStream
+from training.run.evaluation import MetricEvaluator
 from training.experiment import Experiment
-from training.reporter import ImageGrids, TickReporter
-from training.run_state import RunState, snapshot_label
-from training.updater import NetworkUpdater
+from training.run.reporter import ImageGrids, TickReporter
+from training.run.run_state import RunState, snapshot_label
+from training.step.updater import NetworkUpdater
 
 #----------------------------------------------------------------------------
 
@@ -87,7 +87,7 @@ def training_loop(
         updater_D = NetworkUpdater('D', D, D_opt, precision.grad_scaler(device.type), group_size=schedule.group_size)
         updater_G = NetworkUpdater('G', G, G_opt, precision.grad_scaler(device.type), group_size=schedule.group_size, ema=G_ema)
         reals = RealImageStream(training_set, chunk=schedule.min_share(), rank=rank, num_replicas=num_gpus, seed=seed,
-                                device=device, num_workers=experiment.workers, consumed=state.consumed, xflip=experiment.xflip,
+                                device=device, num_workers=experiment.workers, consumed=state.resume_position, xflip=experiment.xflip,
                                 max_resolution=G.img_resolution)
         fake_labels = LabelSampler(training_set, state.label_rng, device)
         reporter = TickReporter(run_dir, schedule, state, experiment.tick, start_time, device, log)
@@ -135,11 +135,11 @@ def training_loop(
                 for module in nets.values():
                     misc.check_ddp_consistency(module)  # Every process must hold the same networks.
                 snapshot_pkl = os.path.join(run_dir, f'network-snapshot-{label}.pkl')
-                metric_stats, new_best = evaluator.evaluate(G_ema, snapshot_pkl, state)  # Before the snapshot, which records it.
+                metric_stats, results = evaluator.evaluate(G_ema, snapshot_pkl)  # Before the snapshot, which records them.
                 stats.update(metric_stats)
-                state.consumed = reals.consumed
+                new_best = state.record_metric(results)
                 state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []),
-                           state.snapshot(nets, optimizers, training_set_kwargs, experiment.record()))
+                           state.snapshot(nets, optimizers, reals.consumed, training_set_kwargs, experiment.record()))
                 last_snapshot = snapshot_pkl
                 if new_best:
                     log(f'New best {experiment.best_metric}: {state.best:.4g} -> network-best.pkl')

@@ -220,7 +220,7 @@ class CNNDiscriminator(nn.Module):
     """SN-GAN's standard CNN discriminator: seven convs with LeakyReLU(0.1), then one linear layer."""
 
     is_piecewise_linear = True
-    is_sample_independent = True  # No layer mixes samples: reals and fakes may share one call (training/loss.py).
+    is_sample_independent = True  # No layer mixes samples: reals and fakes may share one call (training/step/loss.py).
 
     def __init__(self,
         c_dim: int,                     # Label dimension, 0 = unconditional.
@@ -280,7 +280,7 @@ class ResidualDiscriminator(nn.Module):
     `sum_pool` picks global sum pooling (BigGAN) instead of the mean (SN-GAN)."""
 
     is_piecewise_linear = True
-    is_sample_independent = True  # No layer mixes samples: reals and fakes may share one call (training/loss.py).
+    is_sample_independent = True  # No layer mixes samples: reals and fakes may share one call (training/step/loss.py).
     sum_pool = False
 
     def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ lr_multiplier. As in the release, the gain (sqrt(2) before leaky ReLUs, 1 for to
 the final dense layer) lives in that weight scale, not after the activation.
 
 Progressive growing. Both networks hold a level of detail `lod` (a buffer, so it is saved in
-snapshots) set by `set_lod`; `training/progressive.py` says which lod a step uses. At lod L the
+snapshots) set by `set_lod`; `training/recipes/progressive.py` says which lod a step uses. At lod L the
 networks work at the active resolution R = img_resolution / 2**floor(L) (cheaper than the release,
 which always ran at full resolution and upsampled): G outputs R x R images and D expects them.
 During a fade-in (fractional L, frac = L - floor(L)) G outputs
@@ -29,14 +29,14 @@ During a fade-in (fractional L, frac = L - floor(L)) G outputs
 and D mirrors it, mixing its first block at R with the fromRGB of the 2x2-averaged input:
 lerp(block_R(fromRGB_R(img)), fromRGB_R/2(downsample(img)), frac). So at the start of a fade-in
 (frac -> 1) the output is the nearest-upsampled output of the previous level, exactly as in the
-release. `training.progressive.process_reals` brings full-resolution reals to what D sees.
+release. `training.data.data_stream.process_reals` brings full-resolution reals to what D sees.
 
 Output range. v1's images are the linear toRGB output (the blend above during a fade-in); with
 output_tanh (train.py --tanh, not in v1) they are tanh of it, bounded to (-1, 1) as the data is.
 Small runs on data with flat backgrounds need it: on the digits (docs/results.md) the linear
 output drew gray, speckled backgrounds, a quarter of its pixels outside [-1, 1], and collapsed.
 
-Mixed precision (--precision=bf16|fp16, training/precision.py). Both networks run under
+Mixed precision (--precision=bf16|fp16, training/step/precision.py). Both networks run under
 torch.autocast: convolutions and dense layers in the low-precision dtype, and the ops that follow
 them (bias_act, upfirdn2d, fma) in their input's dtype. What is sensitive to rounding stays in
 float32 (float64 when the networks are): the mapping network with its pixel norm, lr multiplier

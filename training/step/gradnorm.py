@@ -32,7 +32,7 @@ f's gradient w.r.t. theta (and, since the Hessian vanishes, w.r.t. x: g). Taking
 (`bias_layers`), the second backward runs through the first backward's graph only: per conv layer
 four convolutions in all (forward, first backward, two in the second) instead of six. A missing
 bias term would break the identity silently, so `linearization_error` measures it on a batch and
-the loss checks it once before relying on it (training/loss.py).
+the loss checks it once before relying on it (training/step/loss.py).
 """
 
 from __future__ import annotations

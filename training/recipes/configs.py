@@ -5,7 +5,7 @@
     name, description       preset name and a one-line summary
     G_kwargs, D_kwargs      class_name + constructor kwargs, without c_dim / img_resolution / img_channels
                             (training_options fills those in from the dataset)
-    loss_kwargs             class_name='training.loss.GANLoss' + loss / norm / cr / ...
+    loss_kwargs             class_name='training.step.loss.GANLoss' + loss / norm / cr / ...
     G_opt_kwargs, D_opt_kwargs   class_name='torch.optim.Adam' + lr, betas, eps
     n_dis                   D steps per G step
     batch_D, batch_G        global batch of a D step (M) and of a G step (2M, or M for BigGAN)
@@ -15,7 +15,7 @@
                             (before it the EMA copy just follows G)
     resolution              expected dataset resolution (a preset without one takes any)
     (gn-stylegan has no batch_D, batch_G, total_steps, ema_beta, ema_start or resolution: its
-    schedule, training/progressive.py, sets them by resolution, for any power-of-two data)
+    schedule, training/recipes/progressive.py, sets them by resolution, for any power-of-two data)
     z_dim                   latent size
     conditional             True: class-conditional, the dataset must have labels; False: labels unused;
                             'if-labels': class-conditional exactly when the dataset has labels
@@ -33,9 +33,8 @@ from __future__ import annotations
 import copy
 
 import dnnlib
-from training import progressive
-from training.loss import CONSTRAINTS, LOSSES, NORMS
-from training.precision import check_choice
+from training.recipes import progressive
+from training.step.loss import CONSTRAINTS, LOSSES, NORMS
 
 #----------------------------------------------------------------------------
 
@@ -69,7 +68,7 @@ PRESETS = {
                                description='CelebA-HQ 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
     'church256-resnet':   dict(_SNGAN_LARGE, resolution=256, ema_start=20_000,
                                description='LSUN Church 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
-    # StyleGAN v1 with progressive growing; batch, lr and resolution follow training/progressive.py.
+    # StyleGAN v1 with progressive growing; batch, lr and resolution follow training/recipes/progressive.py.
     'gn-stylegan':        dict(arch='stylegan', z_dim=512, loss='hinge', lr_G=progressive.LR[8], lr_D=progressive.LR[8],
                                betas=[0.0, 0.99], n_dis=1, lr_decay='none', conditional=False, D_args=dict(mbstd_group_size=4),
                                description='StyleGAN v1, progressive growing 8x8 -> full resolution, hinge loss, '
@@ -93,8 +92,8 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
     norm = 'gn' if norm is None else norm
     loss = preset['loss'] if loss is None else loss
     cr = 0.0 if cr is None else float(cr)
-    check_choice('norm', norm, NORMS)
-    check_choice('loss', loss, LOSSES)
+    dnnlib.util.check_choice('norm', norm, NORMS)
+    dnnlib.util.check_choice('loss', loss, LOSSES)
     if cr < 0:
         raise ValueError(f'cr must be non-negative, got {cr}')
 
@@ -102,7 +101,7 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
     cfg = dnnlib.EasyDict(name=name, description=preset['description'], arch=preset['arch'])
     cfg.G_kwargs = dnnlib.EasyDict(class_name=G_class, z_dim=preset['z_dim'], **preset.get('G_args', {}))
     cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, spectral_norm=CONSTRAINTS[norm].spectral_norm, **preset.get('D_args', {}))
-    cfg.loss_kwargs = dnnlib.EasyDict(class_name='training.loss.GANLoss', loss=loss, norm=norm, cr=cr)
+    cfg.loss_kwargs = dnnlib.EasyDict(class_name='training.step.loss.GANLoss', loss=loss, norm=norm, cr=cr)
     cfg.G_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_G'], betas=preset['betas'], eps=1e-8)
     cfg.D_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_D'], betas=preset['betas'], eps=1e-8)
     for key in ['n_dis', 'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim',

@@ -8,8 +8,8 @@
 
 'fp32' and 'tf32' are the same on a CPU. Under 'bf16' and 'fp16' only the networks' forward passes
 run in the low-precision dtype; their outputs come back in float32, so GN's norm and division, the
-penalties and the losses are float32 (training/loss.py). fp16 gradients need loss scaling: the
-updater (training/updater.py) multiplies the loss by the scaler's scale and unscales before the
+penalties and the losses are float32 (training/step/loss.py). fp16 gradients need loss scaling: the
+updater (training/step/updater.py) multiplies the loss by the scaler's scale and unscales before the
 optimizer step.
 
 The TF32 switch is process-wide (torch.backends flags): the training loop sets it for the run from
@@ -23,23 +23,19 @@ from typing import Iterator
 
 import torch
 
+import dnnlib
+
 #----------------------------------------------------------------------------
 
 AUTOCAST_DTYPES = {'fp32': None, 'tf32': None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 PRECISIONS = tuple(AUTOCAST_DTYPES)
 
 
-def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> None:
-    """Raise ValueError with a one-line message if `value` is not one of `choices`."""
-    if value not in choices:
-        raise ValueError(f'unknown {kind} "{value}"; valid: {", ".join(choices)}')
-
-
 class Precision:
     """One of PRECISIONS, with what it implies for matmuls, forward passes and loss scaling."""
 
     def __init__(self, name: str = 'fp32') -> None:
-        check_choice('precision', name, PRECISIONS)
+        dnnlib.util.check_choice('precision', name, PRECISIONS)
         self.name = name
         self.autocast_dtype = AUTOCAST_DTYPES[name]  # None: forward passes in float32.
         self.allow_tf32 = name != 'fp32'  # May float32 matmuls and convolutions on CUDA use TF32 tensor cores?

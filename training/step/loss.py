@@ -17,10 +17,10 @@
     the hinge and the Wasserstein losses have the same gradients, since |f_hat| <= 1.
 
   * the discriminator constraint `norm`, one entry of the table CONSTRAINTS:
-      gn / gn1 / gn0   s = f_hat = f / (||grad_x f|| + zeta) with zeta = |f| / 1 / 0 (training/gradnorm.py),
+      gn / gn1 / gn0   s = f_hat = f / (||grad_x f|| + zeta) with zeta = |f| / 1 / 0 (training/step/gradnorm.py),
                        for reals and fakes in the D step and for fakes in the G step;
       sn               s = f; the constraint is spectral normalization inside D
-                       (its `spectral_norm=True` constructor kwarg, which training/configs.py sets);
+                       (its `spectral_norm=True` constructor kwarg, which training/recipes/configs.py sets);
       gp1              WGAN-GP: + gp_weight * E[(||grad D(x_mix)|| - 1)^2] on random interpolates
                        x_mix = a * real + (1 - a) * fake, a ~ U[0, 1] per sample;
       gp0              zero-centered GP: + gp_weight * E[||grad D(x_mix)||^2] on the same interpolates;
@@ -29,7 +29,7 @@
     A new constraint is one entry of CONSTRAINTS (plus, for a penalty, its function).
 
   * consistency regularization (cr > 0): + cr * E[(s(real) - s(aug(real)))^2], with the same
-    label for both and aug a random flip + translation (training/augment.py); s is f_hat under GN.
+    label for both and aug a random flip + translation (training/step/augment.py); s is f_hat under GN.
 
 The D step uses M reals and M fakes generated from gen_z (no gradient into G); the G step
 generates from gen_z (its batch may differ, e.g. 2M). Where D treats every sample on its own
@@ -40,10 +40,10 @@ gradients; with spectral normalization the power iteration then also advances on
 instead of once per call. It is the default on CUDA; on a CPU, where launches cost nothing and
 the larger batch measured slower, separate calls are. Under GN the G step back-propagates through
 ||grad_x f|| (double backward) unless `fast_g` selects the single-backward path of
-training/gradnorm.py, which is exact for a piecewise-linear D and used by default exactly then.
+training/step/gradnorm.py, which is exact for a piecewise-linear D and used by default exactly then.
 (The G step runs with D's parameters frozen, requires_grad False, so it leaves no D gradients.)
 In the D step, a piecewise-linear, sample-independent D built of conv and linear layers takes GN's
-f in its affine form (`linear_d`; training/gradnorm.py): the same gradients, with the second
+f in its affine form (`linear_d`; training/step/gradnorm.py): the same gradients, with the second
 backward through the first backward's graph only (a third fewer convolutions per GN D step). The
 identity, which does not depend on the arithmetic, is measured in float32 on the first D step's
 reals (relative error below 1e-3) before it is relied on; where it fails, the loss warns once and
@@ -54,12 +54,12 @@ active resolution but, as in StyleGAN v1, stands for a D of the full-resolution 
 declares the exact factor between the two norms (`input_grad_scale`, 1 for every other D); GN's
 norm, R1 and the gradient penalties use the scaled norm.
 
-Precision (`precision`, training/precision.py): 'fp32' and 'tf32' run everything in float32;
+Precision (`precision`, training/step/precision.py): 'fp32' and 'tf32' run everything in float32;
 'bf16' and 'fp16' run the forward passes of G and D under torch.autocast (convolutions and
 matmuls, and so the custom ops that follow them, in that dtype), while D's output, the input
 gradient, GN's norm and division, the penalties and the losses are float32. fp16 needs loss
 scaling: the caller passes the scale (e.g. torch.amp.GradScaler's) as `gain` and unscales before
-the optimizer step (training/updater.py).
+the optimizer step (training/step/updater.py).
 Operators: the networks run on PyTorch's own convolutions, ReLUs and pooling, except in the passes that
 are differentiated twice (GN's normalize_gradient, the gradient penalties' input gradients), which open
 `conv2d_gradfix.higher_order_gradients()` so that their layers record the autograd Functions of
@@ -80,12 +80,13 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+import dnnlib
 from ops import conv2d_gradfix
 from torch_utils import training_stats
-from training.augment import consistency_augment
-from training.gradnorm import (affine_form_error, generator_backward_fast, linearizable_layers, normalize_gradient,
+from training.step.augment import consistency_augment
+from training.step.gradnorm import (affine_form_error, generator_backward_fast, linearizable_layers, normalize_gradient,
                                per_sample_norm)
-from training.precision import Precision, check_choice
+from training.step.precision import Precision
 
 #----------------------------------------------------------------------------
 
@@ -101,7 +102,7 @@ def _bce_on_scores(scores: torch.Tensor, target: float) -> torch.Tensor:
 
 def d_loss_terms(loss: str, real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample D loss on real and on fake scores (see the table in the module docstring)."""
-    check_choice('loss', loss, LOSSES)
+    dnnlib.util.check_choice('loss', loss, LOSSES)
     if loss == 'hinge':
         return F.relu(1 - real), F.relu(1 + fake)
     if loss == 'ns':
@@ -113,7 +114,7 @@ def d_loss_terms(loss: str, real: torch.Tensor, fake: torch.Tensor) -> tuple[tor
 
 def g_loss_terms(loss: str, fake: torch.Tensor) -> torch.Tensor:
     """Per-sample G loss on fake scores (see the table in the module docstring)."""
-    check_choice('loss', loss, LOSSES)
+    dnnlib.util.check_choice('loss', loss, LOSSES)
     if loss == 'ns':
         return F.softplus(-fake)
     if loss == 'ns-nosigmoid':
@@ -191,8 +192,8 @@ class GANLoss:
         precision: str | Precision = 'fp32', # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
         channels_last: bool | None = None,  # Convert G's and D's weights to channels-last; None = on a CPU, or with bf16/fp16.
     ) -> None:
-        check_choice('loss', loss, LOSSES)
-        check_choice('norm', norm, tuple(CONSTRAINTS))
+        dnnlib.util.check_choice('loss', loss, LOSSES)
+        dnnlib.util.check_choice('norm', norm, tuple(CONSTRAINTS))
         self.G = G
         self.D = D
         self.loss = loss

@@ -14,18 +14,16 @@ clamped at 0, where phase_idx counts completed (stable + fade-in) pairs. An inte
 training at resolution max_resolution / 2**L; a fractional lod L means fading in resolution
 max_resolution / 2**floor(L) over the one below with weight alpha = 1 - (L - floor(L)). The
 networks in `training/networks/stylegan.py` read the same lod (`set_lod`) and work at the active
-resolution, so reals must be brought to that resolution with `process_reals`.
+resolution, so reals must be brought to that resolution (training/data/data_stream.py's
+`process_reals`).
 
 The constants below are StyleGAN v1's 8-GPU schedule (the paper's run) with the GN-GAN paper's
-learning rates; `training/schedule.py` turns them into the run's per-step plan.
+learning rates; `training/recipes/schedule.py` turns them into the run's per-step plan.
 """
 
 from __future__ import annotations
 
 import math
-
-import torch
-import torch.nn.functional as F
 
 
 #----------------------------------------------------------------------------
@@ -72,36 +70,3 @@ def lod_at(cur_nimg: int, max_resolution: int, start_resolution: int = START_RES
     kimg_in_phase = kimg - phase_idx * phase_dur
     fade_done = min(max(kimg_in_phase - phase_kimg, 0) / fade_kimg, 1) if fade_kimg > 0 else 0
     return max(float(max_log2 - start_log2 - phase_idx) - fade_done, 0.0)
-
-
-#----------------------------------------------------------------------------
-
-
-def process_reals(img: torch.Tensor, lod: float, max_resolution: int) -> torch.Tensor:
-    """Bring a batch of full-resolution reals [N, C, H, W] (float) to what D sees at `lod`.
-
-    StyleGAN v1 fed D with reals at resolution R = max_resolution / 2**floor(lod), each level made
-    from the one above by 2x2 box averaging (so R is reached by averaging boxes of H/R pixels), and,
-    during a fade-in, cross-faded them with their own 2x2-averaged, nearest-upsampled copy:
-
-        x_R = lerp(x_R, up(down(x_R)), frac(lod))
-
-    This mirrors how the generator's output at that lod is a blend of the new resolution and the
-    upsampled previous one. Images larger than max_resolution (a capped run) are averaged down too.
-    """
-    if img.ndim != 4 or img.shape[2] != img.shape[3] or not img.is_floating_point():
-        raise ValueError(f'reals must be a float [N, C, H, W] batch of square images, got {tuple(img.shape)} {img.dtype}')
-    if lod < 0 or lod > _log2_exact(max_resolution, 'max_resolution') - 2:
-        raise ValueError(f'lod must lie between 0 and log2(max_resolution) - 2, got {lod}')
-    target = lod_to_resolution(lod, max_resolution)
-    size = img.shape[2]
-    if _log2_exact(size, 'the image size') < _log2_exact(target, 'the target resolution'):
-        raise ValueError(f'reals of {size}x{size} are smaller than the active resolution {target}x{target}')
-
-    if size > target:
-        img = F.avg_pool2d(img, kernel_size=size // target)
-    frac = lod - math.floor(lod)
-    if frac > 0:
-        low = F.avg_pool2d(img, kernel_size=2).repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)
-        img = torch.lerp(img, low, frac)
-    return img

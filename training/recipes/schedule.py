@@ -4,7 +4,7 @@ One interface, two implementations:
 
     FixedSchedule        the SN-GAN/BigGAN presets: constant batches, n_dis D steps per G step,
                          optional linear learning-rate decay to 0, length in G steps;
-    ProgressiveSchedule  GN-StyleGAN: StyleGAN v1's progressive growing (training/progressive.py),
+    ProgressiveSchedule  GN-StyleGAN: StyleGAN v1's progressive growing (training/recipes/progressive.py),
                          batch and learning rate by active resolution, length in real images.
 
 The training loop asks `plan(step, cur_nimg)` before every G step and gets a `StepPlan`: global
@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from training import progressive
+from training.recipes import progressive
 
 #----------------------------------------------------------------------------
 

@@ -1,16 +1,15 @@
-"""Metrics of a run at its snapshots, and the best-metric bookkeeping behind network-best.pkl.
+"""Metrics of a run at its snapshots.
 
 At every snapshot `MetricEvaluator.evaluate()` computes each metric on G_ema (all processes
 together, metrics/metric_main.py), appends the results to metric-<name>.jsonl (process 0), and
-returns them as statistics ('Metrics/<result>': {num, mean, std}) for stats.jsonl, together with
-whether the best metric (lower is better) reached its lowest value yet, which the run state keeps
-so that a resumed run goes on comparing with it. A detector that cannot be had (no network, a bad
+returns them as statistics ('Metrics/<result>': {num, mean, std}) for stats.jsonl and as values,
+from which the run state keeps the best (training/run/run_state.py). A detector that cannot be had (no network, a bad
 path) costs the run its metrics, with one warning, not the run itself.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -36,8 +35,8 @@ class MetricEvaluator:
         self.metric_kwargs, self.dataset_kwargs, self.run_dir = metric_kwargs, dataset_kwargs, run_dir
         self.num_gpus, self.rank, self.device, self.log = num_gpus, rank, device, log
 
-    def evaluate(self, G_ema: torch.nn.Module, snapshot_pkl: str, state: Any) -> tuple[dict, bool]:
-        """Statistics of every metric on G_ema, and whether state.record_metric() found a new best."""
+    def evaluate(self, G_ema: torch.nn.Module, snapshot_pkl: str) -> tuple[dict, dict[str, float]]:
+        """Statistics of every metric on G_ema ('Metrics/<result>': {num, mean, std}), and the results (name -> value)."""
         from metrics import metric_main, metric_utils
         results, entries = {}, {}
         for metric in self.metrics:
@@ -48,10 +47,10 @@ class MetricEvaluator:
             except metric_utils.DetectorUnavailableError as e:
                 self.log(f'Warning: {e}; training continues without metrics')
                 self.metrics = []
-                return {}, False
+                return {}, {}
             if self.rank == 0:
                 metric_main.report_metric(result, run_dir=self.run_dir, snapshot_pkl=snapshot_pkl)
             results.update(result.results)
         for name, value in results.items():
             entries[f'Metrics/{name}'] = dnnlib.EasyDict(num=1, mean=value, std=0.0)
-        return entries, state.record_metric(results)
+        return entries, results

@@ -55,7 +55,7 @@ class RunState:
         self.step = 0           # G steps done.
         self.cur_nimg = 0       # Real images shown to D, all processes together.
         self.cur_tick = 0       # Progress lines printed.
-        self.consumed = 0       # Real images this process has taken from its stream (the data position).
+        self.resume_position = 0  # Real images this process had taken from its stream when the run resumed.
         self.best = None        # Lowest value of best_metric so far.
         misc.set_seed(seed * num_gpus + rank)
         self.label_rng = np.random.default_rng(seed * num_gpus + rank)
@@ -72,9 +72,10 @@ class RunState:
         return dict(torch=torch.get_rng_state(), labels=self.label_rng.bit_generator.state,
                     cuda=torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None)
 
-    def snapshot(self, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer],
+    def snapshot(self, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer], consumed: int,
                  training_set_kwargs: dict, experiment: dict | None = None) -> dict:
-        """Everything a resumed run needs (every process calls this: the random states are gathered)."""
+        """Everything a resumed run needs, `consumed` being the images this process has taken from its real-image
+        stream (every process calls this: the random states are gathered)."""
         rng_states = [self._rng_state()] * self.num_gpus
         if self.num_gpus > 1:
             torch.distributed.all_gather_object(rng_states, rng_states[0])
@@ -83,7 +84,7 @@ class RunState:
                     training_set_kwargs=dnnlib.util.to_plain(training_set_kwargs), rng_states=rng_states,
                     experiment=dnnlib.util.to_plain(experiment or {}),
                     progress=dict(step=self.step, cur_nimg=self.cur_nimg, cur_tick=self.cur_tick,
-                                  consumed=self.consumed, best_metric=self.best_metric, best=self.best))
+                                  consumed=consumed, best_metric=self.best_metric, best=self.best))
 
     def save(self, paths: list[str], data: dict) -> None:
         """Write the snapshot `data` to every path (process 0 only; each write is atomic)."""
@@ -103,7 +104,7 @@ class RunState:
             optimizers[name].load_state_dict(copy.deepcopy(snapshot[f'{name}_state']))
         progress = snapshot['progress']
         self.step, self.cur_nimg, self.cur_tick = progress['step'], progress['cur_nimg'], progress['cur_tick']
-        self.consumed = progress['consumed']
+        self.resume_position = progress['consumed']
         self.best = progress['best'] if progress['best_metric'] == self.best_metric else None
         rng_states = snapshot['rng_states']
         if len(rng_states) != self.num_gpus:

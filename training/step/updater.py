@@ -69,7 +69,7 @@ class NetworkUpdater:
         net: str,                               # 'D' or 'G': which step of the loss this updater runs.
         module: torch.nn.Module,                # The network being trained.
         optimizer: torch.optim.Optimizer,       # Its optimizer (Adam in every preset).
-        scaler: torch.amp.GradScaler,           # Loss scaling (enabled for fp16 only; training/precision.py).
+        scaler: torch.amp.GradScaler,           # Loss scaling (enabled for fp16 only; training/step/precision.py).
         group_size: int = 1,                    # D's sample groups that accumulation rounds keep whole.
         ema: torch.nn.Module | None = None,     # G: the moving-average copy that update_ema() advances.
     ) -> None:

@@ -10,7 +10,7 @@ At every tick (kimg_per_tick thousand real images) `TickReporter.tick()`
         sec/kimg, time spent on grids/snapshots/metrics, memory, losses; on a CPU, 'starved' when
         more threads want to run than there are cores: torch_utils/threads.py),
 and `end_tick()` appends the statistics to stats.jsonl and TensorBoard (when installed) and, at a
-snapshot, redraws progress.png, the losses and metrics against kimg (training/charts.py). `ImageGrids` writes reals.png once
+snapshot, redraws progress.png, the losses and metrics against kimg (training/run/charts.py). `ImageGrids` writes reals.png once
 and fakes<kimg>.png of G_ema on fixed latents (one row per class for conditional data).
 Everything is written by process 0; the others only take part in the collective operations.
 """
@@ -28,8 +28,8 @@ import torch
 
 import dnnlib
 from torch_utils import misc, threads, training_stats
-from training.charts import write_progress_chart
-from training.updater import NEVER, NetworkUpdater
+from training.run.charts import write_progress_chart
+from training.step.updater import NEVER, NetworkUpdater
 
 #----------------------------------------------------------------------------
 
@@ -94,8 +94,8 @@ class TickReporter:
 
     def __init__(self,
         run_dir: str,                       # Where stats.jsonl, TensorBoard events and the chart go.
-        schedule: Any,                      # The run's schedule (training/schedule.py): progress, phases, lod.
-        state: Any,                         # The run state (training/run_state.py) at the start of this session.
+        schedule: Any,                      # The run's schedule (training/recipes/schedule.py): progress, phases, lod.
+        state: Any,                         # The run state (training/run/run_state.py) at the start of this session.
         kimg_per_tick: float,               # A tick every this many thousand real images.
         start_time: float,                  # When the process started (time.time()).
         device: torch.device,               # GPU memory is reported for CUDA.

@@ -4,19 +4,21 @@
     RealImageStream     batches of reals as D sees them: any batch size, the level of detail of
                         progressive growing, random x-flips; continues where a resumed run stopped
     LabelSampler        labels of generated images, from the training set's label distribution
+    process_reals       full-resolution reals brought to what D sees at a level of detail (StyleGAN v1)
 
 The position in the stream (`consumed`) and the label generator's state belong to the run state
-(training/run_state.py), so a resumed run sees the same images and labels as an uninterrupted one.
+(training/run/run_state.py), so a resumed run sees the same images and labels as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from training import progressive
 
 #----------------------------------------------------------------------------
 
@@ -93,7 +95,7 @@ class RealImageStream:
         """The next `batch` images and labels; at level of detail `lod` (progressive growing) if given."""
         img, c = self._next_raw(batch)
         if lod is not None:
-            img = progressive.process_reals(img, lod, self._max_resolution)
+            img = process_reals(img, lod, self._max_resolution)
         if self._xflip:
             img = random_xflip(img)
         return img, c
@@ -138,3 +140,38 @@ class LabelSampler:
             return torch.zeros(n, 0, device=self._device)
         idx = self._rng.integers(len(self._dataset), size=n)
         return torch.from_numpy(np.stack([self._dataset.get_label(int(i)) for i in idx])).to(self._device)
+
+#----------------------------------------------------------------------------
+
+
+def process_reals(img: torch.Tensor, lod: float, max_resolution: int) -> torch.Tensor:
+    """Bring a batch of full-resolution reals [N, C, H, W] (float) to what D sees at `lod`.
+
+    StyleGAN v1 fed D with reals at resolution R = max_resolution / 2**floor(lod), each level made
+    from the one above by 2x2 box averaging (so R is reached by averaging boxes of H/R pixels), and,
+    during a fade-in, cross-faded them with their own 2x2-averaged, nearest-upsampled copy:
+
+        x_R = lerp(x_R, up(down(x_R)), frac(lod))
+
+    This mirrors how the generator's output at that lod is a blend of the new resolution and the
+    upsampled previous one. Images larger than max_resolution (a capped run) are averaged down too.
+    """
+    if img.ndim != 4 or img.shape[2] != img.shape[3] or not img.is_floating_point():
+        raise ValueError(f'reals must be a float [N, C, H, W] batch of square images, got {tuple(img.shape)} {img.dtype}')
+    size = img.shape[2]
+    for what, value in [('max_resolution', max_resolution), ('the image size', size)]:
+        if value < 4 or value & (value - 1):
+            raise ValueError(f'{what} must be a power of two of at least 4, got {value}')
+    if lod < 0 or max_resolution >> math.floor(lod) < 4:
+        raise ValueError(f'lod must lie between 0 and log2(max_resolution) - 2, got {lod}')
+    target = max_resolution >> math.floor(lod)  # The active resolution.
+    if size < target:
+        raise ValueError(f'reals of {size}x{size} are smaller than the active resolution {target}x{target}')
+
+    if size > target:
+        img = F.avg_pool2d(img, kernel_size=size // target)
+    frac = lod - math.floor(lod)
+    if frac > 0:
+        low = F.avg_pool2d(img, kernel_size=2).repeat_interleave(2, dim=2).repeat_interleave(2, dim=3)
+        img = torch.lerp(img, low, frac)
+    return img
