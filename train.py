@@ -288,7 +288,7 @@ def main(**opts):
         metric_kwargs.ref_stats = os.path.abspath(opts.ref_stats)
     if any(m in ('fid50k', 'fid10k') for m in metrics) and opts.ref_data is None and opts.ref_stats is None:
         raise click.ClickException('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats')
-    from metrics import frechet_inception_distance, metric_main, metric_utils
+    from metrics import detectors, frechet_inception_distance, metric_main
     try:
         best_metric = metric_main.best_metric_name(metrics, opts.best_metric)
         if opts.ref_stats is not None:
@@ -299,7 +299,7 @@ def main(**opts):
                 raise ValueError(f'--ref-data holds {ref_shape[2]}x{ref_shape[1]} images with {ref_shape[0]} channel(s), '
                                  f'the training data {dataset.resolution}x{dataset.resolution} with {dataset.num_channels}')
         metric_main.check_detectors(metrics, opts.detector, opts.pr_detector)  # Fetched now, not hours in.
-    except (ValueError, metric_utils.DetectorUnavailableError) as e:
+    except (ValueError, detectors.DetectorUnavailableError) as e:
         raise click.ClickException(str(e))
 
     # Everything the training loop takes.
