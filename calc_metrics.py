@@ -54,11 +54,11 @@ import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
 import legacy  # noqa: E402
-from metrics import frechet_inception_distance, metric_main, metric_utils  # noqa: E402
+from metrics import detectors, features, frechet_inception_distance, metric_main  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
 
 # Problems of the user's making (no detector, missing, mismatched or unreadable data): one line, exit code 1.
-_USER_ERRORS = (metric_utils.DetectorUnavailableError, ValueError, OSError)
+_USER_ERRORS = (detectors.DetectorUnavailableError, ValueError, OSError)
 
 #----------------------------------------------------------------------------
 
@@ -93,13 +93,13 @@ def _fail(rank: int, args: dnnlib.EasyDict, message: str) -> None:
 def _run(rank: int, args: dnnlib.EasyDict, device: torch.device) -> None:
     progress = (lambda message: print(message, flush=True)) if args.verbose and rank == 0 else None
     if args.write_stats is not None:
-        opts = metric_utils.MetricOptions(dataset_kwargs=args.dataset_kwargs, num_gpus=args.num_gpus, rank=rank,
-                                          device=device, detector_url=args.detector_url, progress=progress,
-                                          mirror=args.mirror, max_real=args.max_real, num_workers=args.num_workers)
+        opts = features.MetricOptions(dataset_kwargs=args.dataset_kwargs, num_gpus=args.num_gpus, rank=rank,
+                                      device=device, detector_url=args.detector_url, progress=progress,
+                                      mirror=args.mirror, max_real=args.max_real, num_workers=args.num_workers)
         num_images = frechet_inception_distance.write_ref_stats(opts, args.write_stats)
         if rank == 0:
             print(f'Wrote mu and sigma of the Inception features of {num_images} images of '
-                  f'{metric_utils.data_path(args.dataset_kwargs)} to {args.write_stats}', flush=True)
+                  f'{features.data_path(args.dataset_kwargs)} to {args.write_stats}', flush=True)
         return
 
     results = []

@@ -306,7 +306,7 @@ def main(**opts):
             raise click.ClickException(f'{option}: no such file or folder: {path}')
     if any(m in ('fid50k', 'fid10k') for m in metrics) and opts.ref_data is None and opts.ref_stats is None:
         raise click.ClickException('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats')
-    from metrics import frechet_inception_distance, metric_main, metric_utils
+    from metrics import detectors, frechet_inception_distance, metric_main
     try:
         best_metric = metric_main.best_metric_name(metrics, opts.best_metric)
         if opts.ref_stats is not None:
@@ -318,7 +318,7 @@ def main(**opts):
                                  f'the training data {experiment.img_resolution}x{experiment.img_resolution} with '
                                  f'{experiment.img_channels}')
         metric_main.check_detectors(metrics, opts.detector, opts.pr_detector)  # Fetched now, not hours in.
-    except (ValueError, metric_utils.DetectorUnavailableError) as e:
+    except (ValueError, detectors.DetectorUnavailableError) as e:
         raise click.ClickException(str(e))
     absolute = lambda path: None if path is None else os.path.abspath(path)
     experiment = dataclasses.replace(experiment, metrics=tuple(metrics), best_metric=best_metric, tick=opts.tick,

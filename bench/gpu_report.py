@@ -12,7 +12,7 @@ Steps, each recorded in the report:
   3. self-check    the kernels' first-use self-check, run for the configurations the networks use
                    (every activation of bias_act; the [1,2,1], box and [1,3,3,1] resampling of
                    upfirdn2d) in float32, float16 and bfloat16: measured error against the float64
-                   reference (per element, see custom_ops), tolerance, milliseconds, cause of a failure;
+                   reference (per element, see kernel_choice), tolerance, milliseconds, cause of a failure;
   4. choices       the chooser's decision, kernel or reference, with both timings, for the activation
                    and resampling StyleGAN runs at 8x8 ... 1024x1024 with its channel counts, in each dtype;
   5. test suite    python -m pytest on the whole suite with the GPU visible (in parallel when
@@ -53,7 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import dnnlib  # noqa: E402  pylint: disable=wrong-import-position
 from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
-from torch_utils import custom_ops  # noqa: E402  pylint: disable=wrong-import-position
+from torch_utils import custom_ops, kernel_choice  # noqa: E402  pylint: disable=wrong-import-position
 
 PLUGINS = {'bias_act': bias_act._plugin, 'upfirdn2d': upfirdn2d._plugin}  # pylint: disable=protected-access
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -118,7 +118,7 @@ def build() -> dict:
 
 def self_check() -> List[dict]:
     """Run the ops once per network configuration with fresh self-check state; collect what the checks measured."""
-    os.environ[custom_ops.SELF_CHECK_ENV] = '1'
+    os.environ[kernel_choice.SELF_CHECK_ENV] = '1'
     for plugin in PLUGINS.values():
         plugin.verdicts, plugin.check_results = {}, {}
     device = torch.device('cuda')
@@ -147,7 +147,7 @@ def self_check() -> List[dict]:
 
 def op_choices() -> List[dict]:
     """The chooser's decisions for what StyleGAN runs at each resolution: lrelu, blur, 2x up/down (box)."""
-    os.environ[custom_ops.AUTOTUNE_ENV] = '1'
+    os.environ[kernel_choice.AUTOTUNE_ENV] = '1'
     for plugin in PLUGINS.values():
         plugin.choices = {}
     device = torch.device('cuda')

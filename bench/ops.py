@@ -21,7 +21,7 @@ of both paths, GB/s = (bytes of the inputs read + bytes of the output written) /
 fused kernel must move at least, so the kernel's figure against the GPU's peak (H100 about 3.3,
 H200 about 4.8 TB/s) says how close it runs to the memory-bandwidth limit (the targets are in
 docs/benchmarks.md). Before timing a case, the CUDA path is compared with the float64
-reference in value and first- and second-order gradients (custom_ops.compare_to_reference,
+reference in value and first- and second-order gradients (kernel_choice.compare_to_reference,
 the comparison of the kernels' self-check, here on the benchmark's own tensors); a case whose
 error exceeds the self-check's tolerance is marked FAIL and the script exits with status 1
 after writing its results. The self-check itself is switched off (GNGAN_OPS_SELFCHECK=0) so
@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dnnlib  # noqa: E402  pylint: disable=wrong-import-position
 from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
-from torch_utils import custom_ops  # noqa: E402  pylint: disable=wrong-import-position
+from torch_utils import kernel_choice  # noqa: E402  pylint: disable=wrong-import-position
 
 Case = Tuple[str, List[int], Callable[[str], Callable], List[torch.Tensor]]
 
@@ -135,8 +135,8 @@ def main(out, dtypes, case_set, sizes, batch, warmup, repeats):
         size_list = [int(s) for s in sizes.split(',') if s.strip()]
     except ValueError:
         raise click.ClickException(f'--sizes: expected comma-separated integers, got "{sizes}"') from None
-    os.environ[custom_ops.SELF_CHECK_ENV] = '0'  # every case is checked below, outside the timed passes
-    os.environ[custom_ops.AUTOTUNE_ENV] = '0'  # the kernel itself, even where the reference is faster
+    os.environ[kernel_choice.SELF_CHECK_ENV] = '0'  # every case is checked below, outside the timed passes
+    os.environ[kernel_choice.AUTOTUNE_ENV] = '0'  # the kernel itself, even where the reference is faster
     if not torch.cuda.is_available():
         click.echo('bench/ops.py: needs a CUDA GPU, and torch.cuda.is_available() is False.', err=True)
         sys.exit(1)
@@ -155,9 +155,9 @@ def main(out, dtypes, case_set, sizes, batch, warmup, repeats):
     for dtype_name in dtype_names:
         dtype = getattr(torch, dtype_name)
         for name, shape, make_op, inputs in _cases(torch.device('cuda'), dtype, case_set, size_list, batch):
-            error, where = custom_ops.compare_to_reference(make_op('cuda'), make_op('ref'), inputs,
-                                                           ['x', 'b'][:len(inputs)])
-            tolerance = custom_ops.SELF_CHECK_TOLERANCE[dtype]
+            error, where = kernel_choice.compare_to_reference(make_op('cuda'), make_op('ref'), inputs,
+                                                              ['x', 'b'][:len(inputs)])
+            tolerance = kernel_choice.SELF_CHECK_TOLERANCE[dtype]
             ok = error <= tolerance
             checks.append(dict(op=name, shape=shape, dtype=dtype_name, max_relative_error=error, where=where,
                                tolerance=tolerance, ok=ok))

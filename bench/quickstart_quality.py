@@ -17,7 +17,8 @@ ten classes in turn) and the script reports
   * FD: the Frechet distance between Gaussians fitted to the classifier's penultimate features
     (128-d) of the generated images and of the classifier's training split,
         d^2 = ||mu_g - mu_r||^2 + tr(S_g) + tr(S_r) - 2 tr((S_g S_r)^(1/2))
-    (metrics.metric_utils.fid_from_stats), the FID recipe with this classifier in place of Inception.
+    (metrics.frechet_inception_distance.fid_from_stats), the FID recipe with this classifier in place
+    of Inception.
 
 The held-out real digits go through the same measurements as a reference row: what a perfect
 generator would score (their FD uses 20% of the data, fewer samples than --num, so it is biased
@@ -40,7 +41,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from metrics.metric_utils import fid_from_stats  # noqa: E402
+from metrics.frechet_inception_distance import fid_from_stats  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 

@@ -10,18 +10,57 @@ and in which `write_ref_stats` saves the statistics of a dataset.
 from __future__ import annotations
 
 import os
+import warnings
 import zipfile
 from typing import Callable
 
 import numpy as np
+import scipy.linalg
 
 from torch_utils import bounded_read
 
-from . import metric_utils
+from . import detectors, features
 
 
 INCEPTION_FEATURES = 2048  # D of the pool features of Inception-v3, the default detector.
 MAX_REF_FEATURES = 4096    # Largest D read when the detector is not known yet (VGG16's 4096); sigma is then 128 MiB in float64.
+
+# Largest imaginary part allowed on the diagonal of sqrtm(sigma_a sigma_b): the official FID code's tolerance.
+_FID_MAX_IMAG = 1e-3
+
+
+def fid_from_stats(mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray,
+                   eps: float = 1e-6) -> float:
+    """Frechet distance between the Gaussians N(mu_a, sigma_a) and N(mu_b, sigma_b):
+
+        d^2 = ||mu_a - mu_b||^2 + tr(sigma_a) + tr(sigma_b) - 2 tr((sigma_a sigma_b)^(1/2))
+
+    computed in float64 the way the official implementation (TTUR) does it: the matrix square root is
+    scipy's Schur-method sqrtm; if it comes out non-finite because the product is (nearly) singular,
+    it is recomputed with `eps` added to both diagonals; imaginary parts left by round-off are dropped,
+    and a large one (the inputs are not covariance matrices) raises ValueError.
+    """
+    mu_a, mu_b = np.atleast_1d(np.asarray(mu_a, np.float64)), np.atleast_1d(np.asarray(mu_b, np.float64))
+    sigma_a, sigma_b = np.atleast_2d(np.asarray(sigma_a, np.float64)), np.atleast_2d(np.asarray(sigma_b, np.float64))
+    if mu_a.shape != mu_b.shape or sigma_a.shape != sigma_b.shape or sigma_a.shape != mu_a.shape * 2:
+        raise ValueError(f'FID: mismatched statistics: means {mu_a.shape} and {mu_b.shape}, '
+                         f'covariances {sigma_a.shape} and {sigma_b.shape}')
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', scipy.linalg.LinAlgWarning)  # Singular products are handled below.
+        covmean = scipy.linalg.sqrtm(sigma_a @ sigma_b)
+        if not np.isfinite(covmean).all():
+            offset = np.eye(sigma_a.shape[0]) * eps
+            covmean = scipy.linalg.sqrtm((sigma_a + offset) @ (sigma_b + offset))
+    if np.iscomplexobj(covmean):
+        max_imag = np.abs(np.diagonal(covmean).imag).max()
+        if max_imag > _FID_MAX_IMAG:
+            raise ValueError(f'FID: the square root of the covariance product has an imaginary component '
+                             f'({max_imag:g}); the statistics are not valid covariances')
+        covmean = covmean.real
+
+    diff = mu_a - mu_b
+    return float(diff @ diff + np.trace(sigma_a) + np.trace(sigma_b) - 2 * np.trace(covmean))
 
 
 def _accept_stats(name: str, ndim: int, num_features: int | None) -> Callable[[tuple[int, ...], np.dtype], str | None]:
@@ -65,27 +104,27 @@ def load_ref_stats(path: str, num_features: int | None = None) -> tuple[np.ndarr
     return mu, sigma
 
 
-def _real_stats(opts: metric_utils.MetricOptions, max_real: int | None, use_ref_data: bool, detector_url: str,
+def _real_stats(opts: features.MetricOptions, max_real: int | None, use_ref_data: bool, detector_url: str,
                 detector_kwargs: dict) -> tuple[np.ndarray, np.ndarray]:
     """Mean and covariance of the real features: from opts.ref_stats when given, else from the data."""
     if opts.ref_stats is not None:
-        mu, sigma = load_ref_stats(opts.ref_stats, INCEPTION_FEATURES if detector_url == metric_utils.INCEPTION_URL else None)
+        mu, sigma = load_ref_stats(opts.ref_stats, INCEPTION_FEATURES if detector_url == detectors.INCEPTION_URL else None)
         opts.info.ref_stats = os.path.abspath(opts.ref_stats)
         return mu, sigma
-    return metric_utils.compute_feature_stats_for_real(
+    return features.compute_feature_stats_for_real(
         opts, use_ref_data=use_ref_data, detector_url=detector_url, detector_kwargs=detector_kwargs,
         max_items=max_real, capture_mean_cov=True).get_mean_cov()
 
 
-def compute_fid(opts: metric_utils.MetricOptions, num_gen: int, max_real: int | None = None,
+def compute_fid(opts: features.MetricOptions, num_gen: int, max_real: int | None = None,
                 use_ref_data: bool = False) -> float:
     """FID between `num_gen` generated images and up to `max_real` real images (None = all) of the
     training set, or of the reference split with `use_ref_data`, or the statistics of opts.ref_stats.
     NaN on ranks other than 0."""
-    detector_url = opts.detector_url or metric_utils.INCEPTION_URL
+    detector_url = opts.detector_url or detectors.INCEPTION_URL
     detector_kwargs = dict(return_features=True)
     mu_real, sigma_real = _real_stats(opts, max_real, use_ref_data, detector_url, detector_kwargs)
-    mu_gen, sigma_gen = metric_utils.compute_feature_stats_for_generator(
+    mu_gen, sigma_gen = features.compute_feature_stats_for_generator(
         opts, detector_url=detector_url, detector_kwargs=detector_kwargs,
         max_items=num_gen, capture_mean_cov=True).get_mean_cov()
 
@@ -94,17 +133,17 @@ def compute_fid(opts: metric_utils.MetricOptions, num_gen: int, max_real: int | 
     if mu_real.shape != mu_gen.shape:
         raise ValueError(f'the reference statistics are {mu_real.shape[0]}-dimensional, but the detector '
                          f'{detector_url} gives {mu_gen.shape[0]} features')
-    return metric_utils.fid_from_stats(mu_gen, sigma_gen, mu_real, sigma_real)
+    return fid_from_stats(mu_gen, sigma_gen, mu_real, sigma_real)
 
 
-def write_ref_stats(opts: metric_utils.MetricOptions, path: str) -> int:
+def write_ref_stats(opts: features.MetricOptions, path: str) -> int:
     """Write mu and sigma of the Inception features of all training images (opts.dataset_kwargs) to
     `path`, in the format of the authors' reference files, atomically (rank 0 writes). Returns the
     number of images."""
-    detector_url = opts.detector_url or metric_utils.INCEPTION_URL
-    stats = metric_utils.compute_feature_stats_for_real(opts, use_ref_data=False, detector_url=detector_url,
-                                                        detector_kwargs=dict(return_features=True), capture_mean_cov=True)
+    detector_url = opts.detector_url or detectors.INCEPTION_URL
+    stats = features.compute_feature_stats_for_real(opts, use_ref_data=False, detector_url=detector_url,
+                                                    detector_kwargs=dict(return_features=True), capture_mean_cov=True)
     mu, sigma = stats.get_mean_cov()
     if opts.rank == 0:
-        metric_utils.save_npz(path, dict(mu=mu, sigma=sigma))
+        features.save_npz(path, dict(mu=mu, sigma=sigma))
     return stats.num_items

@@ -18,15 +18,16 @@ import torch
 
 import dnnlib
 
-from . import frechet_inception_distance, inception_score, kernel_inception_distance, metric_utils, precision_recall
+from . import detectors, features
+from . import frechet_inception_distance, inception_score, kernel_inception_distance, precision_recall
 
 #----------------------------------------------------------------------------
 
-_metric_dict: dict[str, Callable[[metric_utils.MetricOptions], dict[str, float]]] = {}
+_metric_dict: dict[str, Callable[[features.MetricOptions], dict[str, float]]] = {}
 _VGG16_METRICS = {'pr50k3_full'}  # Metrics on VGG16 features (precision/recall); the others use Inception-v3.
 
 
-def register_metric(fn: Callable[[metric_utils.MetricOptions], dict[str, float]]) -> Callable:
+def register_metric(fn: Callable[[features.MetricOptions], dict[str, float]]) -> Callable:
     """Decorator: the function's name becomes the metric's name; it returns {result name: value}."""
     _metric_dict[fn.__name__] = fn
     return fn
@@ -68,10 +69,10 @@ def check_detectors(metrics: list[str], detector_url: str | None = None, pr_dete
     """Load every feature detector that `metrics` need (a URL is fetched into the download cache), so that a
     run learns at its start, not at its first snapshot, that one is missing, unreachable or not a detector:
     DetectorUnavailableError with one line naming the option that replaces it."""
-    needed = {(pr_detector_url or metric_utils.VGG16_URL, '--pr-detector') if metric in _VGG16_METRICS else
-              (detector_url or metric_utils.INCEPTION_URL, '--detector') for metric in metrics}
+    needed = {(pr_detector_url or detectors.VGG16_URL, '--pr-detector') if metric in _VGG16_METRICS else
+              (detector_url or detectors.INCEPTION_URL, '--detector') for metric in metrics}
     for url, option in sorted(needed):
-        metric_utils.get_feature_detector(url, option=option)
+        detectors.get_feature_detector(url, option=option)
 
 
 def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: dict | None = None,
@@ -102,11 +103,11 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
         raise ValueError(f'unknown metric "{metric}"; valid metrics: {", ".join(list_valid_metrics())}')
     if (G is None) == (images_kwargs is None):
         raise ValueError('give either a generator or images to evaluate')
-    opts = metric_utils.MetricOptions(G=G, dataset_kwargs=dataset_kwargs, ref_dataset_kwargs=ref_dataset_kwargs,
-                                      images_kwargs=images_kwargs, ref_stats=ref_stats if is_fid_metric(metric) else None,
-                                      num_gpus=num_gpus, rank=rank, device=device, detector_url=detector_url,
-                                      pr_detector_url=pr_detector_url, cache=cache, progress=progress, mirror=mirror,
-                                      num_gen=num_gen, max_real=max_real, num_workers=num_workers)
+    opts = features.MetricOptions(G=G, dataset_kwargs=dataset_kwargs, ref_dataset_kwargs=ref_dataset_kwargs,
+                                  images_kwargs=images_kwargs, ref_stats=ref_stats if is_fid_metric(metric) else None,
+                                  num_gpus=num_gpus, rank=rank, device=device, detector_url=detector_url,
+                                  pr_detector_url=pr_detector_url, cache=cache, progress=progress, mirror=mirror,
+                                  num_gen=num_gen, max_real=max_real, num_workers=num_workers)
     start_time = time.time()
     results = _metric_dict[metric](opts)
     total_time = time.time() - start_time
@@ -152,45 +153,45 @@ def report_metric(result_dict: dict, run_dir: str | None = None, snapshot_pkl: s
 
 
 @register_metric
-def fid50k_full(opts: metric_utils.MetricOptions) -> dict[str, float]:
+def fid50k_full(opts: features.MetricOptions) -> dict[str, float]:
     return dict(fid50k_full=frechet_inception_distance.compute_fid(opts, num_gen=50000))
 
 
 @register_metric
-def fid30k_full(opts: metric_utils.MetricOptions) -> dict[str, float]:
+def fid30k_full(opts: features.MetricOptions) -> dict[str, float]:
     return dict(fid30k_full=frechet_inception_distance.compute_fid(opts, num_gen=30000))
 
 
 @register_metric
-def fid10k_full(opts: metric_utils.MetricOptions) -> dict[str, float]:
+def fid10k_full(opts: features.MetricOptions) -> dict[str, float]:
     return dict(fid10k_full=frechet_inception_distance.compute_fid(opts, num_gen=10000))
 
 
 @register_metric
-def fid50k(opts: metric_utils.MetricOptions) -> dict[str, float]:
+def fid50k(opts: features.MetricOptions) -> dict[str, float]:
     return dict(fid50k=frechet_inception_distance.compute_fid(opts, num_gen=50000, use_ref_data=True))
 
 
 @register_metric
-def fid10k(opts: metric_utils.MetricOptions) -> dict[str, float]:
+def fid10k(opts: features.MetricOptions) -> dict[str, float]:
     return dict(fid10k=frechet_inception_distance.compute_fid(opts, num_gen=10000, use_ref_data=True))
 
 
 @register_metric
-def is50k(opts: metric_utils.MetricOptions) -> dict[str, float]:
+def is50k(opts: features.MetricOptions) -> dict[str, float]:
     mean, std = inception_score.compute_is(opts, num_gen=50000, num_splits=10)
     return dict(is50k_mean=mean, is50k_std=std)
 
 
 @register_metric
-def kid50k_full(opts: metric_utils.MetricOptions) -> dict[str, float]:
+def kid50k_full(opts: features.MetricOptions) -> dict[str, float]:
     kid = kernel_inception_distance.compute_kid(opts, max_real=1000000, num_gen=50000, num_subsets=100,
                                                 max_subset_size=1000)
     return dict(kid50k_full=kid)
 
 
 @register_metric
-def pr50k3_full(opts: metric_utils.MetricOptions) -> dict[str, float]:
+def pr50k3_full(opts: features.MetricOptions) -> dict[str, float]:
     precision, recall = precision_recall.compute_pr(opts, max_real=200000, num_gen=50000, nhood_size=3,
                                                     batch_size=4096)
     return dict(pr50k3_full_precision=precision, pr50k3_full_recall=recall)

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from torch_utils import custom_ops
+from torch_utils import kernel_choice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +41,9 @@ activation_funcs = {
     'swish':    ActivationSpec(lambda x, alpha: torch.sigmoid(x) * x,       0.0, math.sqrt(2), 9, False),
 }
 
-_plugin = custom_ops.LazyPlugin('bias_act', module_name='gngan_bias_act_plugin',
-                                sources=['bias_act.cpp', 'bias_act.cu'], headers=['bias_act.h'],
-                                source_dir=os.path.dirname(__file__))
+_plugin = kernel_choice.LazyPlugin('bias_act', module_name='gngan_bias_act_plugin',
+                                   sources=['bias_act.cpp', 'bias_act.cu'], headers=['bias_act.h'],
+                                   source_dir=os.path.dirname(__file__))
 
 
 def bias_act(x: torch.Tensor, b: Optional[torch.Tensor] = None, dim: int = 1, act: str = 'linear',
@@ -254,7 +254,7 @@ class _BiasActCudaGrad(torch.autograd.Function):
 
 def _self_check(device: torch.device, dtype: torch.dtype, cfg: _CudaConfig, has_bias: bool,
                 ndim: int) -> Tuple[float, str]:
-    """The kernel against the reference for one configuration (see custom_ops).
+    """The kernel against the reference for one configuration (see kernel_choice).
 
     About 3,000 elements, in four ways: one launch of 16-byte vectors; one block, so that the
     grid-stride loop runs (256 threads of at most 8 elements cover 2,048); launches of 328
@@ -275,6 +275,6 @@ def _self_check(device: torch.device, dtype: torch.dtype, cfg: _CudaConfig, has_
         if misaligned:
             return lambda x, b: _BiasActCuda.apply(x.new_empty([x.numel() + 1])[1:].view(x.shape).copy_(x), b, launch)
         return lambda x, b: _BiasActCuda.apply(x, b, launch)
-    return custom_ops.worst_of([custom_ops.compare_to_reference(
+    return kernel_choice.worst_of([kernel_choice.compare_to_reference(
         kernel(*variant), lambda x, b: _bias_act_ref(x, b, cfg.dim, spec, cfg.alpha, cfg.gain, cfg.clamp),
         [x, b], ['x', 'b']) for variant in [(0, 0, False), (1, 0, False), (0, 328, False), (0, 0, True)]])

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from torch_utils import custom_ops
+from torch_utils import kernel_choice
 
-_plugin = custom_ops.LazyPlugin('upfirdn2d', module_name='gngan_upfirdn2d_plugin',
-                                sources=['upfirdn2d.cpp', 'upfirdn2d.cu'], headers=['upfirdn2d.h'],
-                                source_dir=os.path.dirname(__file__))
+_plugin = kernel_choice.LazyPlugin('upfirdn2d', module_name='gngan_upfirdn2d_plugin',
+                                   sources=['upfirdn2d.cpp', 'upfirdn2d.cu'], headers=['upfirdn2d.h'],
+                                   source_dir=os.path.dirname(__file__))
 
 IntPair = Union[int, Sequence[int]]
 Padding = Union[int, Sequence[int]]
@@ -328,7 +328,7 @@ class _UpFirDn2d(torch.autograd.Function):
 
 def _self_check(device: torch.device, dtype: torch.dtype, cfg: _Config, filter_shape: Tuple[int, ...],
                 channels_last: bool, f: torch.Tensor) -> Tuple[float, str]:
-    """The kernel against the reference for one configuration, filter and layout (see custom_ops).
+    """The kernel against the reference for one configuration, filter and layout (see kernel_choice).
 
     The output spans 3 x 3 tiles of the specialised kernel (64 x 16 pixels; 5 x 5 blocks of 32 x 8
     threads of the generic one) and 6 image planes; a second launch allows 4 planes per grid, so the
@@ -345,9 +345,9 @@ def _self_check(device: torch.device, dtype: torch.dtype, cfg: _Config, filter_s
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     kernels = [functools.partial(_run_kernel, max_grid_z=max_grid_z) for max_grid_z in (0, 4)]
-    return custom_ops.worst_of([custom_ops.compare_to_reference(lambda x: _UpFirDn2d.apply(x, f, cfg, kernel),
-                                                                lambda x: _upfirdn2d_ref(x, f, cfg), [x], ['x'])
-                                for kernel in kernels])
+    return kernel_choice.worst_of([kernel_choice.compare_to_reference(lambda x: _UpFirDn2d.apply(x, f, cfg, kernel),
+                                                                      lambda x: _upfirdn2d_ref(x, f, cfg), [x], ['x'])
+                                   for kernel in kernels])
 
 
 # ----------------------------------------------------------------------------

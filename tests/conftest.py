@@ -5,13 +5,17 @@ to the CPU: in this process (the tools' default device is the CPU) and in the su
 (CUDA_VISIBLE_DEVICES is empty). Tests marked `gpu` see the GPUs, and are skipped without one. Every test
 must leave the process-wide switches (torch's TF32, cuDNN and determinism; which autograd Functions the
 ops of ops/conv2d_gradfix.py record) as it found them.
+
+The host build of the kernels' arithmetic (tests/host_plugin.py) and the CPU route through the ops'
+kernel path are fixtures here, shared by tests/test_custom_ops.py and tests/test_kernel_choice.py.
 """
 
 import pytest
 import torch
 
-from ops import conv2d_gradfix
-from torch_utils import devices
+from ops import bias_act, conv2d_gradfix, upfirdn2d
+from tests import host_plugin
+from torch_utils import devices, kernel_choice
 
 # Read once, before any test hides the GPUs: CUDA is initialized here so that torch's device count no longer
 # follows CUDA_VISIBLE_DEVICES, which the fixture below empties for the subprocesses of CPU tests.
@@ -68,3 +72,29 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(num_threads)
+
+
+@pytest.fixture(scope='session')
+def host_kernels(tmp_path_factory):
+    """ctypes handle to the host build of both kernels' arithmetic."""
+    if host_plugin.NVCC is None:
+        pytest.skip('nvcc is not on the PATH')
+    return host_plugin.build(tmp_path_factory.mktemp('host_kernels'))
+
+
+@pytest.fixture
+def cpu_kernel_path(monkeypatch):
+    """install(plugin): CPU tensors take the ops' kernel path (layout handling, self-check) served by plugin."""
+    def install(plugin):
+        for op in (bias_act, upfirdn2d):
+            monkeypatch.setattr(op._plugin, 'device_type', 'cpu')
+            monkeypatch.setattr(op._plugin, 'module', plugin)
+            monkeypatch.setattr(op._plugin, 'failed', False)
+            monkeypatch.setattr(op._plugin, 'verdicts', {})
+            monkeypatch.setattr(op._plugin, 'check_results', {})
+            monkeypatch.setattr(op._plugin, 'choices', {})
+            monkeypatch.setattr(op._plugin, 'plans', {})
+        return plugin
+    monkeypatch.delenv(kernel_choice.SELF_CHECK_ENV, raising=False)
+    monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '0')  # the host build is no GPU: timing it would say nothing
+    return install

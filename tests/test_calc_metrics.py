@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 import calc_metrics
 import training.data.dataset
-from metrics import metric_utils
+from metrics import features
 from tests.test_metric_main import (TinyGenerator, dataset_kwargs_of, features_of, fid_reference, make_detector,
                                     write_dataset_zip)
 from torch_utils import persistence
@@ -71,7 +71,7 @@ def test_run_writes_results_and_reuses_cached_statistics(run, monkeypatch):
     # The cached statistics are those of the training images, without x-flips although the snapshot's
     # training set had them (the paper protocol).
     [cache_file] = cache_files(run)
-    mean, cov = metric_utils.FeatureStats.load(str(cache_file)).get_mean_cov()
+    mean, cov = features.FeatureStats.load(str(cache_file)).get_mean_cov()
     real = features_of(run['detector'], run['images'])
     np.testing.assert_allclose(mean, real.mean(axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(cov, np.cov(real, rowvar=False), rtol=1e-4, atol=1e-6)
@@ -99,7 +99,7 @@ def test_two_gloo_processes_match_one_process(run, monkeypatch):
 
     [one], [two] = cache_files(run), cache_files(run, 'cache2')
     assert one.name == two.name
-    stats_one, stats_two = metric_utils.FeatureStats.load(str(one)), metric_utils.FeatureStats.load(str(two))
+    stats_one, stats_two = features.FeatureStats.load(str(one)), features.FeatureStats.load(str(two))
     assert stats_one.num_items == stats_two.num_items == len(run['images'])
     for a, b in zip(stats_one.get_mean_cov(), stats_two.get_mean_cov()):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)

@@ -5,7 +5,7 @@ import json
 import torch
 
 import dnnlib
-from metrics import metric_main, metric_utils
+from metrics import detectors, metric_main
 from training.run.evaluation import MetricEvaluator
 from training.run.run_state import RunState
 
@@ -47,7 +47,7 @@ def test_unavailable_detector_costs_the_metrics_once(tmp_path, monkeypatch):
 
     def unavailable(metric, **kwargs):
         calls.append(metric)
-        raise metric_utils.DetectorUnavailableError('cannot fetch the Inception detector')
+        raise detectors.DetectorUnavailableError('cannot fetch the Inception detector')
     monkeypatch.setattr(metric_main, 'calc_metric', unavailable)
     evaluator = MetricEvaluator(metrics, {}, {}, str(tmp_path), num_gpus=1, rank=0, device=torch.device('cpu'),
                                 log=lines.append)

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 import dataset_tool
 import legacy
-from metrics import frechet_inception_distance, metric_utils
+from metrics import detectors, frechet_inception_distance
 from tests import hostile_files
 from tests.hostile_files import deflate_bomb, deflated, stored, zip_bytes
 from torch_utils import bounded_read, persistence
@@ -134,15 +134,15 @@ def test_ref_stats_shapes_are_read_before_the_data(tmp_path):
 
 def test_detector_must_be_torchscript_within_the_bound(tmp_path):
     (tmp_path / 'weights.pt').write_bytes(hostile_files.snapshot_bytes())
-    with pytest.raises(metric_utils.DetectorUnavailableError, match='is not TorchScript'):
-        metric_utils.get_feature_detector(str(tmp_path / 'weights.pt'))
+    with pytest.raises(detectors.DetectorUnavailableError, match='is not TorchScript'):
+        detectors.get_feature_detector(str(tmp_path / 'weights.pt'))
     bomb = zip_bytes([deflate_bomb(e.name, BOMB_BYTES) if e.name.endswith('/data/0') else e
                       for e in hostile_files.entries_of(hostile_files.detector_bytes())])
     (tmp_path / 'bomb.pt').write_bytes(bomb)
-    with pytest.raises(metric_utils.DetectorUnavailableError, match='is compressed'):
-        metric_utils.get_feature_detector(str(tmp_path / 'bomb.pt'))
+    with pytest.raises(detectors.DetectorUnavailableError, match='is compressed'):
+        detectors.get_feature_detector(str(tmp_path / 'bomb.pt'))
     (tmp_path / 'detector.pt').write_bytes(hostile_files.detector_bytes())
-    assert metric_utils.get_feature_detector(str(tmp_path / 'detector.pt')) is not None
+    assert detectors.get_feature_detector(str(tmp_path / 'detector.pt')) is not None
 
 
 def test_dataset_json_larger_than_labels_can_be_is_refused(tmp_path):

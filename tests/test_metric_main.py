@@ -15,8 +15,8 @@ import pytest
 import scipy.linalg
 import torch
 
-from metrics import metric_main, metric_utils
-from tests.test_metric_utils import fraction_in_manifold_by_loops
+from metrics import features, metric_main
+from tests.test_precision_recall import fraction_in_manifold_by_loops
 from torch_utils import persistence
 
 #----------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_fid_against_reference_split_with_mirror(setup):
     # Only the reference statistics are checked here: with mirror, the 10 images and their mirror images.
     cache_files = list((setup['tmp_path'] / 'cache' / 'metrics').glob('ref-tiny-detector-*.npz'))
     assert len(cache_files) == 1
-    mean, cov = metric_utils.FeatureStats.load(str(cache_files[0])).get_mean_cov()
+    mean, cov = features.FeatureStats.load(str(cache_files[0])).get_mean_cov()
     real = features_of(setup['detector'], np.concatenate([ref_images, ref_images[:, :, :, ::-1].copy()]))
     np.testing.assert_allclose(mean, real.mean(axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(cov, np.cov(real, rowvar=False), rtol=1e-4, atol=1e-6)

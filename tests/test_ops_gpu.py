@@ -18,7 +18,7 @@ import torch
 
 from ops import bias_act, conv2d_resample, upfirdn2d
 from tests.test_custom_ops import _SPECIALISATIONS, _UPFIRDN2D_CASES
-from torch_utils import custom_ops
+from torch_utils import custom_ops, kernel_choice
 from training.step.loss import GANLoss
 from training.networks import biggan, sngan, stylegan
 
@@ -53,8 +53,8 @@ def kernel_calls(plugins, monkeypatch):
             return _run(*args, **kwargs)
         monkeypatch.setattr(op, '_run_kernel', spy)
         op._plugin.plans = {}  # decided afresh, under the switches below
-    monkeypatch.setenv(custom_ops.SELF_CHECK_ENV, '0')
-    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '0')
+    monkeypatch.setenv(kernel_choice.SELF_CHECK_ENV, '0')
+    monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '0')
     monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)  # float32 convolutions in float32
     monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
     return calls
@@ -120,8 +120,8 @@ def _compare_op(op, inputs, dtype):
 
 def test_plugins_build_and_pass_their_self_check(plugins, monkeypatch):
     """With the self-check on, the configurations the networks use run silently and keep the kernels."""
-    monkeypatch.delenv(custom_ops.SELF_CHECK_ENV, raising=False)
-    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '0')
+    monkeypatch.delenv(kernel_choice.SELF_CHECK_ENV, raising=False)
+    monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '0')
     for plugin in plugins.values():
         for attribute in ('verdicts', 'check_results'):
             monkeypatch.setattr(plugin, attribute, {})
@@ -149,7 +149,7 @@ def test_plugins_build_and_pass_their_self_check(plugins, monkeypatch):
 
 def test_chooser_times_both_paths_on_the_gpu(plugins, monkeypatch):
     """With CUDA events: one choice per configuration and shape, both times positive, the result right either way."""
-    monkeypatch.setenv(custom_ops.AUTOTUNE_ENV, '1')
+    monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '1')
     plugin = plugins['upfirdn2d']
     monkeypatch.setattr(plugin, 'choices', {})
     blur = upfirdn2d.setup_filter([1, 2, 1], device='cuda')

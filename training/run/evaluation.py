@@ -37,14 +37,14 @@ class MetricEvaluator:
 
     def evaluate(self, G_ema: torch.nn.Module, snapshot_pkl: str) -> tuple[dict, dict[str, float]]:
         """Statistics of every metric on G_ema ('Metrics/<result>': {num, mean, std}), and the results (name -> value)."""
-        from metrics import metric_main, metric_utils
+        from metrics import detectors, metric_main
         results, entries = {}, {}
         for metric in self.metrics:
             try:
                 result = metric_main.calc_metric(metric=metric, G=G_ema, dataset_kwargs=self.dataset_kwargs,
                                                  num_gpus=self.num_gpus, rank=self.rank, device=self.device,
                                                  progress=self.log, **self.metric_kwargs)
-            except metric_utils.DetectorUnavailableError as e:
+            except detectors.DetectorUnavailableError as e:
                 self.log(f'Warning: {e}; training continues without metrics')
                 self.metrics = []
                 return {}, {}

@@ -1,13 +1,11 @@
-"""Machinery shared by the metrics.
+"""Feature extraction shared by the metrics: detector outputs of real images, generated images, or a
+folder/zip of images standing in for a generator.
 
-* The math of each metric as a plain function of statistics or features (`fid_from_stats`,
-  `is_from_probs`, `kid_from_features`, `precision_recall_from_features`).
-* Feature detectors: TorchScript networks fetched with `dnnlib.util.open_url` and its download cache,
-  read only after torch_utils/bounded_read.py's archive check.
 * `FeatureStats`: detector outputs collected batch by batch (all of them, or the sums behind their mean
   and covariance), gathered across processes, and saved to / loaded from the statistics cache.
-* Feature extraction over a dataset (cached) and over a generator or a folder/zip of images standing
-  in for one, split across processes.
+* `MetricOptions`: what a metric needs besides its protocol numbers (generator, data, devices, processes).
+* Feature extraction over a dataset (cached, keyed by `dataset_fingerprint` of its content) and over a
+  generator or a folder/zip of images standing in for one, split across processes.
 """
 
 from __future__ import annotations
@@ -19,225 +17,17 @@ import math
 import os
 import time
 import urllib.parse
-import warnings
 import zipfile
-from typing import Any, BinaryIO, Callable
+from typing import Any, Callable
 
 import numpy as np
-import scipy.linalg
-import scipy.special
 import torch
 
 import dnnlib
-from torch_utils import bounded_read
 
-# Inception-v3 of the official TensorFlow FID and IS code (inception-2015-12-05.tgz), as exported to
-# TorchScript by StyleGAN2-ADA.
-INCEPTION_URL = 'https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/inception-2015-12-05.pt'
-
-# VGG16 of the precision/recall paper (Kynkaanniemi et al. 2019), as exported to TorchScript by StyleGAN2-ADA.
-VGG16_URL = 'https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/vgg16.pt'
-
-# Largest imaginary part allowed on the diagonal of sqrtm(sigma_a sigma_b): the official FID code's tolerance.
-_FID_MAX_IMAG = 1e-3
+from . import detectors
 
 _PROGRESS_INTERVAL_S = 30  # At most one progress line per this many seconds within a stage.
-
-#----------------------------------------------------------------------------
-# The math, as plain functions.
-
-
-def fid_from_stats(mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray,
-                   eps: float = 1e-6) -> float:
-    """Frechet distance between the Gaussians N(mu_a, sigma_a) and N(mu_b, sigma_b):
-
-        d^2 = ||mu_a - mu_b||^2 + tr(sigma_a) + tr(sigma_b) - 2 tr((sigma_a sigma_b)^(1/2))
-
-    computed in float64 the way the official implementation (TTUR) does it: the matrix square root is
-    scipy's Schur-method sqrtm; if it comes out non-finite because the product is (nearly) singular,
-    it is recomputed with `eps` added to both diagonals; imaginary parts left by round-off are dropped,
-    and a large one (the inputs are not covariance matrices) raises ValueError.
-    """
-    mu_a, mu_b = np.atleast_1d(np.asarray(mu_a, np.float64)), np.atleast_1d(np.asarray(mu_b, np.float64))
-    sigma_a, sigma_b = np.atleast_2d(np.asarray(sigma_a, np.float64)), np.atleast_2d(np.asarray(sigma_b, np.float64))
-    if mu_a.shape != mu_b.shape or sigma_a.shape != sigma_b.shape or sigma_a.shape != mu_a.shape * 2:
-        raise ValueError(f'FID: mismatched statistics: means {mu_a.shape} and {mu_b.shape}, '
-                         f'covariances {sigma_a.shape} and {sigma_b.shape}')
-
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore', scipy.linalg.LinAlgWarning)  # Singular products are handled below.
-        covmean = scipy.linalg.sqrtm(sigma_a @ sigma_b)
-        if not np.isfinite(covmean).all():
-            offset = np.eye(sigma_a.shape[0]) * eps
-            covmean = scipy.linalg.sqrtm((sigma_a + offset) @ (sigma_b + offset))
-    if np.iscomplexobj(covmean):
-        max_imag = np.abs(np.diagonal(covmean).imag).max()
-        if max_imag > _FID_MAX_IMAG:
-            raise ValueError(f'FID: the square root of the covariance product has an imaginary component '
-                             f'({max_imag:g}); the statistics are not valid covariances')
-        covmean = covmean.real
-
-    diff = mu_a - mu_b
-    return float(diff @ diff + np.trace(sigma_a) + np.trace(sigma_b) - 2 * np.trace(covmean))
-
-
-def is_from_probs(probs: np.ndarray, num_splits: int = 10) -> tuple[float, float]:
-    """Inception score (Salimans et al. 2016) of class probabilities p(y|x), one row per sample.
-
-    The samples are cut into `num_splits` consecutive parts; for each part, with p(y) the part's
-    mean prediction,
-
-        IS = exp( mean_x KL(p(y|x) || p(y)) ) = exp( mean_x sum_y p(y|x) (log p(y|x) - log p(y)) )
-
-    and the result is the mean and standard deviation of IS over the parts. Computed in float64
-    with 0 log 0 = 0, so exactly one-hot predictions are handled too.
-    """
-    probs = np.asarray(probs, dtype=np.float64)
-    if probs.ndim != 2 or len(probs) < num_splits:
-        raise ValueError(f'IS: expected at least {num_splits} rows of class probabilities, got shape {probs.shape}')
-    n = len(probs)
-    scores = []
-    for i in range(num_splits):
-        part = probs[i * n // num_splits : (i + 1) * n // num_splits]
-        marginal = part.mean(axis=0, keepdims=True)
-        kl = scipy.special.xlogy(part, part) - scipy.special.xlogy(part, marginal)
-        scores.append(np.exp(kl.sum(axis=1).mean()))
-    return float(np.mean(scores)), float(np.std(scores))
-
-
-def kid_from_features(gen_features: np.ndarray | torch.Tensor, real_features: np.ndarray | torch.Tensor,
-                      num_subsets: int = 100, max_subset_size: int = 1000, seed: int = 0,
-                      device: torch.device | str = 'cpu') -> float:
-    """Kernel Inception Distance (Binkowski et al. 2018), with StyleGAN2-ADA's subset protocol.
-
-    With the cubic polynomial kernel k(a, b) = (a.b / d + 1)^3 on d-dimensional features, the
-    unbiased estimate of the squared maximum mean discrepancy between subsets x (generated) and
-    y (real) of m samples each is
-
-        MMD^2 = sum_{i != j} [k(x_i, x_j) + k(y_i, y_j)] / (m (m - 1)) - 2 sum_{i,j} k(x_i, y_j) / m^2
-
-    KID is its mean over `num_subsets` subsets of m = min(n_gen, n_real, max_subset_size) samples drawn
-    without replacement (by a generator seeded with `seed`, so the result is reproducible).
-    """
-    x_all = torch.as_tensor(gen_features, device=device).to(torch.float64)
-    y_all = torch.as_tensor(real_features, device=device).to(torch.float64)
-    if x_all.ndim != 2 or y_all.ndim != 2 or x_all.shape[1] != y_all.shape[1]:
-        raise ValueError(f'KID: mismatched feature sets {tuple(x_all.shape)} and {tuple(y_all.shape)}')
-    d = x_all.shape[1]
-    m = min(len(x_all), len(y_all), max_subset_size)
-    if m < 2:
-        raise ValueError('KID: needs at least 2 samples of each set')
-    rng = np.random.default_rng(seed)
-    total = 0.0
-    for _subset in range(num_subsets):
-        x = x_all[torch.from_numpy(rng.choice(len(x_all), m, replace=False)).to(device)]
-        y = y_all[torch.from_numpy(rng.choice(len(y_all), m, replace=False)).to(device)]
-        k_xx = (x @ x.T / d + 1) ** 3
-        k_yy = (y @ y.T / d + 1) ** 3
-        k_xy = (x @ y.T / d + 1) ** 3
-        within = k_xx.sum() - k_xx.diagonal().sum() + k_yy.sum() - k_yy.diagonal().sum()
-        total += float(within / (m * (m - 1)) - 2 * k_xy.sum() / (m * m))
-    return total / num_subsets
-
-
-def precision_recall_from_features(real_features: np.ndarray | torch.Tensor, gen_features: np.ndarray | torch.Tensor,
-                                   nhood_size: int = 3, batch_size: int = 4096,
-                                   device: torch.device | str = 'cpu') -> tuple[float, float]:
-    """Improved precision and recall (Kynkaanniemi et al. 2019).
-
-    Each sample of a set is the centre of a ball reaching to its k-th nearest neighbour in the same
-    set (k = `nhood_size`, the sample itself not counted); the union of the balls estimates the
-    manifold of that set. With Euclidean distances between features,
-
-        precision = fraction of generated samples inside the manifold of the real samples
-        recall    = fraction of real samples inside the manifold of the generated samples
-
-    Distances are computed for `batch_size` rows at a time on `device`.
-    """
-    real = torch.as_tensor(real_features, device=device).to(torch.float32)
-    gen = torch.as_tensor(gen_features, device=device).to(torch.float32)
-    if real.ndim != 2 or gen.ndim != 2 or real.shape[1] != gen.shape[1]:
-        raise ValueError(f'precision/recall: mismatched feature sets {tuple(real.shape)} and {tuple(gen.shape)}')
-    if min(len(real), len(gen)) <= nhood_size:
-        raise ValueError(f'precision/recall: needs more than {nhood_size} samples of each set')
-    precision = _fraction_in_manifold(manifold=real, probes=gen, nhood_size=nhood_size, batch_size=batch_size)
-    recall = _fraction_in_manifold(manifold=gen, probes=real, nhood_size=nhood_size, batch_size=batch_size)
-    return precision, recall
-
-
-def _fraction_in_manifold(manifold: torch.Tensor, probes: torch.Tensor, nhood_size: int, batch_size: int) -> float:
-    # The nearest neighbour of a manifold sample within the manifold is itself, at distance 0: take the (k+1)-th.
-    radii = torch.cat([torch.cdist(rows, manifold).kthvalue(nhood_size + 1, dim=1).values
-                       for rows in manifold.split(batch_size)])
-    inside = torch.cat([(torch.cdist(rows, manifold) <= radii).any(dim=1) for rows in probes.split(batch_size)])
-    return float(inside.to(torch.float64).mean())
-
-#----------------------------------------------------------------------------
-# Feature detectors.
-
-
-class DetectorUnavailableError(RuntimeError):
-    """The feature detector could not be fetched or loaded (typically: no network access).
-
-    The message is one line naming the file to fetch and the option that points to a local copy;
-    the training loop catches this error and carries on without metrics.
-    """
-
-
-_detectors: dict[tuple[str, str], torch.jit.ScriptModule] = {}  # (url, device) -> detector, loaded once per process.
-
-
-def _check_torchscript(f: BinaryIO, url: str) -> BinaryIO:
-    """`f`, once it has passed bounded_read's archive check and holds the constants.pkl that torch.jit.save
-    writes (torch.save's weights-only files do not); ValueError (one line) otherwise."""
-    archive = bounded_read.check_torch_archive(f, url)
-    if not any(name.rpartition('/')[2] == 'constants.pkl' for name in archive.entries):
-        raise ValueError(f'{url} is not TorchScript (no constants.pkl: written by torch.save, not torch.jit.save)')
-    return f
-
-
-def get_feature_detector(url: str, device: torch.device = torch.device('cpu'), num_gpus: int = 1, rank: int = 0,
-                         verbose: bool = False, option: str = '--detector') -> torch.jit.ScriptModule:
-    """The TorchScript feature detector at `url` (an http(s)/file URL or a local path), on `device`;
-    `option` is the command-line option that replaces it, named in the error message.
-
-    Detectors follow StyleGAN2-ADA's calling convention: uint8 images [N, 3, H, W] of any size in,
-    `detector(x, return_features=True)` -> features, `detector(x, no_output_bias=True)` -> class
-    probabilities. Under torch.distributed, rank 0 fetches the file into the download cache while the
-    other processes wait, so it is downloaded once. Failure raises DetectorUnavailableError on every rank.
-    """
-    key = (url, str(device))
-    if key in _detectors:
-        return _detectors[key]
-    if num_gpus > 1 and rank != 0:
-        torch.distributed.barrier()
-    error = None
-    try:
-        with dnnlib.util.open_url(url, verbose=verbose and rank == 0) as f:
-            _detectors[key] = torch.jit.load(_check_torchscript(f, url), map_location=device).eval()
-    except (OSError, RuntimeError, ValueError) as e:
-        error = e
-    if num_gpus > 1 and rank == 0:
-        torch.distributed.barrier()
-    if error is not None:
-        name = os.path.basename(urllib.parse.urlparse(url).path) or 'detector.pt'
-        if isinstance(error, OSError) and dnnlib.util.is_url(url):
-            advice = (f'download {url} on a machine with internet access, copy it here and pass '
-                      f'{option}=/path/to/{name}')
-        else:
-            default = VGG16_URL if option == '--pr-detector' else INCEPTION_URL
-            advice = f'pass {option}=PATH_OR_URL of a TorchScript detector such as {default}'
-        raise DetectorUnavailableError(f'cannot load the feature detector {url}: {dnnlib.util.first_line(error)}; {advice}') from error
-    return _detectors[key]
-
-
-def run_detector(detector: torch.jit.ScriptModule, images: torch.Tensor, detector_kwargs: dict) -> torch.Tensor:
-    """Detector output for uint8 images [N, C, H, W]; grayscale (C = 1) is repeated to the RGB the detectors expect."""
-    if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] not in (1, 3):
-        raise ValueError(f'feature detectors take uint8 images [N, 1 or 3, H, W], got {images.dtype} {tuple(images.shape)}')
-    if images.shape[1] == 1:
-        images = images.repeat([1, 3, 1, 1])
-    return detector(images, **detector_kwargs)
 
 #----------------------------------------------------------------------------
 # Feature statistics.
@@ -414,7 +204,7 @@ class MetricOptions:
 
     def detector_option(self, detector_url: str) -> str:
         """The command-line option that replaces the detector at `detector_url` (for error messages)."""
-        return '--pr-detector' if detector_url == (self.pr_detector_url or VGG16_URL) else '--detector'
+        return '--pr-detector' if detector_url == (self.pr_detector_url or detectors.VGG16_URL) else '--detector'
 
     def progress_counter(self, what: str, total: int) -> Callable[[int], None]:
         """A function to call with the number of items done; it logs the start, the end, and
@@ -520,10 +310,13 @@ def dataset_fingerprint(path: str) -> str:
 def stats_cache_file(dataset_kwargs: dict, detector_url: str, detector_kwargs: dict, stats_kwargs: dict) -> str:
     """Cache file of a dataset's statistics: keyed by the dataset's content (`dataset_fingerprint` of
     its folder or zip, in place of its path, so a copy elsewhere shares the entry) and its other kwargs
-    except the labels, which do not change the images; the detector (path with size and mtime, or URL)
+    except the labels, which do not change the images, with the dataset class by its name alone (not
+    the module it lives in); the detector (path with size and mtime, or URL)
     and its kwargs; and the statistics collected (protocol, max items). Lives under
     $GNGAN_CACHE_DIR/metrics (default ~/.cache/gngan/metrics)."""
     dataset_kwargs = {k: v for k, v in dataset_kwargs.items() if k != 'use_labels'}
+    if isinstance(dataset_kwargs.get('class_name'), str):
+        dataset_kwargs['class_name'] = dataset_kwargs['class_name'].rsplit('.', 1)[-1]
     path = dataset_kwargs.get('path')
     dataset_id = None
     if isinstance(path, str) and not dnnlib.util.is_url(path):
@@ -557,7 +350,7 @@ def _accumulate_dataset_features(opts: MetricOptions, dataset: torch.utils.data.
     loader = torch.utils.data.DataLoader(dataset, sampler=item_subset, batch_size=batch, **loader_kwargs)
     update = opts.progress_counter(what, num_items)
     for images, _labels in loader:
-        features = run_detector(detector, images.to(opts.device), detector_kwargs)
+        features = detectors.run_detector(detector, images.to(opts.device), detector_kwargs)
         stats.append_gathered(features, opts.num_gpus)
         update(stats.num_items)
 
@@ -575,8 +368,9 @@ def compute_feature_stats_for_dataset(opts: MetricOptions, dataset_kwargs: dict,
     stats_kwargs = dict(stats_kwargs, max_items=max_items)
     # Loaded first even when the statistics are cached: the generated images need it anyway, and a
     # missing detector should fail the same way (DetectorUnavailableError) every time.
-    detector = get_feature_detector(detector_url, device=opts.device, num_gpus=opts.num_gpus, rank=opts.rank,
-                                    verbose=opts.progress is not None, option=opts.detector_option(detector_url))
+    detector = detectors.get_feature_detector(detector_url, device=opts.device, num_gpus=opts.num_gpus,
+                                              rank=opts.rank, verbose=opts.progress is not None,
+                                              option=opts.detector_option(detector_url))
     cache_file = stats_cache_file(dataset_kwargs, detector_url, detector_kwargs, stats_kwargs) if opts.cache else None
 
     if cache_file is not None:
@@ -647,8 +441,9 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
     """
     if opts.num_gen is not None:
         max_items = opts.num_gen
-    detector = get_feature_detector(detector_url, device=opts.device, num_gpus=opts.num_gpus, rank=opts.rank,
-                                    verbose=opts.progress is not None, option=opts.detector_option(detector_url))
+    detector = detectors.get_feature_detector(detector_url, device=opts.device, num_gpus=opts.num_gpus,
+                                              rank=opts.rank, verbose=opts.progress is not None,
+                                              option=opts.detector_option(detector_url))
     if opts.images_kwargs is not None:
         return _compute_feature_stats_for_images(opts, detector, detector_kwargs, max_items, **stats_kwargs)
 
@@ -678,7 +473,7 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
         images = torch.cat([G(z_part, c_part) for z_part, c_part in
                             zip(z.split(opts.gen_batch_size), c.split(opts.gen_batch_size))])
         images = (images * 127.5 + 128).clamp(0, 255).to(torch.uint8)
-        stats.append_gathered(run_detector(detector, images, detector_kwargs), opts.num_gpus)
+        stats.append_gathered(detectors.run_detector(detector, images, detector_kwargs), opts.num_gpus)
         block += opts.num_gpus
         update(stats.num_items)
     opts.info.num_gen = stats.num_items
