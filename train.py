@@ -28,7 +28,6 @@ written to training_options.json in its directory.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import json
 import os
 import re
@@ -321,9 +320,9 @@ def main(**opts):
     except (ValueError, detectors.DetectorUnavailableError) as e:
         raise click.ClickException(str(e))
     absolute = lambda path: None if path is None else os.path.abspath(path)
-    experiment = dataclasses.replace(experiment, metrics=tuple(metrics), best_metric=best_metric, tick=opts.tick,
-                                     snap=opts.snap, ref_data=absolute(opts.ref_data), ref_stats=absolute(opts.ref_stats),
-                                     detector=opts.detector, pr_detector=opts.pr_detector)
+    experiment = experiment.replace(metrics=tuple(metrics), best_metric=best_metric, tick=opts.tick, snap=opts.snap,
+                                    ref_data=absolute(opts.ref_data), ref_stats=absolute(opts.ref_stats),
+                                    detector=opts.detector, pr_detector=opts.pr_detector)
 
     # Print the options (all of them: training_options.json) and the schedule, last so that it stays in view; a dry
     # run stops here.

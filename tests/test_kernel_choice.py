@@ -256,7 +256,7 @@ def test_training_step_survives_a_kernel_that_cannot_launch(host_kernels, cpu_ke
         step()
     # One warning per configuration that needs the upsampling kernel: G's 2x upsampling, and D's 2x
     # downsampling, whose gradient upsamples; none on the second step.
-    messages = sorted(str(w.message) for w in caught)
+    messages = sorted(str(w.message) for w in caught if not issubclass(w.category, ResourceWarning))  # Others' files, collected.
     assert len(messages) == 2 and all('(RuntimeError: CUDA error: no kernel image' in m for m in messages)
     assert 'down=(2, 2)' in messages[0] and 'up=(2, 2)' in messages[1]
     assert plugin.calls['bias_act', 0] > 0 and plugin.served[3] > 0  # the other configs keep their kernels

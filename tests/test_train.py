@@ -434,6 +434,23 @@ def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
     assert overridden['resume_overrides'] == ['--seed=4 (was 3)'] and overridden['seed'] == 4
 
 
+def test_the_printed_flags_are_the_experiment(tmp_path):
+    """The 'Run ...' line of a dry run, every default filled in, given back to train.py describes the same run."""
+    def dry_run(*args):
+        result = run_cli('train.py', '--dry-run', *args)
+        options = json.loads(result.stdout[result.stdout.index('{'):result.stdout.index('\n}\n') + 2])
+        flags = next(line for line in result.stdout.splitlines() if line.startswith('Run ')).split(': ', 1)[1]
+        return options, shlex.split(flags)
+    for args, shown in [(['--cfg=gn-stylegan', '--cmax=32', '--d-cmax=128', '--glr=3e-4', '--tanh=1', '--style-mixing=0'],
+                         ['--glr=0.0003', '--tanh=true', '--map-lrmul=0.01', '--lod-kimg=600']),
+                        (['--norm=r1', '--loss=ns', '--gamma=0.01', '--seed=7', '--dlr=3e-3'],
+                         ['--cfg=quickstart', '--glr=0.002', '--dlr=0.003', '--gamma=0.01', '--steps=5000'])]:
+        options, flags = dry_run(*args)
+        assert set(shown) <= set(flags)
+        again, flags_again = dry_run(*flags)
+        assert flags_again == flags and again == options
+
+
 def _old_format(path: str, out: str) -> None:
     """The snapshot at `path` as train.py wrote it before the Experiment: its record held only cfg, norm, loss, cr,
     precision, seed, data and xflip, gn-stylegan's networks had only the kwargs that differed from v1's (fmap_max

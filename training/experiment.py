@@ -199,9 +199,10 @@ class Experiment:
         return dnnlib.util.to_plain(dict(dataclasses.asdict(self), metrics=list(self.metrics)))
 
     def flags(self) -> str:
-        """The experiment as train.py flags: '--cfg=quickstart --norm=gn ... --data=...' (fields that apply)."""
+        """The experiment, its length and batches as train.py flags: '--cfg=quickstart --data=... --norm=gn ...' (the
+        fields that apply)."""
         text = lambda value: str(value).lower() if isinstance(value, bool) else f'{value:g}' if isinstance(value, float) else value
-        return ' '.join(f'--{name.replace("_", "-")}={text(getattr(self, name))}' for name in IDENTITY
+        return ' '.join(f'--{name.replace("_", "-")}={text(getattr(self, name))}' for name in IDENTITY + CONTINUED
                         if getattr(self, name) is not None)
 
     def changes(self, other: Experiment) -> list[str]:
