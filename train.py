@@ -44,9 +44,9 @@ import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
-from training.recipes import configs  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
+from training.recipes import configs  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
 
@@ -157,8 +157,8 @@ def _load_resume(resume: str) -> dnnlib.EasyDict:
 
 def _experiment(opts: dnnlib.EasyDict, device: torch.device, snapshot: dnnlib.EasyDict | None) -> tuple[Experiment, list[str]]:
     """The run's Experiment: the command line's options, and for those of the experiment and its length (IDENTITY,
-    CONTINUED) that it leaves out, the resumed snapshot's. A resumed run refuses, in one line, an experiment that differs from its snapshot's,
-    unless --resume-override; returns those changes ('--norm=gp1 (was gn)')."""
+    CONTINUED) that it leaves out, the resumed snapshot's. A resumed run refuses, in one line, an experiment that
+    differs from its snapshot's, unless --resume-override; returns those changes ('--norm=gp1 (was gn)')."""
     try:
         recorded = None if snapshot is None else Experiment.from_snapshot(snapshot)
     except (ValueError, TypeError) as e:

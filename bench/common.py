@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
 from torch_utils import devices  # noqa: E402
-from training.recipes import configs  # noqa: E402
 from training.experiment import Experiment  # noqa: E402
+from training.recipes import configs  # noqa: E402
 from training.step.precision import Precision  # noqa: E402
 from training.step.updater import NetworkUpdater  # noqa: E402
 

@@ -11,12 +11,12 @@ import torch.nn.functional as F
 
 import dnnlib
 from torch_utils import devices, training_stats
-from training.step.augment import consistency_augment
-from training.recipes.configs import PRESETS, get_config
-from training.step.loss import CONSTRAINTS, LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
 from training.networks.biggan import BigGANDiscriminator, BigGANGenerator
 from training.networks.sngan import CNNDiscriminator, CNNGenerator, ResNetDiscriminator, ResNetGenerator
 from training.networks.stylegan import Discriminator as StyleGANDiscriminator
+from training.recipes.configs import PRESETS, get_config
+from training.step.augment import consistency_augment
+from training.step.loss import CONSTRAINTS, LOSSES, NORMS, GANLoss, d_loss_terms, g_loss_terms
 
 SHAPE = (2, 4, 4)
 

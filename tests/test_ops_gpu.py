@@ -19,8 +19,8 @@ import torch
 from ops import bias_act, conv2d_resample, upfirdn2d
 from tests.test_custom_ops import _SPECIALISATIONS, _UPFIRDN2D_CASES
 from torch_utils import custom_ops, kernel_choice
-from training.step.loss import GANLoss
 from training.networks import biggan, sngan, stylegan
+from training.step.loss import GANLoss
 
 pytestmark = pytest.mark.gpu
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_utils import persistence, training_stats
-from training.step import loss as loss_lib
 from training.networks import stylegan
+from training.step import loss as loss_lib
 
 #----------------------------------------------------------------------------
 # Helpers.

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from torch_utils import persistence
-from training.recipes import progressive
 from training.experiment import Experiment
+from training.recipes import progressive
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

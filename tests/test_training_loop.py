@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from training import training_loop
-from training.experiment import Experiment
 from training.data.data_stream import RealImageStream
+from training.experiment import Experiment
 from training.run.reporter import TrainingDiverged
 
 

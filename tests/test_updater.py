@@ -6,8 +6,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dnnlib
-from training.recipes import configs
 from training.experiment import Experiment
+from training.recipes import configs
 from training.step.updater import NEVER, NetworkUpdater, split_round, update_ema
 
 

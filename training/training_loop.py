@@ -20,11 +20,12 @@ Each "minimize" is one Adam step on the gradient of the batch mean. The batch is
 process (one per GPU, or gloo on a CPU) takes its share of disjoint data, in accumulation rounds
 when the share exceeds --batch-gpu, and the processes average their gradients before the step.
 
-The parts, one concept each: the real-image stream and fake labels (training/data/data_stream.py), the
-updaters that run one network's training step (training/step/updater.py), the run state and its
-snapshots (training/run/run_state.py), progress lines, statistics, grids and the divergence stop
-(training/run/reporter.py), metrics and the best snapshot (training/run/evaluation.py), and the
-arithmetic (training/step/precision.py).
+The run is described by an Experiment (training/experiment.py), from which the loop builds
+networks, optimizers, loss and schedule. The parts, one concept each: the real-image stream and
+fake labels (training/data/data_stream.py), the updaters that run one network's training step
+(training/step/updater.py), the run state and its snapshots (training/run/run_state.py), progress
+lines, statistics, grids and the divergence stop (training/run/reporter.py), metrics at snapshots
+(training/run/evaluation.py), and the arithmetic (training/step/precision.py).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ import torch
 import dnnlib
 from torch_utils import devices, misc
 from training.data.data_stream import LabelSampler, RealImageStream
-from training.run.evaluation import MetricEvaluator
 from training.experiment import Experiment
+from training.run.evaluation import MetricEvaluator
 from training.run.reporter import ImageGrids, TickReporter
 from training.run.run_state import RunState, snapshot_label
 from training.step.updater import NetworkUpdater
