@@ -129,7 +129,7 @@ class TrainingStep:
         deterministic: bool = False,            # Repeatable GPU arithmetic, as train.py --deterministic.
     ) -> None:
         self.precision, self.deterministic = Precision(precision), deterministic
-        self.loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=precision)
+        self.loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=self.precision)
         self.device = next(D.parameters()).device
         self.updaters = {'D': NetworkUpdater('D', D, D_opt, self.precision.grad_scaler(self.device.type), group_size=group_size),
                          'G': NetworkUpdater('G', G, G_opt, self.precision.grad_scaler(self.device.type), group_size=group_size)}
