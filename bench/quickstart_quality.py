@@ -44,8 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from metrics.frechet_inception_distance import fid_from_stats  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
+from training.experiment import QUICKSTART_DATA  # noqa: E402
 
-DIGITS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data', 'digits32.zip')
 
 #----------------------------------------------------------------------------
 
@@ -165,7 +165,7 @@ def trained_judge(epochs: int, seed: int, device: torch.device = torch.device('c
     """The classifier trained on `device` on a stratified 80% of the digits, with what judging needs: `net`, the
     reference statistics `ref_mu`, `ref_sigma` of its training split's features, and the held-out `test_images`,
     `test_labels` and `accuracy`."""
-    images, labels = load_digits(DIGITS)
+    images, labels = load_digits(QUICKSTART_DATA)
     images, labels = images.to(device), labels.to(device)
     train_idx, test_idx = stratified_split(labels.cpu(), 0.2, np.random.default_rng(seed))
     net = train_classifier(images[train_idx], labels[train_idx], epochs=epochs, seed=seed)
