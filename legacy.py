@@ -232,8 +232,8 @@ def load_network(path_or_url: str, cfg: str | None = None) -> dnnlib.EasyDict:
 
 @click.command(help=__doc__)
 @click.option('--source', help='Official checkpoint (model.pt, best_model.pt): path or URL', metavar='PT', required=True)
-@click.option('--cfg', help='The preset of its networks', type=click.Choice(official_cfgs()), required=True)
-@click.option('--dest', help='Snapshot to write', metavar='PKL', required=True)
+@click.option('--cfg',    help='The preset of its networks', type=click.Choice(official_cfgs()), required=True)
+@click.option('--dest',   help='Snapshot to write', metavar='PKL', required=True)
 def main(source: str, cfg: str, dest: str) -> None:
     try:
         networks = load_official_checkpoint(source, cfg)

@@ -190,16 +190,16 @@ def write_samples(runs: list[dict], path: str, per_row: int = 16) -> None:
 
 
 @click.command(help=__doc__)
-@click.option('--out', help='Folder of the comparison (runs, manifest, results)', metavar='DIR', required=True)
-@click.option('--cfg', help='Preset (train.py --cfg)', default='quickstart', show_default=True)
+@click.option('--out',      help='Folder of the comparison (runs, manifest, results)', metavar='DIR', required=True)
+@click.option('--cfg',      help='Preset (train.py --cfg)', default='quickstart', show_default=True)
 @click.option('--settings', help='Comma-separated NORM:LOSS pairs', default='gn:hinge,sn:hinge,gp1:wasserstein,r1:ns,none:hinge',
               show_default=True, callback=parse_settings)
-@click.option('--seeds', help='Seeds, comma-separated or a range (0-2)', default='0-2', show_default=True)
-@click.option('--steps', help='Length of every run in G steps (fixed-batch presets)', type=click.IntRange(min=1))
-@click.option('--kimg', help='Length of every run in thousands of real images (any preset)', type=click.FloatRange(min=0, min_open=True))
-@click.option('--snaps', help='Snapshots per run, spread evenly (each one is scored)', type=click.IntRange(min=1), default=5, show_default=True)
-@click.option('--num', help='Samples per scored snapshot', type=click.IntRange(min=10), default=2000, show_default=True)
-@click.option('--extra', help='More train.py options for every run, e.g. "--cmax=32 --batch=16"', default='', show_default=True)
+@click.option('--seeds',    help='Seeds, comma-separated or a range (0-2)', default='0-2', show_default=True)
+@click.option('--steps',    help='Length of every run in G steps (fixed-batch presets)', type=click.IntRange(min=1))
+@click.option('--kimg',     help='Length of every run in thousands of real images (any preset)', type=click.FloatRange(min=0, min_open=True))
+@click.option('--snaps',    help='Snapshots per run, spread evenly (each one is scored)', type=click.IntRange(min=1), default=5, show_default=True)
+@click.option('--num',      help='Samples per scored snapshot', type=click.IntRange(min=10), default=2000, show_default=True)
+@click.option('--extra',    help='More train.py options for every run, e.g. "--cmax=32 --batch=16"', default='', show_default=True)
 def main(out: str, cfg: str, settings: list[tuple[str, str]], seeds: str, steps: int | None, kimg: float | None, snaps: int,
          num: int, extra: str) -> None:
     import dnnlib

@@ -27,7 +27,7 @@ from tests.hostile_files import hostile_cases, run_cli  # noqa: E402
 
 @click.command()
 @click.option('--bomb-mib', help='What each bomb expands to, MiB', type=click.IntRange(min=1), default=1024, show_default=True)
-@click.option('--out', help='Write the results as JSON to this file', metavar='JSON')
+@click.option('--out',      help='Write the results as JSON to this file', metavar='JSON')
 def main(bomb_mib: int, out: str | None) -> None:
     rows = []
     print('| entry point | file | file size | peak memory | time | exit | last line of stderr |')

@@ -116,16 +116,16 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, se
 @click.option('--cfg', 'cfg_names', help='Presets, comma-separated',
               default='cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-biggan', show_default=True,
               callback=parse_list(tuple(configs.PRESETS)))
-@click.option('--precisions', help='Precisions, comma-separated', default='fp32,bf16,fp16', show_default=True,
+@click.option('--precisions',       help='Precisions, comma-separated', default='fp32,bf16,fp16', show_default=True,
               callback=parse_list(PRECISIONS))
-@click.option('--norms', help='Discriminator constraints, comma-separated (none: the unnormalized baseline)',
+@click.option('--norms',            help='Discriminator constraints, comma-separated (none: the unnormalized baseline)',
               default='gn,none', show_default=True, callback=parse_list(loss_lib.NORMS))
-@click.option('--batch', help='D batch (G gets the preset\'s ratio)', type=click.IntRange(min=2), default=8, show_default=True)
-@click.option('--seeds', help='Number of seeds (networks and batches)', type=click.IntRange(min=1), default=2, show_default=True)
-@click.option('--resolution', help='gn-stylegan: resolution the networks are built for', type=click.IntRange(min=8), default=32, show_default=True)
-@click.option('--cmax', help='gn-stylegan: maximum feature maps per layer', type=click.IntRange(min=1), default=128, show_default=True)
-@click.option('--lod', help='gn-stylegan: level of detail (0: full resolution; 0.5: half-way through a fade-in)', type=click.FloatRange(min=0), default=0.5, show_default=True)
-@click.option('--out', help='JSON file for the results', metavar='PATH')
+@click.option('--batch',            help='D batch (G gets the preset\'s ratio)', type=click.IntRange(min=2), default=8, show_default=True)
+@click.option('--seeds',            help='Number of seeds (networks and batches)', type=click.IntRange(min=1), default=2, show_default=True)
+@click.option('--resolution',       help='gn-stylegan: resolution the networks are built for', type=click.IntRange(min=8), default=32, show_default=True)
+@click.option('--cmax',             help='gn-stylegan: maximum feature maps per layer', type=click.IntRange(min=1), default=128, show_default=True)
+@click.option('--lod',              help='gn-stylegan: level of detail (0: full resolution; 0.5: half-way through a fade-in)', type=click.FloatRange(min=0), default=0.5, show_default=True)
+@click.option('--out',              help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, seeds: int, resolution: int, cmax: int,
          lod: float, out: str | None) -> None:
     """Relative error of GN training gradients against float64, per preset and precision."""

@@ -180,12 +180,12 @@ def trained_judge(epochs: int, seed: int, device: torch.device = torch.device('c
 
 @click.command()
 @click.option('--network', 'networks', help='Snapshot to judge (repeat for several)', metavar='PKL', multiple=True, required=True)
-@click.option('--num', help='Generated images per snapshot', type=click.IntRange(min=2), default=2000, show_default=True)
-@click.option('--threshold', help='Softmax probability above which an image counts as a confident digit', type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
-@click.option('--epochs', help='Classifier training epochs', type=click.IntRange(min=1), default=15, show_default=True)
-@click.option('--seed', help='Seed of the classifier, the data split and the latents', type=click.IntRange(min=0), default=0, show_default=True)
-@click.option('--device', help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]', metavar='DEVICE')
-@click.option('--out', help='Write the results as JSON here', metavar='JSON')
+@click.option('--num',                 help='Generated images per snapshot', type=click.IntRange(min=2), default=2000, show_default=True)
+@click.option('--threshold',           help='Softmax probability above which an image counts as a confident digit', type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
+@click.option('--epochs',              help='Classifier training epochs', type=click.IntRange(min=1), default=15, show_default=True)
+@click.option('--seed',                help='Seed of the classifier, the data split and the latents', type=click.IntRange(min=0), default=0, show_default=True)
+@click.option('--device',              help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]', metavar='DEVICE')
+@click.option('--out',                 help='Write the results as JSON here', metavar='JSON')
 def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, seed: int, device: str | None,
          out: str | None) -> None:
     """Judge quick-start snapshots with a digit classifier trained on the embedded digits' labels."""

@@ -111,16 +111,16 @@ def parse_resolutions(ctx: click.Context, param: click.Parameter, value: str) ->
 
 
 @click.command()
-@click.option('--resolutions', help='Resolutions to benchmark (comma-separated)', default='128,1024', show_default=True,
+@click.option('--resolutions',    help='Resolutions to benchmark (comma-separated)', default='128,1024', show_default=True,
               callback=parse_resolutions)
 @click.option('--max-resolution', help='Final resolution of the networks', type=click.Choice(['256', '512', '1024']),
               default='1024', show_default=True)
-@click.option('--impl', help='Op implementations to compare', type=click.Choice(['both', 'cuda', 'ref']), default='both',
+@click.option('--impl',           help='Op implementations to compare', type=click.Choice(['both', 'cuda', 'ref']), default='both',
               show_default=True)
-@click.option('--steps', help='Timed D+G steps per configuration', type=click.IntRange(min=1), default=20, show_default=True)
-@click.option('--warmup', help='Untimed steps first (kernel builds, cuDNN autotuning)', type=click.IntRange(min=0),
+@click.option('--steps',          help='Timed D+G steps per configuration', type=click.IntRange(min=1), default=20, show_default=True)
+@click.option('--warmup',         help='Untimed steps first (kernel builds, cuDNN autotuning)', type=click.IntRange(min=0),
               default=5, show_default=True)
-@click.option('--out', help='JSON file for the results', metavar='PATH', default='bench-stylegan.json', show_default=True)
+@click.option('--out',            help='JSON file for the results', metavar='PATH', default='bench-stylegan.json', show_default=True)
 def main(resolutions: list[int], max_resolution: str, impl: str, steps: int, warmup: int, out: str) -> None:
     """Seconds per thousand images and peak GPU memory of GN-StyleGAN training steps."""
     if not torch.cuda.is_available():

@@ -169,30 +169,30 @@ def ratios(rows: list[dict]) -> list[dict]:
 
 
 @click.command()
-@click.option('--cfg', 'cfg_names', help='Presets, comma-separated', default='cifar10-resnet', show_default=True,
+@click.option('--cfg', 'cfg_names',     help='Presets, comma-separated', default='cifar10-resnet', show_default=True,
               callback=parse_list(tuple(configs.PRESETS)))
-@click.option('--norms', help='Discriminator constraints, comma-separated', default='gn,none,sn,gp1', show_default=True,
+@click.option('--norms',                help='Discriminator constraints, comma-separated', default='gn,none,sn,gp1', show_default=True,
               callback=parse_list(loss_lib.NORMS))
-@click.option('--fast-g', 'fast_g', help='Fast GN generator step: on, off, or both (GN norms only)',
+@click.option('--fast-g', 'fast_g',     help='Fast GN generator step: on, off, or both (GN norms only)',
               type=click.Choice(['both', 'on', 'off', 'default']), default='both', show_default=True)
 @click.option('--linear-d', 'linear_d', help='GN D step with f in affine form: on, off, both, or GANLoss\'s default (on '
               'where D qualifies)', type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
-@click.option('--fuse-d', 'fuse_d', help='One D call on reals + fakes: on, off, both, or GANLoss\'s default for the device',
+@click.option('--fuse-d', 'fuse_d',     help='One D call on reals + fakes: on, off, both, or GANLoss\'s default for the device',
               type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
-@click.option('--precisions', help='Precisions, comma-separated', default='fp32', show_default=True,
+@click.option('--precisions',           help='Precisions, comma-separated', default='fp32', show_default=True,
               callback=parse_list(precision_lib.PRECISIONS))
-@click.option('--batch', help='D batch M (G gets the preset\'s ratio)  [default: the preset\'s]; gn-stylegan: the minibatch', type=click.IntRange(min=2))
-@click.option('--resolution', help='gn-stylegan: resolution of the networks (lod 0)', type=click.IntRange(min=8))
-@click.option('--cmax', help='gn-stylegan: maximum feature maps per layer', type=click.IntRange(min=1))
-@click.option('--rounds', help='Timed rounds (one D and one G step of every configuration each)', type=click.IntRange(min=1),
+@click.option('--batch',                help='D batch M (G gets the preset\'s ratio)  [default: the preset\'s]; gn-stylegan: the minibatch', type=click.IntRange(min=2))
+@click.option('--resolution',           help='gn-stylegan: resolution of the networks (lod 0)', type=click.IntRange(min=8))
+@click.option('--cmax',                 help='gn-stylegan: maximum feature maps per layer', type=click.IntRange(min=1))
+@click.option('--rounds',               help='Timed rounds (one D and one G step of every configuration each)', type=click.IntRange(min=1),
               default=5, show_default=True)
-@click.option('--warmup', help='Untimed rounds first', type=click.IntRange(min=0), default=1, show_default=True)
-@click.option('--threads', help='torch intra-op threads  [default: torch\'s]', type=click.IntRange(min=1))
-@click.option('--clock', help='wall: elapsed time; process: CPU time of this process (a CPU run on a shared machine, '
+@click.option('--warmup',               help='Untimed rounds first', type=click.IntRange(min=0), default=1, show_default=True)
+@click.option('--threads',              help='torch intra-op threads  [default: torch\'s]', type=click.IntRange(min=1))
+@click.option('--clock',                help='wall: elapsed time; process: CPU time of this process (a CPU run on a shared machine, '
               'with --threads=1)', type=click.Choice(['wall', 'process']), default='wall', show_default=True)
-@click.option('--device', help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]', metavar='DEVICE')
-@click.option('--deterministic', help='Repeatable GPU arithmetic, as train.py --deterministic (what it costs)', is_flag=True)
-@click.option('--out', help='JSON file for the results', metavar='PATH')
+@click.option('--device',               help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]', metavar='DEVICE')
+@click.option('--deterministic',        help='Repeatable GPU arithmetic, as train.py --deterministic (what it costs)', is_flag=True)
+@click.option('--out',                  help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, precisions: list[str], batch: int | None,
          resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
          device: str | None, deterministic: bool, out: str | None) -> None:
