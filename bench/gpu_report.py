@@ -1,7 +1,7 @@
 """One command for whoever has a GPU: build, self-check, the whole test suite, op and training benchmarks, and a
 time-boxed GN-StyleGAN run on the embedded digits, scored; one report.
 
-    python bench/gpu_report.py --quick                  # about eight minutes on one H100/H200
+    python bench/gpu_report.py --quick                  # about nine minutes on one H100/H200
     python bench/gpu_report.py --outdir=h100-report     # more repeats, configurations and training time
 
 Steps, each recorded in the report:
@@ -19,7 +19,8 @@ Steps, each recorded in the report:
                    pytest-xdist is installed): counts, failures by name, wall time;
   6. op benchmark  bench/ops.py (kernels against references, each case checked before timing);
   7. training      bench/train_speed.py: cifar10-resnet (GN and no constraint; affine/plain D step,
-                   one or two D calls, precisions; the --deterministic switch's cost), gn-stylegan at
+                   one or two D calls, precisions; the --deterministic switch's cost), every SN-GAN and
+                   BigGAN preset with GN at tf32 (docs/reproduce.md's GPU time), gn-stylegan at
                    256x256 and at the paper's 1024x1024 with v1's per-GPU batch, each with its peak GPU memory;
   8. digits        train.py's GN-StyleGAN command for the embedded digits at full width, stopped after a
                    fixed time (--quick: 90 s), its last snapshot scored by bench/quickstart_quality.py
@@ -65,6 +66,10 @@ TRAINING_RUNS = [
      ['--norms=gn,none', '--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16'], ['--rounds=3']),
     ('train_speed_deterministic', 'Training speed, cifar10-resnet with --deterministic (bench/train_speed.py)',
      ['--norms=gn,none', '--precisions=tf32', '--deterministic'], ['--rounds=3']),
+    ('train_speed_presets', 'Training speed of the paper\'s SN-GAN and BigGAN presets with GN, tf32: the time column of '
+     'docs/reproduce.md (bench/train_speed.py)',
+     ['--cfg=cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-biggan,celebahq128-resnet,celebahq256-resnet',
+      '--norms=gn', '--fast-g=default', '--precisions=tf32'], ['--rounds=2']),
     ('train_speed_stylegan', 'Training speed, gn-stylegan at 256x256 (bench/train_speed.py)',
      ['--cfg=gn-stylegan', '--resolution=256', '--batch=16', '--norms=gn,none', '--precisions=fp32,tf32,bf16,fp16'],
      ['--rounds=2', '--precisions=tf32,bf16']),
@@ -379,7 +384,7 @@ def run_steps(report: dict, quick: bool, timeout: int, workdir: str, outdir: str
 @click.option('--outdir', default='gpu-report', show_default=True, type=click.Path(file_okay=False),
               help='Where report.md, report.json, logs.tar.gz and digits-fakes.png go.')
 @click.option('--quick', is_flag=True, help='Fewer benchmark repeats and configurations, 90 s of digits training '
-              '(about eight minutes on one H100/H200).')
+              '(about nine minutes on one H100/H200).')
 @click.option('--timeout', type=click.IntRange(min=60), default=3600, show_default=True,
               help='Seconds allowed to each subprocess step.')
 def main(outdir: str, quick: bool, timeout: int) -> None:
