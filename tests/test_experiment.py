@@ -35,6 +35,11 @@ def test_defaults_are_filled_in_from_the_preset():
     assert experiment.schedule.plan(0, 0).lr_D == 4e-4
 
 
+def test_data_loader_workers_feed_a_gpu_and_leave_a_cpu_to_training():
+    assert (build('quickstart').workers, build('quickstart', device='cuda').workers, build('quickstart', device='cuda:1').workers,
+            build('quickstart', device='cuda', workers=1).workers) == (0, 3, 3, 1)
+
+
 def test_quickstart_is_conditional_exactly_when_the_data_has_labels():
     labelled, unlabelled = build('quickstart', img_channels=1, label_dim=10), build('quickstart', img_channels=1)
     assert (labelled.G_kwargs.c_dim, labelled.D_kwargs.c_dim) == (10, 10)

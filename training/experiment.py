@@ -90,7 +90,8 @@ class Experiment:
     gpus: int = 1                       # Processes (one per GPU, or gloo processes on a CPU).
     device: str = 'cpu'                 # 'cpu', 'cuda' or 'cuda:N' (torch_utils/devices.py).
     deterministic: bool = False         # Repeatable GPU arithmetic.
-    workers: int = 0                    # DataLoader worker processes per process.
+    workers: int | None = None          # DataLoader worker processes per process (None: 3 on CUDA, where they feed the
+                                        # GPU, 0 on a CPU, where they would compete with training for the cores).
 
     # Reporting.
     tick: float = 4                     # Progress line every this many kimg.
@@ -120,6 +121,7 @@ class Experiment:
         values.setdefault('loss', preset.loss_kwargs.loss)
         values.setdefault('xflip', preset.xflip)
         values['cr'] = float(values.get('cr', 0.0))
+        values.setdefault('workers', 3 if values.get('device', cls.device).startswith('cuda') else 0)
         dnnlib.util.check_choice('norm', values.get('norm', cls.norm), NORMS)
         dnnlib.util.check_choice('loss', values['loss'], LOSSES)
         dnnlib.util.check_choice('precision', values.get('precision', cls.precision), PRECISIONS)
