@@ -178,8 +178,12 @@ def open_image_zip(path: str, max_images: Optional[int]) -> Source:
         except OSError as err:
             raise click.ClickException(f'cannot read {fname} in {path}: {err}') from err
     fnames = [info.filename for info in archive.entries.values() if not info.is_dir()]
-    return open_image_collection(fnames, read, lambda fname: archive.entries[fname].file_size,
-                                 lambda fname: f'{path}:{fname}' if fname else path, max_images)
+    try:
+        return open_image_collection(fnames, read, lambda fname: archive.entries[fname].file_size,
+                                     lambda fname: f'{path}:{fname}' if fname else path, max_images)
+    except BaseException:  # Refused (its dataset.json, say): nothing more will be read.
+        archive.close()
+        raise
 
 #----------------------------------------------------------------------------
 # CIFAR-10 (cifar-10-python.tar.gz).

@@ -13,10 +13,12 @@ ops' kernel path, so that without a GPU:
 """
 
 import collections
+import contextlib
 import os
 import re
 import sys
 import warnings
+from typing import Iterator
 
 import pytest
 import torch
@@ -24,6 +26,15 @@ import torch
 from ops import bias_act, upfirdn2d
 from tests.host_plugin import OPS_DIR, HostPlugin, input_in_layout
 from torch_utils import custom_ops, kernel_choice
+
+
+@contextlib.contextmanager
+def own_warnings() -> Iterator[list]:
+    """Every warning raised inside, recorded; not the ResourceWarnings of other tests' objects collected meanwhile."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        warnings.simplefilter('ignore', ResourceWarning)
+        yield caught
 
 
 # Host work per call: after the first call with given metadata, the wrappers only look up their plan.
@@ -179,8 +190,7 @@ def test_self_check_failure_stays_with_its_config(host_kernels, cpu_kernel_path,
     plugin = cpu_kernel_path(plugin_class(host_kernels))
     x = input_in_layout('contiguous')
     state = torch.get_rng_state()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
+    with own_warnings() as caught:
         first = pair(x)
         plugin.calls.clear()
         second = pair(x)
@@ -215,8 +225,7 @@ def test_self_check_failure_stays_with_its_config(host_kernels, cpu_kernel_path,
 def test_self_check_reaches_beyond_the_first_grid(host_kernels, cpu_kernel_path, plugin_class, pair):
     """A kernel that forgets the planes or elements beyond one grid fails its check (the old inputs fit one block)."""
     cpu_kernel_path(plugin_class(host_kernels))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
+    with own_warnings() as caught:
         pair(input_in_layout('contiguous'))
     messages = [str(w.message) for w in caught]
     assert len(messages) == 2 and all(' off by ' in m for m in messages), messages  # both configs
@@ -250,13 +259,12 @@ def test_training_step_survives_a_kernel_that_cannot_launch(host_kernels, cpu_ke
         D.zero_grad()
         D(G(z, None), None).square().sum().backward()
         return [p.grad.clone() for p in [*G.parameters(), *D.parameters()] if p.grad is not None]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
+    with own_warnings() as caught:
         grads = step()
         step()
     # One warning per configuration that needs the upsampling kernel: G's 2x upsampling, and D's 2x
     # downsampling, whose gradient upsamples; none on the second step.
-    messages = sorted(str(w.message) for w in caught if not issubclass(w.category, ResourceWarning))  # Others' files, collected.
+    messages = sorted(str(w.message) for w in caught)
     assert len(messages) == 2 and all('(RuntimeError: CUDA error: no kernel image' in m for m in messages)
     assert 'down=(2, 2)' in messages[0] and 'up=(2, 2)' in messages[1]
     assert plugin.calls['bias_act', 0] > 0 and plugin.served[3] > 0  # the other configs keep their kernels
@@ -282,8 +290,7 @@ def test_failed_build_warns_once_and_falls_back(monkeypatch):
     monkeypatch.delenv(custom_ops.VERBOSE_BUILD_ENV, raising=False)
     plugin = kernel_choice.LazyPlugin('my_op', module_name='my_op_plugin', sources=['my_op.cu'], headers=[],
                                       source_dir=OPS_DIR)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter('always')
+    with own_warnings() as caught:
         assert plugin.get() is None
         assert plugin.get() is None
     assert len(caught) == 1

@@ -175,35 +175,37 @@ class ImageFolderDataset(Dataset):
         self._path = path
         self._zipfile = None
         self._zipfile_pid = None
-        if os.path.isdir(path):
-            self._kind = 'dir'
-            all_fnames = []
-            for dirpath, _dirnames, filenames in os.walk(path):
-                rel = os.path.relpath(dirpath, path)
-                all_fnames += [fname if rel == '.' else posixpath.join(*rel.split(os.sep), fname) for fname in filenames]
-        elif os.path.isfile(path) and zipfile.is_zipfile(path):
-            self._kind = 'zip'
-            all_fnames = [info.filename for info in self._get_zipfile().entries.values() if not info.is_dir()]
-        elif os.path.exists(path):
-            raise DatasetError(f'dataset {path} is neither a zip archive nor a folder')
-        else:
-            raise DatasetError(f'dataset {path} does not exist')
-        self._all_fnames = set(all_fnames)
+        try:
+            if os.path.isdir(path):
+                self._kind = 'dir'
+                all_fnames = []
+                for dirpath, _dirnames, filenames in os.walk(path):
+                    rel = os.path.relpath(dirpath, path)
+                    all_fnames += [fname if rel == '.' else posixpath.join(*rel.split(os.sep), fname) for fname in filenames]
+            elif os.path.isfile(path) and zipfile.is_zipfile(path):
+                self._kind = 'zip'
+                all_fnames = [info.filename for info in self._get_zipfile().entries.values() if not info.is_dir()]
+            elif os.path.exists(path):
+                raise DatasetError(f'dataset {path} is neither a zip archive nor a folder')
+            else:
+                raise DatasetError(f'dataset {path} does not exist')
+            self._all_fnames = set(all_fnames)
 
-        PIL.Image.init()
-        self._image_fnames = sorted(fname for fname in all_fnames if posixpath.splitext(fname)[1].lower() in PIL.Image.EXTENSION)
-        if not self._image_fnames:
-            raise DatasetError(f'dataset {path} holds no images')
-        first_image = self._decode(self._image_fnames[0])
-        self.close()  # Each process opens its own handle when it reads.
-        channels, height, width = first_image.shape
-        if height != width:
-            raise DatasetError(f'dataset {path}: images must be square, but {self._image_fnames[0]} is {width}x{height}')
-        if resolution is not None and height != resolution:
-            raise DatasetError(f'dataset {path} has resolution {width}x{height}, not the expected {resolution}x{resolution}')
-        name = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
-        super().__init__(name=name, raw_shape=[len(self._image_fnames), channels, height, width],
-            use_labels=use_labels, max_size=max_size, xflip=xflip, random_seed=random_seed)
+            PIL.Image.init()
+            self._image_fnames = sorted(fname for fname in all_fnames if posixpath.splitext(fname)[1].lower() in PIL.Image.EXTENSION)
+            if not self._image_fnames:
+                raise DatasetError(f'dataset {path} holds no images')
+            first_image = self._decode(self._image_fnames[0])
+            channels, height, width = first_image.shape
+            if height != width:
+                raise DatasetError(f'dataset {path}: images must be square, but {self._image_fnames[0]} is {width}x{height}')
+            if resolution is not None and height != resolution:
+                raise DatasetError(f'dataset {path} has resolution {width}x{height}, not the expected {resolution}x{resolution}')
+            name = os.path.splitext(os.path.basename(os.path.normpath(path)))[0]
+            super().__init__(name=name, raw_shape=[len(self._image_fnames), channels, height, width],
+                use_labels=use_labels, max_size=max_size, xflip=xflip, random_seed=random_seed)
+        finally:
+            self.close()  # Also when the data is refused; each process opens its own handle when it reads.
 
     def _get_zipfile(self) -> bounded_read.ZipArchive:
         """The zip archive, its directory checked by bounded_read (entries within the file, each read only
