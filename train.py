@@ -46,7 +46,6 @@ import dnnlib  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
-from training.recipes import configs  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
 
@@ -172,7 +171,7 @@ def _experiment(opts: dnnlib.EasyDict, device: torch.device, snapshot: dnnlib.Ea
                         if options[name] is None and not (length_given and name in ('steps', 'kimg'))})
     options['data'] = options['data'] or QUICKSTART_DATA
     try:
-        use_labels = bool(configs.get_config(options['cfg'] or Experiment.cfg).conditional)  # 'if-labels' too.
+        use_labels = Experiment.reads_labels(options['cfg'] or Experiment.cfg)
     except ValueError as e:
         raise click.ClickException(str(e))
     dataset = _open_dataset(options['data'], use_labels)

@@ -227,6 +227,11 @@ class Experiment:
     def progressive(self) -> bool:
         return self.preset.arch == 'stylegan'
 
+    @staticmethod
+    def reads_labels(cfg: str) -> bool:
+        """Whether preset `cfg` reads the data's labels (class-conditional, or 'if-labels': when the data has them)."""
+        return bool(configs.get_config(cfg).conditional)
+
     @property
     def conditional(self) -> bool:
         return bool(self.preset.conditional) and self.label_dim > 0  # 'if-labels': when the data has labels.
@@ -239,7 +244,7 @@ class Experiment:
     @property
     def training_set_kwargs(self) -> dnnlib.EasyDict:
         return dnnlib.EasyDict(class_name=DATASET_CLASS, path=self.data, resolution=self.img_resolution,
-                               use_labels=bool(self.preset.conditional), max_size=None, xflip=False, random_seed=0)
+                               use_labels=self.reads_labels(self.cfg), max_size=None, xflip=False, random_seed=0)
 
     def _network_kwargs(self, base: dict, cmax: int | None) -> dnnlib.EasyDict:
         kwargs = dnnlib.EasyDict(base, img_resolution=self.resolution, img_channels=self.img_channels,
