@@ -23,6 +23,10 @@ ten classes in turn) and the script reports
 The held-out real digits go through the same measurements as a reference row: what a perfect
 generator would score (their FD uses 20% of the data, fewer samples than --num, so it is biased
 upward a little). Prints a table and writes JSON with the device, torch version and date.
+
+Everything runs at full float32 precision (TF32 off for matmuls and convolutions, as the metrics' detectors
+do, torch_utils/devices.full_precision): the classifier, its features and the generated images are then the
+same on every GPU, up to the order of floating-point sums.
 """
 
 from __future__ import annotations
@@ -197,16 +201,17 @@ def main(networks: tuple[str, ...], num: int, threshold: float, epochs: int, see
         if not os.path.isfile(network):
             raise click.ClickException(f'--network: no such file: {network}')
     start = time.time()
-    j = trained_judge(epochs, seed, device)
-    net, ref_mu, ref_sigma, accuracy = j['net'], j['ref_mu'], j['ref_sigma'], j['accuracy']
-    num_test = len(j['test_labels'])
-    print(f'Classifier: {j["num_train"]} training digits, {epochs} epochs, held-out accuracy {accuracy:.3f} '
-          f'on {num_test} digits ({time.time() - start:.0f} s)')
+    with devices.full_precision():  # The same classifier, features and images on every GPU (module docstring).
+        j = trained_judge(epochs, seed, device)
+        net, ref_mu, ref_sigma, accuracy = j['net'], j['ref_mu'], j['ref_sigma'], j['accuracy']
+        num_test = len(j['test_labels'])
+        print(f'Classifier: {j["num_train"]} training digits, {epochs} epochs, held-out accuracy {accuracy:.3f} '
+              f'on {num_test} digits ({time.time() - start:.0f} s)')
 
-    real = judge(net, j['test_images'], j['test_labels'], ref_mu, ref_sigma, threshold)
-    rows = [dict(name=f'real digits (held-out {num_test})', **real)]
-    for network in networks:
-        rows.append(dict(name=network, **judge(net, *generate(network, num, seed, device), ref_mu, ref_sigma, threshold)))
+        real = judge(net, j['test_images'], j['test_labels'], ref_mu, ref_sigma, threshold)
+        rows = [dict(name=f'real digits (held-out {num_test})', **real)]
+        for network in networks:
+            rows.append(dict(name=network, **judge(net, *generate(network, num, seed, device), ref_mu, ref_sigma, threshold)))
 
     print()
     print(f'| images | n | confident (p > {threshold:g}) | classes | as asked | FD |')

@@ -1,6 +1,7 @@
 """Feature detectors: the TorchScript networks whose outputs the metrics compare (Inception-v3 for FID,
 IS and KID, VGG16 for precision/recall), fetched with `dnnlib.util.open_url` and its download cache,
 read only after torch_utils/bounded_read.py's archive check, and loaded once per process and device.
+Every detector call runs at full float32 precision (`run_detector`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import BinaryIO
 import torch
 
 import dnnlib
-from torch_utils import bounded_read
+from torch_utils import bounded_read, devices
 
 # Inception-v3 of the official TensorFlow FID and IS code (inception-2015-12-05.tgz), as exported to
 # TorchScript by StyleGAN2-ADA.
@@ -20,6 +21,10 @@ INCEPTION_URL = 'https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrain
 
 # VGG16 of the precision/recall paper (Kynkaanniemi et al. 2019), as exported to TorchScript by StyleGAN2-ADA.
 VGG16_URL = 'https://nvlabs-fi-cdn.nvidia.com/stylegan2-ada-pytorch/pretrained/metrics/vgg16.pt'
+
+# The arithmetic of every detector call (`run_detector`), part of the key of cached dataset statistics
+# (metrics/features.py), so that statistics computed with other arithmetic are not reused.
+ARITHMETIC = 'float32, TF32 off'
 
 
 class DetectorUnavailableError(RuntimeError):
@@ -78,9 +83,14 @@ def get_feature_detector(url: str, device: torch.device = torch.device('cpu'), n
 
 
 def run_detector(detector: torch.jit.ScriptModule, images: torch.Tensor, detector_kwargs: dict) -> torch.Tensor:
-    """Detector output for uint8 images [N, C, H, W]; grayscale (C = 1) is repeated to the RGB the detectors expect."""
+    """Detector output for uint8 images [N, C, H, W]; grayscale (C = 1) is repeated to the RGB the detectors expect.
+
+    The detector runs at ARITHMETIC: TF32 off for its matmuls and convolutions whatever the caller's switches
+    (a training run's --precision, PyTorch's default of TF32 convolutions), restored afterwards, so that its
+    features, and the metrics, are the same on every GPU and comparable with published ones."""
     if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] not in (1, 3):
         raise ValueError(f'feature detectors take uint8 images [N, 1 or 3, H, W], got {images.dtype} {tuple(images.shape)}')
     if images.shape[1] == 1:
         images = images.repeat([1, 3, 1, 1])
-    return detector(images, **detector_kwargs)
+    with devices.full_precision():
+        return detector(images, **detector_kwargs)

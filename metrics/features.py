@@ -312,8 +312,8 @@ def stats_cache_file(dataset_kwargs: dict, detector_url: str, detector_kwargs: d
     its folder or zip, in place of its path, so a copy elsewhere shares the entry) and its other kwargs
     except the labels, which do not change the images, with the dataset class by its name alone (not
     the module it lives in); the detector (path with size and mtime, or URL)
-    and its kwargs; and the statistics collected (protocol, max items). Lives under
-    $GNGAN_CACHE_DIR/metrics (default ~/.cache/gngan/metrics)."""
+    and its kwargs and arithmetic (detectors.ARITHMETIC); and the statistics collected (protocol, max items).
+    Lives under $GNGAN_CACHE_DIR/metrics (default ~/.cache/gngan/metrics)."""
     dataset_kwargs = {k: v for k, v in dataset_kwargs.items() if k != 'use_labels'}
     if isinstance(dataset_kwargs.get('class_name'), str):
         dataset_kwargs['class_name'] = dataset_kwargs['class_name'].rsplit('.', 1)[-1]
@@ -326,7 +326,7 @@ def stats_cache_file(dataset_kwargs: dict, detector_url: str, detector_kwargs: d
         dataset_kwargs['path'] = None
     detector_url, detector_id = _file_identity(detector_url)
     key = dict(dataset=dataset_kwargs, dataset_id=dataset_id, detector_url=detector_url, detector_id=detector_id,
-               detector_kwargs=detector_kwargs, stats=stats_kwargs)
+               detector_kwargs=detector_kwargs, arithmetic=detectors.ARITHMETIC, stats=stats_kwargs)
     md5 = hashlib.md5(json.dumps(key, sort_keys=True, default=str).encode('utf-8')).hexdigest()
     dataset_name = os.path.splitext(os.path.basename(os.path.normpath(str(path or 'dataset'))))[0]
     detector_name = os.path.splitext(os.path.basename(urllib.parse.urlparse(detector_url).path))[0]

@@ -10,12 +10,10 @@ and in which `write_ref_stats` saves the statistics of a dataset.
 from __future__ import annotations
 
 import os
-import warnings
 import zipfile
 from typing import Callable
 
 import numpy as np
-import scipy.linalg
 
 from torch_utils import bounded_read
 
@@ -25,42 +23,64 @@ from . import detectors, features
 INCEPTION_FEATURES = 2048  # D of the pool features of Inception-v3, the default detector.
 MAX_REF_FEATURES = 4096    # Largest D read when the detector is not known yet (VGG16's 4096); sigma is then 128 MiB in float64.
 
-# Largest imaginary part allowed on the diagonal of sqrtm(sigma_a sigma_b): the official FID code's tolerance.
-_FID_MAX_IMAG = 1e-3
+# Tolerance of the covariance check, relative to the scale s = lambda_max(sigma) + ||mu||^2 (the spectral norm of
+# the second moments E[x x^T] = sigma + mu mu^T, from which a covariance is computed and whose rounding it
+# inherits): an asymmetry max |sigma - sigma^T| or a negative eigenvalue beyond 1e-3 s is no rounding error.
+# Rounding perturbs the eigenvalues by at most about D * eps * s: 2.4e-4 s for float32 statistics of
+# D = 4096 features (VGG16), far less for the float64 statistics this code computes itself.
+COVARIANCE_RTOL = 1e-3
 
 
-def fid_from_stats(mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray,
-                   eps: float = 1e-6) -> float:
+def _covariance_sqrt(what: str, mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """The symmetric square root of the covariance `sigma` (of the mean `mu`): from the eigendecomposition
+    sigma = V diag(w) V^T, V diag(sqrt(max(w, 0))) V^T, negative eigenvalues being rounding. ValueError
+    (one line, naming `what` the statistics are) where sigma is no covariance up to COVARIANCE_RTOL."""
+    if not (np.isfinite(mu).all() and np.isfinite(sigma).all()):
+        raise ValueError(f'{what} are not finite')
+    w, v = np.linalg.eigh((sigma + sigma.T) / 2)
+    scale = max(w[-1], 0.0) + float(mu @ mu)
+    asymmetry = float(np.abs(sigma - sigma.T).max())
+    if asymmetry > COVARIANCE_RTOL * scale:
+        raise ValueError(f'{what}: sigma is not symmetric (max |sigma - sigma^T| = {asymmetry:.3g} at the scale '
+                         f'{scale:.3g} of the statistics), so it is not a covariance')
+    if w[0] < -COVARIANCE_RTOL * scale:
+        raise ValueError(f'{what}: sigma has the negative eigenvalue {w[0]:.3g} (at the scale {scale:.3g} '
+                         f'of the statistics), so it is not a covariance')
+    return (v * np.sqrt(np.clip(w, 0, None))) @ v.T
+
+
+def fid_from_stats(mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray) -> float:
     """Frechet distance between the Gaussians N(mu_a, sigma_a) and N(mu_b, sigma_b):
 
         d^2 = ||mu_a - mu_b||^2 + tr(sigma_a) + tr(sigma_b) - 2 tr((sigma_a sigma_b)^(1/2))
 
-    computed in float64 the way the official implementation (TTUR) does it: the matrix square root is
-    scipy's Schur-method sqrtm; if it comes out non-finite because the product is (nearly) singular,
-    it is recomputed with `eps` added to both diagonals; imaginary parts left by round-off are dropped,
-    and a large one (the inputs are not covariance matrices) raises ValueError.
+    in float64, exact for any positive semi-definite covariances, singular ones included (a collapsed
+    generator, fewer images than features). The trace term is that of the Frechet (2-Wasserstein) distance:
+
+        tr((sigma_a sigma_b)^(1/2)) = sum_i sqrt(lambda_i) = sum_i s_i
+
+    with lambda_i >= 0 the eigenvalues of the symmetric PSD matrix M = sigma_a^(1/2) sigma_b sigma_a^(1/2)
+    (sigma_a sigma_b = X Y and M = Y X for X = sigma_a^(1/2), Y = sigma_a^(1/2) sigma_b, and XY, YX have the
+    same eigenvalues), and s_i the singular values of sigma_b^(1/2) sigma_a^(1/2), since M = (sigma_b^(1/2)
+    sigma_a^(1/2))^T (sigma_b^(1/2) sigma_a^(1/2)). The square roots of sigma_a and sigma_b come from their
+    eigendecompositions (`_covariance_sqrt`). The sum of singular values is used
+    because it avoids squaring: where M is singular, rounding moves its zero eigenvalues by about
+    eps ||M||, and their square roots by sqrt(eps ||M||), while a singular value moves by eps ||M||^(1/2).
+    Symmetric eigensolvers and an SVD only, so neither an epsilon nor a general matrix square root (whose
+    treatment of singular matrices varies across scipy versions) enters. Statistics that are not a
+    covariance (non-finite, asymmetric or with a negative eigenvalue beyond COVARIANCE_RTOL) raise ValueError.
     """
     mu_a, mu_b = np.atleast_1d(np.asarray(mu_a, np.float64)), np.atleast_1d(np.asarray(mu_b, np.float64))
     sigma_a, sigma_b = np.atleast_2d(np.asarray(sigma_a, np.float64)), np.atleast_2d(np.asarray(sigma_b, np.float64))
     if mu_a.shape != mu_b.shape or sigma_a.shape != sigma_b.shape or sigma_a.shape != mu_a.shape * 2:
         raise ValueError(f'FID: mismatched statistics: means {mu_a.shape} and {mu_b.shape}, '
                          f'covariances {sigma_a.shape} and {sigma_b.shape}')
-
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore', scipy.linalg.LinAlgWarning)  # Singular products are handled below.
-        covmean = scipy.linalg.sqrtm(sigma_a @ sigma_b)
-        if not np.isfinite(covmean).all():
-            offset = np.eye(sigma_a.shape[0]) * eps
-            covmean = scipy.linalg.sqrtm((sigma_a + offset) @ (sigma_b + offset))
-    if np.iscomplexobj(covmean):
-        max_imag = np.abs(np.diagonal(covmean).imag).max()
-        if max_imag > _FID_MAX_IMAG:
-            raise ValueError(f'FID: the square root of the covariance product has an imaginary component '
-                             f'({max_imag:g}); the statistics are not valid covariances')
-        covmean = covmean.real
+    sqrt_a = _covariance_sqrt('FID: the first statistics', mu_a, sigma_a)
+    sqrt_b = _covariance_sqrt('FID: the second statistics', mu_b, sigma_b)
+    trace_sqrt = np.linalg.svd(sqrt_b @ sqrt_a, compute_uv=False).sum()
 
     diff = mu_a - mu_b
-    return float(diff @ diff + np.trace(sigma_a) + np.trace(sigma_b) - 2 * np.trace(covmean))
+    return float(diff @ diff + np.trace(sigma_a) + np.trace(sigma_b) - 2 * trace_sqrt)
 
 
 def _accept_stats(name: str, ndim: int, num_features: int | None) -> Callable[[tuple[int, ...], np.dtype], str | None]:

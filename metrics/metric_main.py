@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 import dnnlib
+from torch_utils import devices
 
 from . import detectors, features
 from . import frechet_inception_distance, inception_score, kernel_inception_distance, precision_recall
@@ -94,6 +95,10 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
     protocol's image counts (tests, quick looks); num_workers: data loader worker processes (None = 3,
     or fewer on fewer CPUs).
 
+    The whole metric (G's images, the detector's features, the metric's own arithmetic) runs with TF32 off
+    (torch_utils/devices.full_precision) whatever the caller's switches, e.g. a --precision=tf32 training run's,
+    and the switches are restored afterwards.
+
     Returns EasyDict(results={name: value}, metric, total_time, total_time_str, num_gpus, num_gen, and
     as far as they apply num_real, data, ref_data, ref_stats, images (absolute paths), max_real, mirror,
     detector, pr_detector), with the same results on every rank. Raises DetectorUnavailableError when
@@ -109,7 +114,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                                   pr_detector_url=pr_detector_url, cache=cache, progress=progress, mirror=mirror,
                                   num_gen=num_gen, max_real=max_real, num_workers=num_workers)
     start_time = time.time()
-    results = _metric_dict[metric](opts)
+    with devices.full_precision():  # G's images and the metric's distances too, not only the features.
+        results = _metric_dict[metric](opts)
     total_time = time.time() - start_time
 
     # Only rank 0 computes the final numbers; share them.

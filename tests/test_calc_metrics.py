@@ -15,9 +15,10 @@ from click.testing import CliRunner
 import calc_metrics
 import training.data.dataset
 from metrics import features
+from tests.test_detectors import assert_full_precision, spy_on_detectors, tf32_on  # noqa: F401 (a fixture)
 from tests.test_metric_main import (TinyGenerator, dataset_kwargs_of, features_of, fid_reference, make_detector,
                                     write_dataset_zip)
-from torch_utils import persistence
+from torch_utils import devices, persistence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -176,6 +177,22 @@ def test_ref_stats_written_from_a_dataset_give_the_dataset_fid(run):
     result = invoke(run, f'--ref-stats={wrong_dim}', metrics='fid50k_full')
     assert result.exit_code == 1 and 'are 2048-dimensional, but the detector' in result.output
     assert len(result.output.strip().splitlines()[-1]) > 0 and 'Traceback' not in result.output
+
+
+def test_features_at_full_precision_whatever_the_switches(run, tf32_on, monkeypatch):
+    # TF32 allowed when calc_metrics.py starts (PyTorch's default for convolutions): off in every detector call, for
+    # every metric and for --write-stats, and on again afterwards.
+    seen = spy_on_detectors(monkeypatch)
+    before = devices.read_switches()
+    result = CliRunner().invoke(calc_metrics.main, [f'--data={run["data_path"]}', f'--detector={run["detector_path"]}',
+                                                    f'--write-stats={run["tmp_path"] / "data.train.npz"}'])
+    assert result.exit_code == 0, result.output
+    assert seen and devices.read_switches() == before
+    calls = len(seen)
+    result = invoke(run, f'--pr-detector={run["detector_path"]}', metrics='fid50k_full,is50k,kid50k_full,pr50k3_full')
+    assert result.exit_code == 0, result.output
+    assert len(seen) > calls and devices.read_switches() == before
+    assert_full_precision(seen)
 
 
 def test_images_instead_of_a_network(run):

@@ -1,10 +1,15 @@
-"""Tests of metrics/detectors.py: grayscale input, and the detector's failure message."""
+"""Tests of metrics/detectors.py: grayscale input, full float32 precision in every detector call (on a CPU, where
+torch's TF32 switches are plain flags, and on a GPU against float64), and the detector's failure message.
+
+`spy_on_detectors` and `tf32_on` are shared with the tests of the entry points (calc_metric, calc_metrics.py,
+the evaluation inside a training run)."""
 
 import numpy as np
 import pytest
 import torch
 
 from metrics import detectors, features
+from torch_utils import devices
 
 
 class _ChannelMeans(torch.nn.Module):
@@ -18,6 +23,92 @@ def test_run_detector_repeats_grayscale():
     gray = torch.tensor([[[[0, 10], [20, 30]]]], dtype=torch.uint8)
     out = detectors.run_detector(detector, gray, dict(return_features=True))
     np.testing.assert_array_equal(out.numpy(), [[15.0, 15.0, 15.0]])
+
+
+@pytest.fixture
+def tf32_on(monkeypatch):
+    """TF32 allowed for matmuls and convolutions, as PyTorch's default (convolutions) or --precision=tf32 sets it."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', True)
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', True)
+
+
+def spy_on_detectors(monkeypatch) -> list[dict]:
+    """Every detector loaded through metrics/detectors.py from now on records torch's process-wide switches
+    (devices.read_switches) at each of its calls, in the list returned."""
+    seen = []
+    load = detectors.get_feature_detector
+
+    def load_spying(*args, **kwargs):
+        detector = load(*args, **kwargs)
+
+        def call(*call_args, **call_kwargs):
+            seen.append(devices.read_switches())
+            return detector(*call_args, **call_kwargs)
+        return call
+    monkeypatch.setattr(detectors, 'get_feature_detector', load_spying)
+    return seen
+
+
+def assert_full_precision(seen: list[dict], num_calls: int | None = None) -> None:
+    """Every recorded call ran with TF32 off (and there were `num_calls`, or at least one)."""
+    assert len(seen) == num_calls if num_calls is not None else seen
+    assert all(not s['matmul_tf32'] and not s['cudnn_tf32'] for s in seen), seen
+
+
+def test_detector_runs_with_tf32_off_and_the_switches_come_back(tf32_on):
+    seen = []
+
+    def detector(x, return_features=False):
+        seen.append(devices.read_switches())
+        if x.shape[0] == 0:
+            raise RuntimeError('detector failed')
+        return x.to(torch.float32).mean(dim=[2, 3])
+
+    before = devices.read_switches()
+    images = torch.zeros([2, 3, 4, 4], dtype=torch.uint8)
+    detectors.run_detector(detector, images, dict(return_features=True))
+    assert devices.read_switches() == before and before['matmul_tf32'] and before['cudnn_tf32']
+    with pytest.raises(RuntimeError, match='detector failed'):
+        detectors.run_detector(detector, images[:0], dict(return_features=True))
+    assert devices.read_switches() == before  # Also when the detector raises.
+    assert_full_precision(seen, num_calls=2)
+    assert all(s == dict(before, matmul_tf32=False, cudnn_tf32=False) for s in seen)  # Nothing else changed.
+
+
+class _ConvFeatures(torch.nn.Module):
+    """A convolutional detector with random weights: uint8 images -> 64 pooled features. Wide enough that TF32's
+    10-bit mantissa shows (relative errors ~1e-3), where float32's 1e-5 does not."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = torch.nn.ModuleList([torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.Conv2d(64, 128, 3, padding=1),
+                                          torch.nn.Conv2d(128, 64, 3, padding=1)])
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        h = x.to(self.fc.weight.dtype) / 127.5 - 1
+        for conv in self.convs:
+            h = torch.relu(conv(h))
+        return self.fc(h.mean(dim=[2, 3]))
+
+
+@pytest.mark.gpu
+def test_features_on_the_gpu_match_float64_even_with_tf32_allowed(tf32_on):
+    """On CUDA, with TF32 allowed around it, a convolutional detector's features match a float64 CPU computation
+    within 1e-5 relative (of the largest feature)."""
+    torch.manual_seed(0)
+    net = _ConvFeatures().eval()
+    images = torch.randint(0, 256, [8, 3, 32, 32], dtype=torch.uint8)
+    with torch.no_grad():
+        reference = net.double()(images, return_features=True)
+        detector = torch.jit.script(net.float().cuda())
+        features = detectors.run_detector(detector, images.cuda(), dict(return_features=True)).double().cpu()
+        error = ((features - reference).abs().max() / reference.abs().max()).item()
+        assert error <= 1e-5, f'features differ from float64 by {error:.3g} of the largest'
+        if torch.cuda.get_device_capability() >= (8, 0):  # TF32 tensor cores: the same call outside run_detector misses.
+            tf32 = detector(images.cuda(), return_features=True).double().cpu()
+            tf32_error = ((tf32 - reference).abs().max() / reference.abs().max()).item()
+            assert tf32_error > 1e-5, f'with TF32 the features differ by only {tf32_error:.3g}: the test cannot tell'
 
 
 def test_unreachable_detector_gives_one_clear_line(tmp_path, monkeypatch):

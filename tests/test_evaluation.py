@@ -8,6 +8,7 @@ import dnnlib
 from metrics import detectors, metric_main
 from training.run.evaluation import MetricEvaluator
 from training.run.run_state import RunState
+from tests.test_training_loop import tiny_preset  # noqa: F401 (a fixture: the --cfg=tiny of the loop's tests)
 
 
 def _evaluator(tmp_path, monkeypatch, values, lines):
@@ -55,3 +56,32 @@ def test_unavailable_detector_costs_the_metrics_once(tmp_path, monkeypatch):
     assert evaluator.evaluate(None, 'b.pkl') == ({}, {})
     assert calls == ['fid50k_full'] and lines == ['Warning: cannot fetch the Inception detector; training continues without metrics']
     assert metrics == ['fid50k_full', 'is50k']  # The caller's list is left alone.
+
+
+def test_metrics_of_a_tf32_training_run_run_at_full_precision(tmp_path, monkeypatch, tiny_preset):
+    """A --precision=tf32 run trains with TF32 on, and every detector call of its snapshot metrics sees it off."""
+    import functools
+    from tests.test_detectors import assert_full_precision, spy_on_detectors
+    from tests.test_metric_main import make_detector, write_dataset_zip
+    from tests.test_training_loop import _tiny_experiment
+    from torch_utils import devices
+    from training import training_loop
+    from training.step.updater import NetworkUpdater
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
+    monkeypatch.setattr(metric_main, 'calc_metric', functools.partial(metric_main.calc_metric, num_gen=10, max_real=8))
+    write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
+    make_detector(str(tmp_path / 'detector.pt'))
+    seen_by_steps = []
+    step = NetworkUpdater.step
+    monkeypatch.setattr(NetworkUpdater, 'step', lambda self, *a, **kw: (seen_by_steps.append(devices.read_switches()),
+                                                                        step(self, *a, **kw))[1])
+    seen_by_detectors = spy_on_detectors(monkeypatch)
+    before = devices.read_switches()
+    experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=2, batch=2, tick=0.002, snap=1, precision='tf32',
+                                  metrics=('fid50k_full', 'is50k'), detector=str(tmp_path / 'detector.pt'))
+    (tmp_path / 'run').mkdir()
+    training_loop.training_loop(experiment, run_dir=str(tmp_path / 'run'))
+    assert seen_by_steps and all(s['matmul_tf32'] and s['cudnn_tf32'] for s in seen_by_steps)
+    assert len(seen_by_detectors) >= 2 * 2  # Two snapshots, two metrics.
+    assert_full_precision(seen_by_detectors)
+    assert devices.read_switches() == before

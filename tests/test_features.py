@@ -8,7 +8,7 @@ import numpy as np
 import PIL.Image
 import torch
 
-from metrics import features
+from metrics import detectors, features
 
 
 def test_feature_stats_mean_cov_truncation_and_round_trip(tmp_path):
@@ -46,6 +46,12 @@ def test_stats_cache_key(tmp_path, monkeypatch):
     assert key(dict(kwargs, xflip=True)) != base
     # A snapshot written before training/ had sub-packages names the same class by its old module.
     assert key(dict(kwargs, class_name='training.dataset.ImageFolderDataset')) == base
+    # Features of other arithmetic (statistics cached before detector calls ran at full float32 precision).
+    monkeypatch.setattr(detectors, 'ARITHMETIC', 'float32, TF32 allowed')
+    assert key(kwargs) != base
+    monkeypatch.undo()
+    monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
+    assert key(kwargs) == base
     data.write_bytes(b'rebuilt dataset')  # A rebuilt dataset gets new statistics.
     assert key(kwargs) != base
 

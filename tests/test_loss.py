@@ -352,6 +352,73 @@ def test_affine_d_step_matches_the_plain_one(norm, fuse):
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12 * grads[1].abs().max().item())
 
 
+class TinyConvD(nn.Module):
+    """A piecewise-linear, sample-independent D of conv and linear layers only (so GANLoss takes GN's affine form for
+    it), on SHAPE images: 174 parameters, few enough for finite differences in every one."""
+    is_piecewise_linear = is_sample_independent = True
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(SHAPE[0], 3, 3, padding=1)
+        self.conv2 = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, x, c):
+        h = F.leaky_relu(self.conv1(x), 0.2)
+        h = F.leaky_relu(self.conv2(h), 0.2)
+        return self.out(h.mean(dim=[2, 3]))
+
+
+def gn_hinge_d_loss(D, real, fake, c, zeta) -> float:
+    """The GN D step's loss, written out independently of training/step/: mean relu(1 - f_hat(real)) +
+    mean relu(1 + f_hat(fake)), f_hat = f / (||grad_x f|| + zeta(f)), grad_x f by a first-order autograd.grad
+    (no graph through it: only the value is needed here)."""
+    total = 0.0
+    for x, sign in ((real, 1), (fake, -1)):
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            f = D(x, c)
+            grad, = torch.autograd.grad(f.sum(), x)
+        f, n = f.detach()[:, 0], grad.flatten(1).norm(dim=1)
+        f_hat = f / (n + (f.abs() if zeta == 'abs' else zeta))
+        total += torch.relu(1 - sign * f_hat).mean().item()
+    return total
+
+
+@pytest.mark.parametrize('norm', ['gn', 'gn1', 'gn0'])
+@pytest.mark.parametrize('linear_d', [None, False])  # The default affine form; the plain double backward.
+def test_gn_d_step_parameter_gradients_match_finite_differences(norm, linear_d):
+    """An oracle for D's parameter gradients in the GN D step, independent of how the step differentiates: float64
+    central differences of the loss in each of D's parameters. It sees the loss's dependence on theta through
+    ||grad_x f||, which a step that detached the norm (in normalize_gradient or in the affine form) would miss."""
+    torch.manual_seed(0)
+    D = TinyConvD().double()
+    with torch.no_grad():
+        for p in D.parameters():
+            p.normal_(0, 0.5)  # Non-zero biases, so that the affine form's bias terms count.
+    oracle_D = copy.deepcopy(D)
+    real, c, z = _batch(7, n=4)
+    gan_loss = GANLoss(G=ReshapeG(), D=D, loss='hinge', norm=norm, linear_d=linear_d)
+    gan_loss.accumulate_gradients('D', real, c, z, c)
+    assert (gan_loss.bias_layers is not None) == (linear_d is None)  # The affine form was used (checked, kept).
+    computed = torch.cat([p.grad.flatten() for p in D.parameters()])
+
+    fake, h = z.reshape(-1, *SHAPE), 1e-6
+    expected = []
+    with torch.no_grad():
+        for p in oracle_D.parameters():
+            flat = p.view(-1)
+            for i in range(flat.numel()):
+                flat[i] += h
+                plus = gn_hinge_d_loss(oracle_D, real, fake, c, CONSTRAINTS[norm].gn_zeta)
+                flat[i] -= 2 * h
+                minus = gn_hinge_d_loss(oracle_D, real, fake, c, CONSTRAINTS[norm].gn_zeta)
+                flat[i] += h
+                expected.append((plus - minus) / (2 * h))
+    expected = torch.tensor(expected, dtype=torch.float64)
+    torch.testing.assert_close(computed, expected, rtol=1e-6, atol=1e-7 * expected.abs().max().item())
+
+
 def test_affine_d_step_is_checked_once_and_falls_back():
     class Shifted(nn.Module):  # Claims piecewise linearity, but adds a constant no bias layer carries.
         is_piecewise_linear = is_sample_independent = True

@@ -16,8 +16,9 @@ import scipy.linalg
 import torch
 
 from metrics import features, metric_main
+from tests.test_detectors import assert_full_precision, spy_on_detectors, tf32_on  # noqa: F401 (a fixture)
 from tests.test_precision_recall import fraction_in_manifold_by_loops
-from torch_utils import persistence
+from torch_utils import devices, persistence
 
 #----------------------------------------------------------------------------
 # Helpers.
@@ -217,6 +218,24 @@ def test_inception_score_kid_and_pr_run_end_to_end(setup):
     assert np.isfinite(kid)
     pr = metric_main.calc_metric('pr50k3_full', G=TinyGenerator(), num_gen=16, **kwargs).results
     assert 0 <= pr.pr50k3_full_precision <= 1 and 0 <= pr.pr50k3_full_recall <= 1
+
+def test_every_metric_runs_with_tf32_off_and_restores_the_switches(setup, tf32_on, monkeypatch):
+    # TF32 allowed by the caller (a --precision=tf32 run, PyTorch's default for convolutions): every detector call
+    # and every G call inside each metric sees it off; afterwards it is on again.
+    seen_by_detectors = spy_on_detectors(monkeypatch)
+    seen_by_G = []
+    G = TinyGenerator()
+    G.register_forward_pre_hook(lambda *args: seen_by_G.append(devices.read_switches()))
+    before = devices.read_switches()
+    kwargs = dict(dataset_kwargs=dataset_kwargs_of(setup['data_path']), detector_url=setup['detector_path'],
+                  pr_detector_url=setup['detector_path'], num_gen=16, cache=False)
+    for metric in ['fid50k_full', 'is50k', 'kid50k_full', 'pr50k3_full']:
+        calls = len(seen_by_detectors)
+        metric_main.calc_metric(metric, G=G, **kwargs)
+        assert len(seen_by_detectors) > calls, metric
+        assert devices.read_switches() == before
+    assert_full_precision(seen_by_detectors)
+    assert_full_precision(seen_by_G)
 
 #----------------------------------------------------------------------------
 # report_metric.

@@ -51,3 +51,27 @@ def test_generator_grown_to_16x16_is_judged_and_a_64x64_one_refused(tmp_path):
     persistence.save_snapshot(str(tmp_path / 'snapshot64.pkl'), dict(G_ema=big))
     with pytest.raises(click.ClickException, match='holds no 8x8, 16x16 or 32x32 grayscale digit generator'):
         quickstart_quality.generate(str(tmp_path / 'snapshot64.pkl'), num=2, seed=0)
+
+
+def test_classifier_and_features_at_full_precision_whatever_the_switches(tmp_path, monkeypatch):
+    """With TF32 allowed when the script starts, every classifier call (training and judging) sees it off; it is on
+    again afterwards."""
+    from click.testing import CliRunner
+    from torch_utils import devices
+    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', True)
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', True)
+    load = quickstart_quality.load_digits
+    monkeypatch.setattr(quickstart_quality, 'load_digits', lambda path: tuple(t[:300] for t in load(path)))  # Faster.
+    seen = []
+    features = quickstart_quality.DigitClassifier.features
+    monkeypatch.setattr(quickstart_quality.DigitClassifier, 'features',
+                        lambda self, x: (seen.append(devices.read_switches()), features(self, x))[1])
+    torch.manual_seed(0)
+    G = stylegan.Generator(c_dim=0, img_resolution=16, img_channels=1, z_dim=8, w_dim=8, fmap_base=32, fmap_max=8).eval()
+    path = str(tmp_path / 'snapshot.pkl')
+    persistence.save_snapshot(path, dict(G_ema=G))
+    before = devices.read_switches()
+    result = CliRunner().invoke(quickstart_quality.main, [f'--network={path}', '--num=20', '--epochs=1', '--device=cpu'])
+    assert result.exit_code == 0, result.output
+    assert len(seen) >= 4 + 3 and all(not s['matmul_tf32'] and not s['cudnn_tf32'] for s in seen)  # 4 training batches, then judging.
+    assert devices.read_switches() == before

@@ -12,7 +12,8 @@ one, else the CPU). Everything below the command line receives it as an argument
 
 Process-wide switches (TF32 matmuls and convolutions, cuDNN's benchmark and deterministic modes,
 deterministic algorithms) are set for a run by `run_switches` and restored when it ends, so that a
-run inside a larger program (a test, a notebook) leaves the program as it found it.
+run inside a larger program (a test, a notebook) leaves the program as it found it. `full_precision`
+turns TF32 off for a stretch of work inside a run (metrics: the same numbers on every GPU).
 """
 
 from __future__ import annotations
@@ -125,6 +126,20 @@ def run_switches(device: torch.device, allow_tf32: bool, deterministic: bool = F
         torch.use_deterministic_algorithms(deterministic, warn_only=True)
         if deterministic and device.type == 'cuda':
             os.environ.setdefault(CUBLAS_WORKSPACE_ENV, CUBLAS_DETERMINISTIC_WORKSPACE)
+        yield
+    finally:
+        write_switches(saved)
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """float32 matmuls and convolutions at full float32 precision inside (TF32 off, for cuBLAS and cuDNN),
+    whatever the run's precision; the switches as they were afterwards, also when the work raises.
+    A no-op for the arithmetic on a CPU, where the switches are plain flags."""
+    saved = read_switches()
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         yield
     finally:
         write_switches(saved)

@@ -4,7 +4,8 @@ At every snapshot `MetricEvaluator.evaluate()` computes each metric on G_ema (al
 together, metrics/metric_main.py), appends the results to metric-<name>.jsonl (process 0), and
 returns them as statistics ('Metrics/<result>': {num, mean, std}) for stats.jsonl and as values,
 from which the run state keeps the best (training/run/run_state.py). A detector that cannot be had (no network, a bad
-path) costs the run its metrics, with one warning, not the run itself.
+path) costs the run its metrics, with one warning, not the run itself. The metrics run with TF32 off
+whatever the run's --precision (metric_main.calc_metric), so that a snapshot's FID does not depend on it.
 """
 
 from __future__ import annotations
