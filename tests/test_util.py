@@ -1,7 +1,9 @@
 """dnnlib.util: EasyDict, the allow-list of construct_class_by_name, parse_int_list, format_time, open_url."""
 
 import http.server
+import io
 import os
+import tempfile
 import threading
 
 import pytest
@@ -127,26 +129,149 @@ def test_open_url_local_path(tmp_path):
         util.open_url(str(tmp_path / 'missing'))
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    """An HTTP server on 127.0.0.1 (an ephemeral port) that answers GET requests by its routes: path -> function
+    of the request handler that writes the whole response. It serves at most `max_requests` (then 503) and
+    gives each connection at most `timeout` seconds."""
+
+    def __init__(self, routes: dict, max_requests: int = 8, timeout: float = 5) -> None:
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                self.timeout = timeout  # StreamRequestHandler: the socket's timeout.
+                super().setup()
+
+            def do_GET(self) -> None:
+                server.requests.append(self.path)
+                if len(server.requests) > max_requests or self.path not in routes:
+                    self.send_error(503 if self.path in routes else 404)
+                    return
+                routes[self.path](self)
+
+            def log_message(self, *args) -> None:
+                pass
+        self.requests: list[str] = []
+        super().__init__(('127.0.0.1', 0), Handler)
+        self.daemon_threads = True
+        self.thread = threading.Thread(target=self.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True)
+
+    def url(self, path: str) -> str:
+        return f'http://127.0.0.1:{self.server_address[1]}{path}'
+
+    def __enter__(self) -> '_Server':
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+        self.server_close()
+        self.thread.join(timeout=5)
+
+
+def _send(body: bytes, length: int | None | str = 'true', chunked: bool = False):
+    """A route that sends `body`: with the Content-Length header `length` ('true': len(body); None: none, so that
+    the connection's end delimits the body), and in chunked transfer encoding if `chunked`."""
+    def route(handler: http.server.BaseHTTPRequestHandler) -> None:
+        nonlocal length
+        length = len(body) if length == 'true' else length
+        handler.protocol_version = 'HTTP/1.1'
+        handler.send_response(200)
+        if length is not None:
+            handler.send_header('Content-Length', str(length))
+        if chunked:
+            handler.send_header('Transfer-Encoding', 'chunked')
+        handler.send_header('Connection', 'close')
+        handler.end_headers()
+        try:
+            for start in range(0, len(body), 16 << 10):
+                piece = body[start:start + (16 << 10)]
+                handler.wfile.write(b'%x\r\n%s\r\n' % (len(piece), piece) if chunked else piece)
+            if chunked:
+                handler.wfile.write(b'0\r\n\r\n')
+        except (BrokenPipeError, ConnectionResetError):  # The client stopped reading: what a refusal does.
+            pass
+        handler.close_connection = True
+    return route
+
+
+def _cache_files(cache_dir) -> list[str]:
+    folder = os.path.join(cache_dir, 'downloads')
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
 def test_open_url_http_cached(tmp_path):
-    """Serve a file on loopback, fetch it once, then fetch it again with the server gone."""
-    (tmp_path / 'srv').mkdir()
-    (tmp_path / 'srv' / 'blob.bin').write_bytes(b'payload')
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / 'srv'), **k)
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
-    server.RequestHandlerClass.log_message = lambda *a: None
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f'http://127.0.0.1:{server.server_address[1]}/blob.bin'
-    try:
-        with util.open_url(url, cache_dir=str(tmp_path / 'cache'), verbose=False) as f:
+    """Fetch a file once over loopback, then again with the server gone; without a cache the download is an
+    anonymous temporary file."""
+    cache = str(tmp_path / 'cache')
+    with _Server({'/blob.bin': _send(b'payload')}) as server:
+        url = server.url('/blob.bin')
+        with util.open_url(url, cache_dir=cache, verbose=False) as f:
             assert f.read() == b'payload'
-    finally:
-        server.shutdown()
-        server.server_close()
-    with util.open_url(url, cache_dir=str(tmp_path / 'cache'), verbose=False) as f:
+        with util.open_url(url, cache_dir=cache, verbose=False, cache=False) as f:
+            assert f.read() == b'payload' and not isinstance(f, io.BytesIO) and f.fileno() >= 0  # A file, not memory.
+    assert server.requests == ['/blob.bin', '/blob.bin']
+    with util.open_url(url, cache_dir=cache, verbose=False) as f:
         assert f.read() == b'payload'
+    assert len(_cache_files(cache)) == 1 and _cache_files(cache)[0].endswith('_blob.bin')
     with pytest.raises(util.DownloadError, match='Could not download'):
-        util.open_url(url, cache_dir=str(tmp_path / 'cache'), verbose=False, cache=False, num_attempts=1)
+        util.open_url(url, cache_dir=cache, verbose=False, cache=False, num_attempts=1)
+
+
+CAP = 64 << 10  # The cap of the downloads below.
+
+
+@pytest.mark.parametrize('route,served', [
+    ('/declared', lambda body: _send(body)),                                    # an honest Content-Length over the cap
+    ('/unsized', lambda body: _send(body, length=None)),                        # no length: the connection's end delimits it
+    ('/lying', lambda body: _send(body, length=100, chunked=True)),             # claims 100 bytes, sends 3x the cap chunked
+])
+@pytest.mark.parametrize('cache', [True, False], ids=['cache', 'no-cache'])
+def test_download_over_the_cap_is_refused_in_one_line_and_leaves_nothing(tmp_path, monkeypatch, route, served, cache):
+    body = os.urandom(3 * CAP)
+    kept, temporary_file = [], tempfile.TemporaryFile
+    monkeypatch.setattr(util.tempfile, 'TemporaryFile', lambda *a, **k: kept.append(temporary_file(*a, **k)) or kept[-1])
+    with _Server({route: served(body)}) as server:
+        with pytest.raises(util.DownloadError) as info:
+            util.open_url(server.url(route), cache_dir=str(tmp_path), verbose=False, cache=cache, max_bytes=CAP)
+    assert str(info.value) == f'Could not download {server.url(route)}: it is larger than the cap of {CAP:,} bytes ' \
+                              f'(download it by other means and pass its local path)'
+    assert server.requests == [route]  # Refused at once, not tried again.
+    assert os.listdir(tmp_path) == ([] if not cache else ['downloads']) and _cache_files(tmp_path) == []
+    assert len(kept) == (0 if cache else 1) and all(f.closed for f in kept)
+
+
+def test_download_that_ends_early_leaves_no_cache_entry(tmp_path):
+    """A server that declares 1000 bytes and sends 10: an error after every attempt, and nothing in the cache."""
+    with _Server({'/short': _send(b'0123456789', length=1000)}) as server:
+        with pytest.raises(util.DownloadError, match=r'^Could not download http://127\.0\.0\.1:\d+/short \(\w+\)$'):
+            util.open_url(server.url('/short'), cache_dir=str(tmp_path), verbose=False, num_attempts=2)
+    assert server.requests == ['/short', '/short'] and _cache_files(tmp_path) == []
+
+
+@pytest.mark.parametrize('cache', [True, False], ids=['cache', 'no-cache'])
+def test_download_streams_in_bounded_chunks(tmp_path, monkeypatch, cache):
+    """The body never sits whole in memory: every read of the response asks for at most DOWNLOAD_CHUNK_BYTES, and
+    the bytes arrive whole on disk."""
+    import urllib3
+    monkeypatch.setattr(util, 'DOWNLOAD_CHUNK_BYTES', 4096)
+    requested, returned = [], []
+    read = urllib3.response.HTTPResponse.read
+
+    def recording_read(self, amt=None, *args, **kwargs):
+        requested.append(amt)
+        data = read(self, amt, *args, **kwargs)
+        returned.append(len(data))
+        return data
+    monkeypatch.setattr(urllib3.response.HTTPResponse, 'read', recording_read)
+    body = os.urandom(100 << 10)
+    with _Server({'/a': _send(body), '/b': _send(body, length=None)}) as server:
+        for route in ('/a', '/b'):
+            requested.clear(), returned.clear()
+            with util.open_url(server.url(route), cache_dir=str(tmp_path), verbose=False, cache=cache, max_bytes=len(body)) as f:
+                assert f.read() == body
+            assert None not in requested and max(requested) <= 4096 and max(returned) <= 4096, (requested, returned)
+            assert sum(returned) == len(body)
 
 
 def test_atomic_path_renames_on_success_and_removes_on_failure(tmp_path):
