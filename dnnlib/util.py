@@ -259,11 +259,21 @@ class DownloadError(OSError):
     """A URL could not be fetched (offline, unreachable host, HTTP error, a body larger than the cap)."""
 
 
-# The most bytes a download may hold. The largest files the project fetches (VGG16's detector, 528 MB; the
-# snapshots and checkpoints of the 1024x1024 and 256x256 networks) stay well below it; a file that does not can
-# be downloaded by other means and passed as a local path.
+# The most bytes a download may hold, unless $GNGAN_MAX_DOWNLOAD_BYTES says otherwise. The largest files the project
+# fetches (VGG16's detector, 528 MB; the snapshots and checkpoints of the 1024x1024 and 256x256 networks) stay well
+# below it; a larger file can be downloaded by other means and passed as a local path.
 MAX_DOWNLOAD_BYTES = 4 << 30
 DOWNLOAD_CHUNK_BYTES = 1 << 20  # A download is written to its file this many bytes at a time, never held whole.
+
+
+def max_download_bytes() -> int:
+    """The cap of downloads: $GNGAN_MAX_DOWNLOAD_BYTES when set (a positive integer), else MAX_DOWNLOAD_BYTES."""
+    value = os.environ.get('GNGAN_MAX_DOWNLOAD_BYTES', '')
+    if not value:
+        return MAX_DOWNLOAD_BYTES
+    if not value.isdigit() or int(value) == 0:
+        raise DownloadError(f'GNGAN_MAX_DOWNLOAD_BYTES must be a positive number of bytes, not {value[:40]!r}')
+    return int(value)
 
 
 def _download(url: str, file: BinaryIO, max_bytes: int, timeout: float, verbose: bool) -> None:
@@ -274,8 +284,8 @@ def _download(url: str, file: BinaryIO, max_bytes: int, timeout: float, verbose:
     body that grows past the cap (whatever its headers said) when its bytes pass it."""
     import requests  # Imported lazily: only downloads need it.
     from tqdm import tqdm
-    too_large = f'Could not download {url}: it is larger than the cap of {max_bytes:,} bytes ' \
-                f'(download it by other means and pass its local path)'
+    too_large = f'Could not download {url}: it is larger than the cap of {max_bytes:,} bytes (raise it with ' \
+                f'GNGAN_MAX_DOWNLOAD_BYTES, or download the file by other means and pass its local path)'
     with requests.get(url, stream=True, timeout=timeout, headers={'Accept-Encoding': 'identity'}) as res:
         res.raise_for_status()
         declared = res.headers.get('Content-Length', '')
@@ -293,12 +303,13 @@ def _download(url: str, file: BinaryIO, max_bytes: int, timeout: float, verbose:
 
 
 def open_url(url: str, cache_dir: str | None = None, num_attempts: int = 3, verbose: bool = True,
-             cache: bool = True, timeout: float = 30, max_bytes: int = MAX_DOWNLOAD_BYTES) -> BinaryIO:
+             cache: bool = True, timeout: float = 30, max_bytes: int | None = None) -> BinaryIO:
     """Open a local path, file:// URL or http(s):// URL as a binary file object.
 
-    http(s) downloads stream to a file, never whole into memory, and hold at most `max_bytes`: with `cache`,
-    to `cache_dir/downloads/<md5 of url>_<name>` under a temporary name renamed when the download is complete,
-    so an interrupted or refused download never leaves a cache entry; without, to an anonymous temporary file.
+    http(s) downloads stream to a file, never whole into memory, and hold at most `max_bytes` (default:
+    max_download_bytes()): with `cache`, to `cache_dir/downloads/<md5 of url>_<name>` under a temporary name
+    renamed when the download is complete, so an interrupted or refused download never leaves a cache entry;
+    without, to an anonymous temporary file.
     Failure raises DownloadError with one readable line naming the URL (and the cap, when the body exceeds it).
     """
     if not is_url(url):
@@ -319,6 +330,8 @@ def open_url(url: str, cache_dir: str | None = None, num_attempts: int = 3, verb
 
     import requests  # Imported lazily: only downloads need it.
     import urllib3
+    if max_bytes is None:
+        max_bytes = max_download_bytes()
     last_error: Exception | None = None
     for _attempt in range(num_attempts):
         if verbose:

@@ -235,10 +235,25 @@ def test_download_over_the_cap_is_refused_in_one_line_and_leaves_nothing(tmp_pat
         with pytest.raises(util.DownloadError) as info:
             util.open_url(server.url(route), cache_dir=str(tmp_path), verbose=False, cache=cache, max_bytes=CAP)
     assert str(info.value) == f'Could not download {server.url(route)}: it is larger than the cap of {CAP:,} bytes ' \
-                              f'(download it by other means and pass its local path)'
+                              f'(raise it with GNGAN_MAX_DOWNLOAD_BYTES, or download the file by other means and pass its local path)'
     assert server.requests == [route]  # Refused at once, not tried again.
     assert os.listdir(tmp_path) == ([] if not cache else ['downloads']) and _cache_files(tmp_path) == []
     assert len(kept) == (0 if cache else 1) and all(f.closed for f in kept)
+
+
+def test_download_cap_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv('GNGAN_MAX_DOWNLOAD_BYTES', str(CAP))
+    assert util.max_download_bytes() == CAP
+    with _Server({'/a': _send(bytes(CAP)), '/b': _send(bytes(CAP + 1), length=None)}) as server:
+        with util.open_url(server.url('/a'), cache_dir=str(tmp_path), verbose=False) as f:
+            assert f.read() == bytes(CAP)
+        with pytest.raises(util.DownloadError, match=f'larger than the cap of {CAP:,} bytes'):
+            util.open_url(server.url('/b'), cache_dir=str(tmp_path), verbose=False)
+    monkeypatch.setenv('GNGAN_MAX_DOWNLOAD_BYTES', '2GB')
+    with pytest.raises(util.DownloadError, match="^GNGAN_MAX_DOWNLOAD_BYTES must be a positive number of bytes, not '2GB'$"):
+        util.open_url(server.url('/a'), cache_dir=str(tmp_path / 'other'), verbose=False)
+    monkeypatch.delenv('GNGAN_MAX_DOWNLOAD_BYTES')
+    assert util.max_download_bytes() == util.MAX_DOWNLOAD_BYTES == 4 << 30
 
 
 def test_download_that_ends_early_leaves_no_cache_entry(tmp_path):
