@@ -9,11 +9,14 @@ deflate stream can be repeated rather than computed: the bombs take milliseconds
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import io
 import json
 import os
+import pickle
 import struct
 import sys
+import tarfile
 import tempfile
 import zipfile
 import zlib
@@ -46,20 +49,30 @@ def deflated(name: str, data: bytes) -> Entry:
     return Entry(name, stream, zipfile.ZIP_DEFLATED, zlib.crc32(data), len(data), len(stream))
 
 
-def deflate_bomb(name: str, num_bytes: int, prefix: bytes = b'') -> Entry:
-    """`prefix` followed by zeros up to `num_bytes`, as a deflate stream of about num_bytes / 1000 bytes:
-    one MiB of zeros compressed with a full flush (byte-aligned, no reference to earlier data) repeated,
-    the remainder, then an empty final block (fixed Huffman: bits 1, 01, 0000000)."""
-    def flushed(data: bytes) -> bytes:
+def deflate_repeated(pieces: list[tuple[bytes, int]]) -> tuple[bytes, int, int]:
+    """(raw deflate stream, CRC-32, size) of the bytes `block` repeated `count` times for each (block, count) in turn:
+    each block is compressed once with a full flush (byte-aligned, no reference to earlier data) and its stream
+    repeated, then an empty final block (fixed Huffman: bits 1, 01, 0000000) ends it."""
+    stream, crc, size = [], 0, 0
+    for block, count in pieces:
         compressor = zlib.compressobj(9, zlib.DEFLATED, -15)  # wbits -15: a raw deflate stream, as zip holds it.
-        return compressor.compress(data) + compressor.flush(zlib.Z_FULL_FLUSH)
-    num_chunks, remainder = divmod(num_bytes - len(prefix), _CHUNK)
-    stream = flushed(prefix) + flushed(bytes(_CHUNK)) * num_chunks + flushed(bytes(remainder)) + b'\x03\x00'
-    crc, chunk = zlib.crc32(prefix), bytes(_CHUNK)
-    for _ in range(num_chunks):
-        crc = zlib.crc32(chunk, crc)
-    crc = zlib.crc32(bytes(remainder), crc)
-    return Entry(name, stream, zipfile.ZIP_DEFLATED, crc, num_bytes, len(stream))
+        stream.append((compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)) * count)
+        for _ in range(count):
+            crc = zlib.crc32(block, crc)
+        size += len(block) * count
+    return b''.join(stream) + b'\x03\x00', crc, size
+
+
+def zeros(num_bytes: int) -> list[tuple[bytes, int]]:
+    """`num_bytes` zeros as pieces of deflate_repeated: whole MiB and the remainder."""
+    num_chunks, remainder = divmod(num_bytes, _CHUNK)
+    return [(bytes(_CHUNK), num_chunks), (bytes(remainder), 1)]
+
+
+def deflate_bomb(name: str, num_bytes: int, prefix: bytes = b'') -> Entry:
+    """`prefix` followed by zeros up to `num_bytes`, as a deflate stream of about num_bytes / 1000 bytes."""
+    stream, crc, size = deflate_repeated([(prefix, 1)] + zeros(num_bytes - len(prefix)))
+    return Entry(name, stream, zipfile.ZIP_DEFLATED, crc, size, len(stream))
 
 
 def _sizes(e: Entry) -> tuple[int, int, bytes]:
@@ -194,6 +207,117 @@ def detector_bytes() -> bytes:
         make_detector(os.path.join(tmp, 'detector.pt'))
         with open(os.path.join(tmp, 'detector.pt'), 'rb') as f:
             return f.read()
+
+#----------------------------------------------------------------------------
+# Tar archives (dataset_tool's CIFAR-10 and STL-10 sources), CIFAR-10 batches, LMDB databases.
+
+
+def tar_header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    """The 512-byte header of a member `name` of `size` bytes (GNU format: any size), without its data."""
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+def _blocks(num_bytes: int) -> int:
+    """The bytes of `num_bytes` of member data in a tar: whole 512-byte blocks."""
+    return -(-num_bytes // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    """A plain tar archive of (name, data) members."""
+    out = b''.join(tar_header(name, len(data)) + data.ljust(_blocks(len(data)), b'\0') for name, data in members)
+    return out + bytes(2 * tarfile.BLOCKSIZE)
+
+
+def gzip_repeated(pieces: list[tuple[bytes, int]]) -> bytes:
+    """A gzip file of deflate_repeated(pieces): header (magic, deflate, no flags, no time, no extra flags, Unix),
+    the deflate stream, CRC-32 and size modulo 2^32."""
+    stream, crc, size = deflate_repeated(pieces)
+    return b'\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03' + stream + struct.pack('<II', crc, size & 0xFFFFFFFF)
+
+
+def tar_gz_bomb(name: str, num_bytes: int) -> bytes:
+    """A tar.gz of one member `name` of `num_bytes` zeros: about num_bytes / 1000 bytes."""
+    return gzip_repeated([(tar_header(name, num_bytes), 1)] + zeros(_blocks(num_bytes) + 2 * tarfile.BLOCKSIZE))
+
+
+def tar_claiming(name: str, num_bytes: int) -> bytes:
+    """A plain tar whose member `name` claims `num_bytes` and holds 512."""
+    return tar_header(name, num_bytes) + bytes(3 * tarfile.BLOCKSIZE)
+
+
+def tar_gz_of_empty_members(count: int, name: str = 'x') -> bytes:
+    """A tar.gz of `count` empty members, all called `name`: tarfile keeps a header object for each one listed."""
+    per_chunk = _CHUNK // tarfile.BLOCKSIZE
+    header = tar_header(name, 0)
+    return gzip_repeated([(header * per_chunk, count // per_chunk), (header * (count % per_chunk), 1),
+                          (bytes(2 * tarfile.BLOCKSIZE), 1)])
+
+
+def tar_gz_pax_bomb(num_bytes: int) -> bytes:
+    """A tar.gz whose first member's pax header record claims `num_bytes` (zeros), which tarfile reads whole."""
+    return gzip_repeated([(tar_header('././@PaxHeader', num_bytes, tarfile.XHDTYPE), 1)] +
+                         zeros(_blocks(num_bytes)) + [(tar_header('data_batch_1', 0) + bytes(2 * tarfile.BLOCKSIZE), 1)])
+
+
+def cifar_tar_gz(batches: dict[str, bytes]) -> bytes:
+    """cifar-10-python.tar.gz's layout: cifar-10-batches-py/<name> members holding the given bytes, gzip-compressed."""
+    return gzip.compress(tar_bytes([(f'cifar-10-batches-py/{name}', data) for name, data in batches.items()]))
+
+
+def memo_bomb_pickle(num_bytes: int) -> bytes:
+    """A pickle of 9 bytes that makes Python's C unpickler take `num_bytes`: it stores None at memo index
+    num_bytes / 16 (LONG_BINPUT), and the unpickler grows its memo to twice the index, 8 bytes an entry."""
+    return b'\x80\x02N' + b'r' + struct.pack('<I', min(num_bytes // 16, 0xFFFFFFFF)) + b'.'
+
+
+def object_array_pickle(num_items: int) -> bytes:
+    """A CIFAR-10 batch whose data is an array of `num_items` Python objects whose state lists one: numpy sets
+    such a state unchecked (the process crashes), using only the globals a batch needs."""
+    class Array:
+        def __reduce__(self):
+            return (_reconstruct(), (np.ndarray, (0,), b'b'),
+                    (1, (num_items,), np.dtype(object), False, [None]))
+    return pickle.dumps({b'data': Array(), b'labels': []}, protocol=2)
+
+
+def _reconstruct():
+    """numpy's _reconstruct, where this numpy keeps it."""
+    try:
+        from numpy._core.multiarray import _reconstruct as reconstruct
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct as reconstruct
+    return reconstruct
+
+
+def lmdb_with_entry(folder: str, key: bytes = b'b', num_bytes: int = 64 << 10) -> str:
+    """An LMDB database in `folder` of one entry of `num_bytes` random bytes (on overflow pages); its data.mdb."""
+    import lmdb
+    env = lmdb.open(folder, map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        txn.put(key, os.urandom(num_bytes))
+    env.close()
+    return os.path.join(folder, 'data.mdb')
+
+
+def lmdb_claiming(folder: str, claimed_bytes: int, key: bytes = b'b', num_bytes: int = 64 << 10) -> None:
+    """An LMDB database in `folder` whose one entry (`num_bytes` on overflow pages) claims `claimed_bytes` (< 4 GiB):
+    its leaf node's size (mn_lo, mn_hi: 16 bits each, then flags F_BIGDATA and the key's size) patched."""
+    path = lmdb_with_entry(folder, key, num_bytes)
+    with open(path, 'r+b') as f:
+        raw = f.read()
+        node = struct.pack('<HHHH', num_bytes & 0xFFFF, num_bytes >> 16, 1, len(key)) + key
+        assert raw.count(node) == 1, 'the leaf node of the entry'
+        f.seek(raw.index(node))
+        f.write(struct.pack('<HH', claimed_bytes & 0xFFFF, claimed_bytes >> 16))
+
+
+def lmdb_truncated(folder: str, num_bytes: int = 1 << 20) -> None:
+    """An LMDB database in `folder` of one entry of `num_bytes`, cut to its first 64 KiB: the entry's pages are gone."""
+    path = lmdb_with_entry(folder, num_bytes=num_bytes)
+    with open(path, 'r+b') as f:
+        f.truncate(64 << 10)
 
 #----------------------------------------------------------------------------
 # Every entry point, run on every kind of hostile file it reads.

@@ -6,12 +6,16 @@ their own processes (on the CPU), whose peak memory is measured on Linux. The ho
 in tests/hostile_files.py without allocating what they claim.
 """
 
+import bz2
 import dataclasses
 import gc
+import gzip
 import io
 import json
+import lzma
 import os
 import sys
+import tarfile
 import warnings
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +80,102 @@ def test_truncated_and_damaged_archives_are_refused():
     end = raw.rindex(b'PK\x05\x06')  # Its directory size (4 bytes at 12) made 4 GiB - 1.
     assert 'does not fit in the' in refused(raw[:end + 12] + (2 ** 32 - 1).to_bytes(4, 'little') + raw[end + 16:])
     assert 'compression method 12' in refused(zip_bytes([dataclasses.replace(stored('a', b'abc'), method=12)]))
+
+
+def write(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+def tar_refusal(path: str, read: bool = False) -> str:
+    """The one-line refusal of listing (and with `read`, reading whole) every member of the tar archive at `path`."""
+    with pytest.raises(bounded_read.RefusedFileError) as info:
+        with bounded_read.TarArchive(path) as archive:
+            for member in archive.members():
+                if read:
+                    archive.read(member)
+    assert '\n' not in str(info.value) and str(info.value).startswith(path)
+    return str(info.value)
+
+
+@pytest.fixture
+def decompressed(monkeypatch) -> list:
+    """How many bytes gzip.GzipFile.read has returned, in one item."""
+    total = [0]
+    read = gzip.GzipFile.read
+
+    def counting_read(self, *args, **kwargs):
+        data = read(self, *args, **kwargs)
+        total[0] += len(data)
+        return data
+    monkeypatch.setattr(gzip.GzipFile, 'read', counting_read)
+    return total
+
+
+def test_tar_members_are_read_whole_or_in_pieces(tmp_path):
+    """Plain and compressed (gzip, bzip2, xz) archives written by tarfile, and one written by hand (pax headers)."""
+    members = {'cifar-10-batches-py/x.bin': os.urandom(3000), 'b' * 150: b'hello'}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode='w', format=tarfile.PAX_FORMAT) as tar:  # A 150-character name: a pax record.
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    raws = {'plain.tar': buffer.getvalue(), 'x.tar.gz': gzip.compress(buffer.getvalue()), 'x.tar.bz2': bz2.compress(buffer.getvalue()),
+            'x.tar.xz': lzma.compress(buffer.getvalue()), 'by-hand.tar': hostile_files.tar_bytes(list(members.items()))}
+    for name, raw in raws.items():
+        with bounded_read.TarArchive(write(tmp_path / name, raw)) as archive:
+            listed = list(archive.members())
+            assert [member.name for member in listed] == list(members), name
+            assert archive.read(listed[1]) == b'hello'
+            f = archive.open(listed[0])
+            assert f.read(1000) + f.read(5000) == members['cifar-10-batches-py/x.bin']
+    for name, raw in [('text', b'not a tar archive\n' * 100), ('text.gz', gzip.compress(b'not a tar archive\n' * 100))]:
+        with pytest.raises(bounded_read.NotATarArchive, match=f'^{tmp_path / name}: not a tar archive'):
+            bounded_read.TarArchive(write(tmp_path / name, raw))
+    cut = write(tmp_path / 'cut.tar.gz', gzip.compress(hostile_files.tar_bytes([('a', os.urandom(5000))]))[:3000])
+    assert 'damaged tar archive (Compressed file ended before the end-of-stream marker was reached)' in tar_refusal(cut, read=True)
+
+
+def test_tar_bomb_is_refused_before_it_is_decompressed(tmp_path, decompressed):
+    path = write(tmp_path / 'bomb.tar.gz', hostile_files.tar_gz_bomb('data_batch_1', BOMB_BYTES))
+    assert f'member data_batch_1 claims 536,870,912 bytes, more than the archive can hold (4x the file\'s ' \
+           f'{os.path.getsize(path):,} + 64 MiB)' in tar_refusal(path)
+    assert decompressed[0] <= 1 << 20  # The first headers, not the zeros.
+    claims = write(tmp_path / 'claims.tar', hostile_files.tar_claiming('data_batch_1', 1 << 20))
+    assert 'member data_batch_1 claims 1,048,576 bytes, more than the archive can hold (a tar archive holds no more than ' \
+           'its file)' in tar_refusal(claims)
+
+
+def test_tar_members_read_whole_are_bounded_one_by_one_and_together(tmp_path, monkeypatch):
+    """With no allowance, what read() returns may add up to the file's size: a member beyond it is refused, and
+    one that would take the members read before beyond it."""
+    monkeypatch.setattr(bounded_read, 'ENTRY_ALLOWANCE', 0)
+    noise = os.urandom(100_000)  # Incompressible: the file is about as large.
+    path = write(tmp_path / 'x.tar.gz', gzip.compress(hostile_files.tar_bytes([('noise', noise), ('small', bytes(60_000)),
+                                                                              ('large', bytes(150_000))])))
+    size = os.path.getsize(path)
+    with bounded_read.TarArchive(path) as archive:
+        noise_member, small, large = archive.members()
+        with pytest.raises(bounded_read.RefusedFileError, match=f'member large is 150,000 bytes, more than the file\'s {size:,} '):
+            archive.read(large)
+        assert archive.read(noise_member) == noise
+        with pytest.raises(bounded_read.RefusedFileError, match='member small is 60,000 bytes, which with the 100,000 read before '
+                                                                f'is more than the file\'s {size:,} '):
+            archive.read(small)
+        assert archive.open(small).read(60_000) == bytes(60_000)  # In pieces: not bounded by the file's size.
+
+
+def test_tar_member_count_and_headers_are_bounded(tmp_path, decompressed):
+    many = write(tmp_path / 'many.tar.gz', hostile_files.tar_gz_of_empty_members(bounded_read.MAX_TAR_MEMBERS + 1))
+    assert f'it lists more than {bounded_read.MAX_TAR_MEMBERS:,} members' in tar_refusal(many)
+    enough = write(tmp_path / 'enough.tar.gz', hostile_files.tar_gz_of_empty_members(bounded_read.MAX_TAR_MEMBERS))
+    with bounded_read.TarArchive(enough) as archive:
+        assert len(list(archive.members())) == bounded_read.MAX_TAR_MEMBERS
+    decompressed[0] = 0
+    pax = write(tmp_path / 'pax.tar.gz', hostile_files.tar_gz_pax_bomb(BOMB_BYTES))
+    assert f'a member\'s headers take more than {bounded_read.MAX_TAR_HEADER_BYTES:,} bytes' in tar_refusal(pax)
+    assert decompressed[0] <= 1 << 20
 
 
 #----------------------------------------------------------------------------
