@@ -1,16 +1,15 @@
 """dnnlib.util: EasyDict, the allow-list of construct_class_by_name, parse_int_list, format_time, open_url."""
 
-import http.server
 import io
 import os
 import tempfile
-import threading
 
 import pytest
 import torch
 
 import dnnlib
 from dnnlib import util
+from tests.hostile_files import LoopbackServer, send
 
 
 def test_easydict_attribute_access():
@@ -129,72 +128,6 @@ def test_open_url_local_path(tmp_path):
         util.open_url(str(tmp_path / 'missing'))
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    """An HTTP server on 127.0.0.1 (an ephemeral port) that answers GET requests by its routes: path -> function
-    of the request handler that writes the whole response. It serves at most `max_requests` (then 503) and
-    gives each connection at most `timeout` seconds."""
-
-    def __init__(self, routes: dict, max_requests: int = 8, timeout: float = 5) -> None:
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def setup(self) -> None:
-                self.timeout = timeout  # StreamRequestHandler: the socket's timeout.
-                super().setup()
-
-            def do_GET(self) -> None:
-                server.requests.append(self.path)
-                if len(server.requests) > max_requests or self.path not in routes:
-                    self.send_error(503 if self.path in routes else 404)
-                    return
-                routes[self.path](self)
-
-            def log_message(self, *args) -> None:
-                pass
-        self.requests: list[str] = []
-        super().__init__(('127.0.0.1', 0), Handler)
-        self.daemon_threads = True
-        self.thread = threading.Thread(target=self.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True)
-
-    def url(self, path: str) -> str:
-        return f'http://127.0.0.1:{self.server_address[1]}{path}'
-
-    def __enter__(self) -> '_Server':
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.shutdown()
-        self.server_close()
-        self.thread.join(timeout=5)
-
-
-def _send(body: bytes, length: int | None | str = 'true', chunked: bool = False):
-    """A route that sends `body`: with the Content-Length header `length` ('true': len(body); None: none, so that
-    the connection's end delimits the body), and in chunked transfer encoding if `chunked`."""
-    def route(handler: http.server.BaseHTTPRequestHandler) -> None:
-        nonlocal length
-        length = len(body) if length == 'true' else length
-        handler.protocol_version = 'HTTP/1.1'
-        handler.send_response(200)
-        if length is not None:
-            handler.send_header('Content-Length', str(length))
-        if chunked:
-            handler.send_header('Transfer-Encoding', 'chunked')
-        handler.send_header('Connection', 'close')
-        handler.end_headers()
-        try:
-            for start in range(0, len(body), 16 << 10):
-                piece = body[start:start + (16 << 10)]
-                handler.wfile.write(b'%x\r\n%s\r\n' % (len(piece), piece) if chunked else piece)
-            if chunked:
-                handler.wfile.write(b'0\r\n\r\n')
-        except (BrokenPipeError, ConnectionResetError):  # The client stopped reading: what a refusal does.
-            pass
-        handler.close_connection = True
-    return route
-
-
 def _cache_files(cache_dir) -> list[str]:
     folder = os.path.join(cache_dir, 'downloads')
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
@@ -204,7 +137,7 @@ def test_open_url_http_cached(tmp_path):
     """Fetch a file once over loopback, then again with the server gone; without a cache the download is an
     anonymous temporary file."""
     cache = str(tmp_path / 'cache')
-    with _Server({'/blob.bin': _send(b'payload')}) as server:
+    with LoopbackServer({'/blob.bin': send(b'payload')}) as server:
         url = server.url('/blob.bin')
         with util.open_url(url, cache_dir=cache, verbose=False) as f:
             assert f.read() == b'payload'
@@ -222,16 +155,16 @@ CAP = 64 << 10  # The cap of the downloads below.
 
 
 @pytest.mark.parametrize('route,served', [
-    ('/declared', lambda body: _send(body)),                                    # an honest Content-Length over the cap
-    ('/unsized', lambda body: _send(body, length=None)),                        # no length: the connection's end delimits it
-    ('/lying', lambda body: _send(body, length=100, chunked=True)),             # claims 100 bytes, sends 3x the cap chunked
+    ('/declared', lambda body: send(body)),                                    # an honest Content-Length over the cap
+    ('/unsized', lambda body: send(body, length=None)),                        # no length: the connection's end delimits it
+    ('/lying', lambda body: send(body, length=100, chunked=True)),             # claims 100 bytes, sends 3x the cap chunked
 ])
 @pytest.mark.parametrize('cache', [True, False], ids=['cache', 'no-cache'])
 def test_download_over_the_cap_is_refused_in_one_line_and_leaves_nothing(tmp_path, monkeypatch, route, served, cache):
     body = os.urandom(3 * CAP)
     kept, temporary_file = [], tempfile.TemporaryFile
     monkeypatch.setattr(util.tempfile, 'TemporaryFile', lambda *a, **k: kept.append(temporary_file(*a, **k)) or kept[-1])
-    with _Server({route: served(body)}) as server:
+    with LoopbackServer({route: served(body)}) as server:
         with pytest.raises(util.DownloadError) as info:
             util.open_url(server.url(route), cache_dir=str(tmp_path), verbose=False, cache=cache, max_bytes=CAP)
     assert str(info.value) == f'Could not download {server.url(route)}: it is larger than the cap of {CAP:,} bytes ' \
@@ -244,7 +177,7 @@ def test_download_over_the_cap_is_refused_in_one_line_and_leaves_nothing(tmp_pat
 def test_download_cap_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv('GNGAN_MAX_DOWNLOAD_BYTES', str(CAP))
     assert util.max_download_bytes() == CAP
-    with _Server({'/a': _send(bytes(CAP)), '/b': _send(bytes(CAP + 1), length=None)}) as server:
+    with LoopbackServer({'/a': send(bytes(CAP)), '/b': send(bytes(CAP + 1), length=None)}) as server:
         with util.open_url(server.url('/a'), cache_dir=str(tmp_path), verbose=False) as f:
             assert f.read() == bytes(CAP)
         with pytest.raises(util.DownloadError, match=f'larger than the cap of {CAP:,} bytes'):
@@ -258,7 +191,7 @@ def test_download_cap_from_the_environment(tmp_path, monkeypatch):
 
 def test_download_that_ends_early_leaves_no_cache_entry(tmp_path):
     """A server that declares 1000 bytes and sends 10: an error after every attempt, and nothing in the cache."""
-    with _Server({'/short': _send(b'0123456789', length=1000)}) as server:
+    with LoopbackServer({'/short': send(b'0123456789', length=1000)}) as server:
         with pytest.raises(util.DownloadError, match=r'^Could not download http://127\.0\.0\.1:\d+/short \(\w+\)$'):
             util.open_url(server.url('/short'), cache_dir=str(tmp_path), verbose=False, num_attempts=2)
     assert server.requests == ['/short', '/short'] and _cache_files(tmp_path) == []
@@ -280,7 +213,7 @@ def test_download_streams_in_bounded_chunks(tmp_path, monkeypatch, cache):
         return data
     monkeypatch.setattr(urllib3.response.HTTPResponse, 'read', recording_read)
     body = os.urandom(100 << 10)
-    with _Server({'/a': _send(body), '/b': _send(body, length=None)}) as server:
+    with LoopbackServer({'/a': send(body), '/b': send(body, length=None)}) as server:
         for route in ('/a', '/b'):
             requested.clear(), returned.clear()
             with util.open_url(server.url(route), cache_dir=str(tmp_path), verbose=False, cache=cache, max_bytes=len(body)) as f:
