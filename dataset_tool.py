@@ -291,7 +291,7 @@ def open_stl10(open_file: Callable[[str], tuple[int, BinaryIO]], path: str, subs
         if labels_size != size // image_bytes:  # One byte per image: checked before anything is read.
             raise click.ClickException(f'{subset}_y.bin in {path} is not an STL-10 label file for {size // image_bytes} images')
         labels = np.frombuffer(read_exactly(labels_file, labels_size, f'{subset}_y.bin in {path}'), dtype=np.uint8).astype(np.int64) - 1
-        if len(labels) != size // image_bytes or labels.min(initial=0) < 0 or labels.max(initial=0) >= STL10_CLASSES:
+        if labels.min(initial=0) < 0 or labels.max(initial=0) >= STL10_CLASSES:
             raise click.ClickException(f'{subset}_y.bin in {path} is not an STL-10 label file for {size // image_bytes} images')
 
     def iterate() -> Iterator[SourceImage]:
@@ -340,32 +340,43 @@ def find_member(archive: bounded_read.TarArchive, basename: str) -> Optional[tar
 
 def open_tar(archive: bounded_read.TarArchive, subset: Optional[str], max_images: Optional[int]) -> Source:
     """CIFAR-10's or STL-10's archive, read within bounded_read.TarArchive's bound; the kind is told by the first
-    member whose name tells it, later members are read only when needed."""
+    member whose name tells it, later members are read only when needed. The archive is closed once read (CIFAR-10:
+    its batches are read at once; STL-10: its images are streamed) or refused."""
     path = archive.name
     kind = None
     try:
-        for member in archive.members():
-            basename = posixpath.basename(member.name)
-            if basename in ('batches.meta', 'data_batch_1', 'test_batch'):
-                kind = 'cifar10'
-            elif STL10_FILE.fullmatch(basename):
-                kind = 'stl10'
-            if kind is not None:
-                break
-    except bounded_read.RefusedFileError as err:
-        raise click.ClickException(str(err)) from err
-    if kind is None:
-        raise click.ClickException(f'unknown source format: {path} is a tar archive but neither CIFAR-10 (python version) nor STL-10 (binary version)')
-    subset = check_subset(subset, kind)
-    if kind == 'cifar10':
-        return open_cifar10(archive, path, subset, max_images)
+        try:
+            for member in archive.members():
+                basename = posixpath.basename(member.name)
+                if basename in ('batches.meta', 'data_batch_1', 'test_batch'):
+                    kind = 'cifar10'
+                elif STL10_FILE.fullmatch(basename):
+                    kind = 'stl10'
+                if kind is not None:
+                    break
+        except bounded_read.RefusedFileError as err:
+            raise click.ClickException(str(err)) from err
+        if kind is None:
+            raise click.ClickException(f'unknown source format: {path} is a tar archive but neither CIFAR-10 (python version) nor STL-10 (binary version)')
+        subset = check_subset(subset, kind)
+        if kind == 'cifar10':
+            with archive:
+                return open_cifar10(archive, path, subset, max_images)
 
-    def open_file(basename: str) -> tuple[int, BinaryIO]:
-        member = find_member(archive, basename)
-        if member is None:
-            raise click.ClickException(f'{path} has no {basename}')
-        return member.size, archive.open(member)
-    return open_stl10(open_file, path, subset, max_images)
+        def open_file(basename: str) -> tuple[int, BinaryIO]:
+            member = find_member(archive, basename)
+            if member is None:
+                raise click.ClickException(f'{path} has no {basename}')
+            return member.size, archive.open(member)
+        source = open_stl10(open_file, path, subset, max_images)
+    except BaseException:
+        archive.close()
+        raise
+
+    def stream() -> Iterator[SourceImage]:
+        with archive:
+            yield from source.images
+    return Source(num_images=source.num_images, images=stream())
 
 #----------------------------------------------------------------------------
 # LSUN (an lmdb folder of encoded images, e.g. church_outdoor_train_lmdb).
