@@ -318,7 +318,7 @@ class TarArchive:
         try:
             magic = self._file.read(6)
             self._file.seek(0)
-            decompressed = _decompressor(magic, self._file)
+            self._decompressed = decompressed = _decompressor(magic, self._file)
             if decompressed is None:
                 max_size, expansion = self.file_size, 'a tar archive holds no more than its file'
             else:
@@ -382,6 +382,8 @@ class TarArchive:
 
     def close(self) -> None:
         self.tar.close()
+        if self._decompressed is not None:
+            self._decompressed.close()
         self._file.close()
 
     def __enter__(self) -> TarArchive:
