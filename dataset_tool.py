@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import math
 import os
 import pickle
 import posixpath
@@ -191,40 +192,74 @@ def open_image_zip(path: str, max_images: Optional[int]) -> Source:
 class NumpyOnlyUnpickler(pickle.Unpickler):
     """The CIFAR-10 batches are pickles, and unpickling can run arbitrary code.
 
-    A batch is a dict of bytes, lists and numpy arrays, so only the few globals that
-    rebuild an array are allowed; anything else is refused before it runs.
+    A batch is a dict of bytes, lists and numpy arrays, so only the few globals that rebuild an array are
+    allowed; anything else is refused before it runs. Those build only what a batch holds: an array is made
+    empty (shape (0,), as ndarray.__reduce__ writes it) and then set from bytes of exactly its size, never from
+    a list of Python objects (numpy sets an object array's state unchecked: a short list crashes the process).
+    Load a pickle only after bounded_read.check_pickle.
     """
-    allowed = {
-        ('numpy.core.multiarray', '_reconstruct'),
-        ('numpy.core.numeric', '_frombuffer'),
-        ('numpy', 'ndarray'),
-        ('numpy', 'dtype'),
-        ('_codecs', 'encode'),  # Python 3 pickles of bytes at protocol 2.
-    }
     numpy_core = 'numpy._core' if np.lib.NumpyVersion(np.__version__) >= '2.0.0' else 'numpy.core'
 
-    def find_class(self, module: str, name: str):
-        canonical = re.sub(r'^numpy\._core\b', 'numpy.core', module)
-        if (canonical, name) not in self.allowed:
-            raise pickle.UnpicklingError(f'refusing to load {module}.{name}')
-        return super().find_class(re.sub(r'^numpy\.core\b', self.numpy_core, canonical), name)
+    class Array(np.ndarray):
+        """The ndarray of a batch: its state (version, shape, dtype, Fortran order, data) is checked before numpy sets it."""
 
-def open_cifar10(tar: tarfile.TarFile, path: str, subset: str, max_images: Optional[int]) -> Source:
+        def __setstate__(self, state: tuple) -> None:
+            _version, shape, dtype, _fortran, data = state if isinstance(state, tuple) and len(state) == 5 else (None,) * 5
+            if not isinstance(dtype, np.dtype) or not isinstance(data, bytes) or not isinstance(shape, tuple) or \
+                    len(data) != math.prod(shape) * dtype.itemsize:
+                raise pickle.UnpicklingError('refusing an array that is not plain data of its declared size')
+            super().__setstate__(state)
+
+    @staticmethod
+    def reconstruct(subtype: type, shape: tuple, dtype: object) -> np.ndarray:
+        """numpy's _reconstruct for an empty Array (what ndarray.__reduce__ writes), nothing else."""
+        if subtype is not NumpyOnlyUnpickler.Array or shape != (0,):
+            raise pickle.UnpicklingError('refusing to reconstruct anything but an empty array')
+        return np.ndarray.__new__(subtype, shape, np.uint8)
+
+    @staticmethod
+    def encode(text: str, encoding: str) -> bytes:
+        """_codecs.encode as Python 3 pickles bytes at protocol 2: Latin-1, one byte per character."""
+        if not isinstance(text, str) or encoding not in ('latin1', 'latin-1'):
+            raise pickle.UnpicklingError('refusing _codecs.encode but of text to Latin-1')
+        return text.encode('latin-1')
+
+    def find_class(self, module: str, name: str):
+        canonical = (re.sub(r'^numpy\._core\b', 'numpy.core', module), name)
+        if canonical == ('numpy', 'ndarray'):
+            return NumpyOnlyUnpickler.Array
+        if canonical == ('numpy.core.multiarray', '_reconstruct'):
+            return NumpyOnlyUnpickler.reconstruct
+        if canonical == ('_codecs', 'encode'):  # Python 3 pickles of bytes at protocol 2.
+            return NumpyOnlyUnpickler.encode
+        if canonical in (('numpy', 'dtype'), ('numpy.core.numeric', '_frombuffer')):  # Bounded by the bytes they get.
+            return super().find_class(re.sub(r'^numpy\.core\b', self.numpy_core, canonical[0]), name)
+        raise pickle.UnpicklingError(f'refusing to load {module}.{name}')
+
+def open_cifar10(archive: bounded_read.TarArchive, path: str, subset: str, max_images: Optional[int]) -> Source:
+    """The images of CIFAR-10's python archive: its batches read whole, within the archive's bound
+    (bounded_read.TarArchive.read: 5 batches of 31 MB in a 170 MB file), their pickles checked before they are loaded."""
     batch_names = [f'data_batch_{i}' for i in range(1, 6)] if subset == 'train' else ['test_batch']
     images, labels = [], []
     for batch_name in batch_names:
-        member = find_member(tar, batch_name)
+        member = find_member(archive, batch_name)
         if member is None:
             raise click.ClickException(f'{path} is not a CIFAR-10 python archive: {batch_name} is missing')
         try:
-            batch = NumpyOnlyUnpickler(tar.extractfile(member), encoding='bytes').load()
-            data = np.asarray(batch[b'data'], dtype=np.uint8)
+            data = archive.read(member)
+            bounded_read.check_pickle(data, f'{path}: {member.name}')
+        except bounded_read.RefusedFileError as err:
+            raise click.ClickException(str(err)) from err
+        try:
+            batch = NumpyOnlyUnpickler(io.BytesIO(data), encoding='bytes').load()
+            pixels = np.asarray(batch[b'data'], dtype=np.uint8)
             batch_labels = np.asarray(batch[b'labels'], dtype=np.int64)
-        except (OSError, EOFError, zlib.error, tarfile.TarError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as err:
-            raise click.ClickException(f'cannot read {member.name} in {path}: {err}') from err
-        if data.ndim != 2 or data.shape[1] != 3 * CIFAR10_SIZE**2 or batch_labels.shape != (data.shape[0],):
-            raise click.ClickException(f'{member.name} in {path} is not a CIFAR-10 batch: data has shape {list(data.shape)} and {batch_labels.size} labels')
-        images.append(data.reshape(-1, 3, CIFAR10_SIZE, CIFAR10_SIZE).transpose(0, 2, 3, 1))
+        except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError, OverflowError, MemoryError, RecursionError) as err:
+            raise click.ClickException(f'cannot read {member.name} in {path}: {dnnlib.util.first_line(err, 200)}') from err
+        del data, batch
+        if pixels.ndim != 2 or pixels.shape[1] != 3 * CIFAR10_SIZE**2 or batch_labels.shape != (pixels.shape[0],):
+            raise click.ClickException(f'{member.name} in {path} is not a CIFAR-10 batch: data has shape {list(pixels.shape)} and {batch_labels.size} labels')
+        images.append(pixels.reshape(-1, 3, CIFAR10_SIZE, CIFAR10_SIZE).transpose(0, 2, 3, 1))
         labels.append(batch_labels)
     images, labels = np.concatenate(images), np.concatenate(labels)
     num_images = limit(len(images), max_images)
@@ -253,8 +288,10 @@ def open_stl10(open_file: Callable[[str], tuple[int, BinaryIO]], path: str, subs
     labels = None
     if subset != 'unlabeled':
         labels_size, labels_file = open_file(f'{subset}_y.bin')
+        if labels_size != size // image_bytes:  # One byte per image: checked before anything is read.
+            raise click.ClickException(f'{subset}_y.bin in {path} is not an STL-10 label file for {size // image_bytes} images')
         labels = np.frombuffer(read_exactly(labels_file, labels_size, f'{subset}_y.bin in {path}'), dtype=np.uint8).astype(np.int64) - 1
-        if len(labels) != size // image_bytes or labels.min(initial=0) < 0 or labels.max(initial=0) >= STL10_CLASSES:
+        if labels.min(initial=0) < 0 or labels.max(initial=0) >= STL10_CLASSES:
             raise click.ClickException(f'{subset}_y.bin in {path} is not an STL-10 label file for {size // image_bytes} images')
 
     def iterate() -> Iterator[SourceImage]:
@@ -267,7 +304,9 @@ def open_stl10(open_file: Callable[[str], tuple[int, BinaryIO]], path: str, subs
 def read_exactly(f: BinaryIO, num_bytes: int, name: str) -> bytes:
     try:
         data = f.read(num_bytes)
-    except (OSError, EOFError, zlib.error, tarfile.TarError) as err:
+    except bounded_read.RefusedFileError as err:  # An archive's member: names the archive.
+        raise click.ClickException(str(err)) from err
+    except OSError as err:
         raise click.ClickException(f'cannot read {name}: {err}') from err
     if len(data) != num_bytes:
         raise click.ClickException(f'cannot read {name}: file ends early')
@@ -289,62 +328,77 @@ def stl10_folder_opener(root: str) -> Optional[Callable[[str], tuple[int, Binary
 #----------------------------------------------------------------------------
 # Tar archives: CIFAR-10 or STL-10.
 
-def find_member(tar: tarfile.TarFile, basename: str) -> Optional[tarfile.TarInfo]:
+def find_member(archive: bounded_read.TarArchive, basename: str) -> Optional[tarfile.TarInfo]:
     """The first regular file called basename, reading the archive only as far as needed."""
-    for member in tar:
-        if member.isfile() and posixpath.basename(member.name) == basename:
-            return member
+    try:
+        for member in archive.members():
+            if member.isfile() and posixpath.basename(member.name) == basename:
+                return member
+    except bounded_read.RefusedFileError as err:
+        raise click.ClickException(str(err)) from err
     return None
 
-def open_tar(path: str, subset: Optional[str], max_images: Optional[int]) -> Source:
+def open_tar(archive: bounded_read.TarArchive, subset: Optional[str], max_images: Optional[int]) -> Source:
+    """CIFAR-10's or STL-10's archive, read within bounded_read.TarArchive's bound; the kind is told by the first
+    member whose name tells it, later members are read only when needed. The archive is closed once read (CIFAR-10:
+    its batches are read at once; STL-10: its images are streamed) or refused."""
+    path = archive.name
+    kind = None
     try:
-        tar = tarfile.open(path)
-        kind = None
-        for member in tar:  # Stop at the first file that tells the format; later members are read only when needed.
-            basename = posixpath.basename(member.name)
-            if basename in ('batches.meta', 'data_batch_1', 'test_batch'):
-                kind = 'cifar10'
-            elif STL10_FILE.fullmatch(basename):
-                kind = 'stl10'
-            if kind is not None:
-                break
-    except (OSError, EOFError, zlib.error, tarfile.TarError) as err:
-        raise click.ClickException(f'cannot read tar archive {path}: {err}') from err
-    if kind is None:
-        raise click.ClickException(f'unknown source format: {path} is a tar archive but neither CIFAR-10 (python version) nor STL-10 (binary version)')
-    subset = check_subset(subset, kind)
-    if kind == 'cifar10':
-        return open_cifar10(tar, path, subset, max_images)
+        try:
+            for member in archive.members():
+                basename = posixpath.basename(member.name)
+                if basename in ('batches.meta', 'data_batch_1', 'test_batch'):
+                    kind = 'cifar10'
+                elif STL10_FILE.fullmatch(basename):
+                    kind = 'stl10'
+                if kind is not None:
+                    break
+        except bounded_read.RefusedFileError as err:
+            raise click.ClickException(str(err)) from err
+        if kind is None:
+            raise click.ClickException(f'unknown source format: {path} is a tar archive but neither CIFAR-10 (python version) nor STL-10 (binary version)')
+        subset = check_subset(subset, kind)
+        if kind == 'cifar10':
+            with archive:
+                return open_cifar10(archive, path, subset, max_images)
 
-    def open_file(basename: str) -> tuple[int, BinaryIO]:
-        member = find_member(tar, basename)
-        if member is None:
-            raise click.ClickException(f'{path} has no {basename}')
-        return member.size, tar.extractfile(member)
-    return open_stl10(open_file, path, subset, max_images)
+        def open_file(basename: str) -> tuple[int, BinaryIO]:
+            member = find_member(archive, basename)
+            if member is None:
+                raise click.ClickException(f'{path} has no {basename}')
+            return member.size, archive.open(member)
+        source = open_stl10(open_file, path, subset, max_images)
+    except BaseException:
+        archive.close()
+        raise
+
+    def stream() -> Iterator[SourceImage]:
+        with archive:
+            yield from source.images
+    return Source(num_images=source.num_images, images=stream())
 
 #----------------------------------------------------------------------------
 # LSUN (an lmdb folder of encoded images, e.g. church_outdoor_train_lmdb).
 
 def open_lmdb(path: str, max_images: Optional[int]) -> Source:
+    """An LSUN database, read from its data.mdb within bounded_read.LmdbDatabase's bound, one entry at a time."""
     try:
-        import lmdb
-    except ImportError as err:
-        raise click.ClickException('LSUN lmdb sources need the lmdb package: pip install lmdb') from err
-    try:
-        env = lmdb.open(path, readonly=True, lock=False, readahead=False)
-        num_images = limit(env.stat()['entries'], max_images)
-    except lmdb.Error as err:
-        raise click.ClickException(f'cannot open lmdb database {path}: {err}') from err
+        database = bounded_read.LmdbDatabase(path)
+    except bounded_read.RefusedFileError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:
+        raise click.ClickException(f'cannot read {os.path.join(path, "data.mdb")}: {err.strerror}') from err
+    num_images = limit(database.num_entries, max_images)
 
     def iterate() -> Iterator[SourceImage]:
-        with env.begin(write=False) as txn:
-            for idx, (key, value) in enumerate(txn.cursor()):
-                if idx >= num_images:
-                    break
-                name = f'{path} (key {key.decode(errors="replace")})'
-                yield SourceImage(name=name, pixels=decode_image(value, name), label=None)
-        env.close()
+        with database:
+            try:
+                for key, value in database.entries(num_images):
+                    name = f'{path} (key {key.decode(errors="replace")})'
+                    yield SourceImage(name=name, pixels=decode_image(value, name), label=None)
+            except bounded_read.RefusedFileError as err:
+                raise click.ClickException(str(err)) from err
     return Source(num_images=num_images, images=iterate())
 
 #----------------------------------------------------------------------------
@@ -377,9 +431,15 @@ def open_source(source: str, subset: Optional[str], max_images: Optional[int]) -
     if zipfile.is_zipfile(source):
         check_subset(subset, None)
         return open_image_zip(source, max_images)
-    if tarfile.is_tarfile(source):
-        return open_tar(source, subset, max_images)
-    raise click.ClickException(f'unknown source format: {source} is not a folder, a zip archive, a CIFAR-10 or STL-10 tar archive, or an LSUN lmdb folder')
+    try:
+        archive = bounded_read.TarArchive(source)
+    except bounded_read.NotATarArchive:
+        raise click.ClickException(f'unknown source format: {source} is not a folder, a zip archive, a CIFAR-10 or STL-10 tar archive, or an LSUN lmdb folder') from None
+    except bounded_read.RefusedFileError as err:
+        raise click.ClickException(str(err)) from err
+    except OSError as err:
+        raise click.ClickException(f'cannot read {source}: {err.strerror}') from err
+    return open_tar(archive, subset, max_images)
 
 #----------------------------------------------------------------------------
 # Resizing and cropping.

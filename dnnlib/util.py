@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import importlib
 import inspect
-import io
 import os
 import re
 import secrets
@@ -257,16 +256,61 @@ def default_cache_dir() -> str:
 
 
 class DownloadError(OSError):
-    """A URL could not be fetched (offline, unreachable host, HTTP error)."""
+    """A URL could not be fetched (offline, unreachable host, HTTP error, a body larger than the cap)."""
+
+
+# The most bytes a download may hold, unless $GNGAN_MAX_DOWNLOAD_BYTES says otherwise. The largest files the project
+# fetches (VGG16's detector, 528 MB; the snapshots and checkpoints of the 1024x1024 and 256x256 networks) stay well
+# below it; a larger file can be downloaded by other means and passed as a local path.
+MAX_DOWNLOAD_BYTES = 4 << 30
+DOWNLOAD_CHUNK_BYTES = 1 << 20  # A download is written to its file this many bytes at a time, never held whole.
+
+
+def max_download_bytes() -> int:
+    """The cap of downloads: $GNGAN_MAX_DOWNLOAD_BYTES when set (a positive integer), else MAX_DOWNLOAD_BYTES."""
+    value = os.environ.get('GNGAN_MAX_DOWNLOAD_BYTES', '')
+    if not value:
+        return MAX_DOWNLOAD_BYTES
+    if not value.isdigit() or int(value) == 0:
+        raise DownloadError(f'GNGAN_MAX_DOWNLOAD_BYTES must be a positive number of bytes, not {value[:40]!r}')
+    return int(value)
+
+
+def _download(url: str, file: BinaryIO, max_bytes: int, timeout: float, verbose: bool) -> None:
+    """Stream the body of `url` into `file`, at most `max_bytes` of it, DOWNLOAD_CHUNK_BYTES at a time.
+
+    The body is taken as the server sends it (Accept-Encoding: identity, nothing decompressed here), and its
+    bytes are counted as they arrive: a Content-Length over the cap is refused before the body is read, and a
+    body that grows past the cap (whatever its headers said) when its bytes pass it."""
+    import requests  # Imported lazily: only downloads need it.
+    from tqdm import tqdm
+    too_large = f'Could not download {url}: it is larger than the cap of {max_bytes:,} bytes (raise it with ' \
+                f'GNGAN_MAX_DOWNLOAD_BYTES, or download the file by other means and pass its local path)'
+    with requests.get(url, stream=True, timeout=timeout, headers={'Accept-Encoding': 'identity'}) as res:
+        res.raise_for_status()
+        declared = res.headers.get('Content-Length', '')
+        if declared.isdigit() and int(declared) > max_bytes:
+            raise DownloadError(too_large)
+        received = 0
+        with tqdm(total=int(declared) if declared.isdigit() else None, unit='B', unit_scale=True, unit_divisor=1024,
+                  disable=not verbose, leave=False) as progress:
+            for chunk in res.raw.stream(DOWNLOAD_CHUNK_BYTES, decode_content=False):
+                received += len(chunk)
+                if received > max_bytes:
+                    raise DownloadError(too_large)
+                file.write(chunk)
+                progress.update(len(chunk))
 
 
 def open_url(url: str, cache_dir: str | None = None, num_attempts: int = 3, verbose: bool = True,
-             cache: bool = True, timeout: float = 30) -> BinaryIO:
+             cache: bool = True, timeout: float = 30, max_bytes: int | None = None) -> BinaryIO:
     """Open a local path, file:// URL or http(s):// URL as a binary file object.
 
-    http(s) downloads are cached under `cache_dir/downloads/<md5 of url>_<name>` and written to a
-    temporary name first, so an interrupted download never poisons the cache. Failure raises
-    DownloadError with one readable line naming the URL.
+    http(s) downloads stream to a file, never whole into memory, and hold at most `max_bytes` (default:
+    max_download_bytes()): with `cache`, to `cache_dir/downloads/<md5 of url>_<name>` under a temporary name
+    renamed when the download is complete, so an interrupted or refused download never leaves a cache entry;
+    without, to an anonymous temporary file.
+    Failure raises DownloadError with one readable line naming the URL (and the cap, when the body exceeds it).
     """
     if not is_url(url):
         if not os.path.isfile(url):
@@ -285,36 +329,33 @@ def open_url(url: str, cache_dir: str | None = None, num_attempts: int = 3, verb
         return open(cache_file, 'rb')
 
     import requests  # Imported lazily: only downloads need it.
-    data = None
+    import urllib3
+    if max_bytes is None:
+        max_bytes = max_download_bytes()
     last_error: Exception | None = None
     for _attempt in range(num_attempts):
+        if verbose:
+            print(f'Downloading {url} ...', flush=True)
         try:
-            if verbose:
-                print(f'Downloading {url} ...', flush=True)
-            with requests.get(url, timeout=timeout) as res:
-                res.raise_for_status()
-                data = res.content
-            break
-        except requests.RequestException as e:
+            if not cache:
+                file = tempfile.TemporaryFile()
+                try:
+                    _download(url, file, max_bytes, timeout, verbose)
+                    file.seek(0)
+                    return file
+                except BaseException:
+                    file.close()
+                    raise
+            os.makedirs(os.path.dirname(cache_file), exist_ok=True)
+            with atomic_path(cache_file) as tmp, open(tmp, 'wb') as file:
+                _download(url, file, max_bytes, timeout, verbose)
+            return open(cache_file, 'rb')
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:  # urllib3's: the body's stream broke.
             last_error = e
-    if data is None:
-        reason = type(last_error).__name__ if last_error is not None else 'unknown error'
-        if isinstance(last_error, requests.HTTPError) and last_error.response is not None:
-            reason = f'HTTP {last_error.response.status_code}'
-        raise DownloadError(f'Could not download {url} ({reason})')
-
-    if cache:
-        os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(cache_file), prefix='.tmp-')
-        try:
-            with os.fdopen(fd, 'wb') as f:
-                f.write(data)
-            os.replace(tmp, cache_file)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-    return io.BytesIO(data)
+    reason = type(last_error).__name__ if last_error is not None else 'unknown error'
+    if isinstance(last_error, requests.HTTPError) and last_error.response is not None:
+        reason = f'HTTP {last_error.response.status_code}'
+    raise DownloadError(f'Could not download {url} ({reason})')
 
 #----------------------------------------------------------------------------
 

@@ -70,6 +70,8 @@ def bias_act(x: torch.Tensor, b: Optional[torch.Tensor] = None, dim: int = 1, ac
         call = _plugin.plans.get(key)
         if call is None:
             call = _plugin.plans[key] = _plan_cuda_call(x, b, _check_dim(x, b, dim), act, *params)
+        else:
+            _plugin.plans.move_to_end(key)
         cfg, dim, order, inverse = call
         if cfg is not None:
             return _apply_kernel(x, b, cfg, order, inverse)
@@ -81,12 +83,14 @@ def bias_act(x: torch.Tensor, b: Optional[torch.Tensor] = None, dim: int = 1, ac
     checked_dim = _checked_dims.get(key)
     if checked_dim is None:
         checked_dim = _checked_dims[key] = _check_dim(x, b, dim)
+    else:
+        _checked_dims.move_to_end(key)
     return _bias_act_ref(x, b, checked_dim, *params)
 
 
 _Params = Tuple[ActivationSpec, float, float, float]
 _params: Dict[tuple, _Params] = {}  # (act, alpha, gain, clamp, impl) as passed -> validated (spec, alpha, gain, clamp)
-_checked_dims: Dict[tuple, int] = {}  # (x.shape, b.shape, dim) of the reference path -> dim in [0, x.ndim)
+_checked_dims = kernel_choice.LruCache()  # (x.shape, b.shape, dim) of the reference path -> dim in [0, x.ndim)
 
 
 def _parse_params(act: str, alpha: Optional[float], gain: Optional[float], clamp: Optional[float],

@@ -140,6 +140,8 @@ def _upfirdn2d(x: torch.Tensor, f: Optional[torch.Tensor], cfg: '_Config', impl:
     plan = _plugin.plans.get(key)
     if plan is None:
         plan = _plugin.plans[key] = _plan_call(x, f, cfg, kernel_path)
+    else:
+        _plugin.plans.move_to_end(key)
     if plan is _KERNEL:
         return _UpFirDn2d.apply(x, f, cfg, _run_kernel)
     if plan is _REFERENCE_ON_DEVICE and torch.is_autocast_enabled(x.device.type):

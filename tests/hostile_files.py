@@ -1,7 +1,8 @@
-"""Hostile files, built without allocating what they claim: zip and npz bombs, archives whose entries
-claim more bytes than the file holds, truncated archives.
+"""Hostile files, built without allocating what they claim: zip, npz and tar bombs, archives whose entries
+claim more bytes than the file holds, truncated archives, pickles and LMDB databases made to take memory,
+and a server on 127.0.0.1 for downloads larger than their cap.
 
-Used by tests/test_hostile_files.py and bench/hostile_files.py. A zip is written here by hand
+Used by tests/test_hostile_files.py, tests/test_dataset_tool.py, tests/test_util.py and bench/hostile_files.py. A zip is written here by hand
 (local headers, central directory, end record), so that an entry can carry any declared size and a
 deflate stream can be repeated rather than computed: the bombs take milliseconds to build.
 """
@@ -9,12 +10,20 @@ deflate stream can be repeated rather than computed: the bombs take milliseconds
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import http.server
+import importlib.util
 import io
 import json
 import os
+import pickle
 import struct
+import subprocess
 import sys
+import tarfile
 import tempfile
+import threading
+import time
 import zipfile
 import zlib
 
@@ -46,20 +55,30 @@ def deflated(name: str, data: bytes) -> Entry:
     return Entry(name, stream, zipfile.ZIP_DEFLATED, zlib.crc32(data), len(data), len(stream))
 
 
-def deflate_bomb(name: str, num_bytes: int, prefix: bytes = b'') -> Entry:
-    """`prefix` followed by zeros up to `num_bytes`, as a deflate stream of about num_bytes / 1000 bytes:
-    one MiB of zeros compressed with a full flush (byte-aligned, no reference to earlier data) repeated,
-    the remainder, then an empty final block (fixed Huffman: bits 1, 01, 0000000)."""
-    def flushed(data: bytes) -> bytes:
+def deflate_repeated(pieces: list[tuple[bytes, int]]) -> tuple[bytes, int, int]:
+    """(raw deflate stream, CRC-32, size) of the bytes `block` repeated `count` times for each (block, count) in turn:
+    each block is compressed once with a full flush (byte-aligned, no reference to earlier data) and its stream
+    repeated, then an empty final block (fixed Huffman: bits 1, 01, 0000000) ends it."""
+    stream, crc, size = [], 0, 0
+    for block, count in pieces:
         compressor = zlib.compressobj(9, zlib.DEFLATED, -15)  # wbits -15: a raw deflate stream, as zip holds it.
-        return compressor.compress(data) + compressor.flush(zlib.Z_FULL_FLUSH)
-    num_chunks, remainder = divmod(num_bytes - len(prefix), _CHUNK)
-    stream = flushed(prefix) + flushed(bytes(_CHUNK)) * num_chunks + flushed(bytes(remainder)) + b'\x03\x00'
-    crc, chunk = zlib.crc32(prefix), bytes(_CHUNK)
-    for _ in range(num_chunks):
-        crc = zlib.crc32(chunk, crc)
-    crc = zlib.crc32(bytes(remainder), crc)
-    return Entry(name, stream, zipfile.ZIP_DEFLATED, crc, num_bytes, len(stream))
+        stream.append((compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)) * count)
+        for _ in range(count):
+            crc = zlib.crc32(block, crc)
+        size += len(block) * count
+    return b''.join(stream) + b'\x03\x00', crc, size
+
+
+def zeros(num_bytes: int) -> list[tuple[bytes, int]]:
+    """`num_bytes` zeros as pieces of deflate_repeated: whole MiB and the remainder."""
+    num_chunks, remainder = divmod(num_bytes, _CHUNK)
+    return [(bytes(_CHUNK), num_chunks), (bytes(remainder), 1)]
+
+
+def deflate_bomb(name: str, num_bytes: int, prefix: bytes = b'') -> Entry:
+    """`prefix` followed by zeros up to `num_bytes`, as a deflate stream of about num_bytes / 1000 bytes."""
+    stream, crc, size = deflate_repeated([(prefix, 1)] + zeros(num_bytes - len(prefix)))
+    return Entry(name, stream, zipfile.ZIP_DEFLATED, crc, size, len(stream))
 
 
 def _sizes(e: Entry) -> tuple[int, int, bytes]:
@@ -196,26 +215,215 @@ def detector_bytes() -> bytes:
             return f.read()
 
 #----------------------------------------------------------------------------
+# Tar archives (dataset_tool's CIFAR-10 and STL-10 sources), CIFAR-10 batches, LMDB databases.
+
+
+def tar_header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    """The 512-byte header of a member `name` of `size` bytes (GNU format: any size), without its data."""
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(tarfile.GNU_FORMAT)
+
+
+def _blocks(num_bytes: int) -> int:
+    """The bytes of `num_bytes` of member data in a tar: whole 512-byte blocks."""
+    return -(-num_bytes // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    """A plain tar archive of (name, data) members."""
+    out = b''.join(tar_header(name, len(data)) + data.ljust(_blocks(len(data)), b'\0') for name, data in members)
+    return out + bytes(2 * tarfile.BLOCKSIZE)
+
+
+def gzip_repeated(pieces: list[tuple[bytes, int]]) -> bytes:
+    """A gzip file of deflate_repeated(pieces): header (magic, deflate, no flags, no time, no extra flags, Unix),
+    the deflate stream, CRC-32 and size modulo 2^32."""
+    stream, crc, size = deflate_repeated(pieces)
+    return b'\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03' + stream + struct.pack('<II', crc, size & 0xFFFFFFFF)
+
+
+def tar_gz_bomb(name: str, num_bytes: int) -> bytes:
+    """A tar.gz of one member `name` of `num_bytes` zeros: about num_bytes / 1000 bytes."""
+    return gzip_repeated([(tar_header(name, num_bytes), 1)] + zeros(_blocks(num_bytes) + 2 * tarfile.BLOCKSIZE))
+
+
+def tar_claiming(name: str, num_bytes: int) -> bytes:
+    """A plain tar whose member `name` claims `num_bytes` and holds 512."""
+    return tar_header(name, num_bytes) + bytes(3 * tarfile.BLOCKSIZE)
+
+
+def tar_gz_of_empty_members(count: int, name: str = 'x') -> bytes:
+    """A tar.gz of `count` empty members, all called `name`: tarfile keeps a header object for each one listed."""
+    per_chunk = _CHUNK // tarfile.BLOCKSIZE
+    header = tar_header(name, 0)
+    return gzip_repeated([(header * per_chunk, count // per_chunk), (header * (count % per_chunk), 1),
+                          (bytes(2 * tarfile.BLOCKSIZE), 1)])
+
+
+def tar_gz_pax_bomb(num_bytes: int) -> bytes:
+    """A tar.gz whose first member's pax header record claims `num_bytes` (zeros), which tarfile reads whole."""
+    return gzip_repeated([(tar_header('././@PaxHeader', num_bytes, tarfile.XHDTYPE), 1)] +
+                         zeros(_blocks(num_bytes)) + [(tar_header('data_batch_1', 0) + bytes(2 * tarfile.BLOCKSIZE), 1)])
+
+
+def cifar_tar_gz(batches: dict[str, bytes]) -> bytes:
+    """cifar-10-python.tar.gz's layout: cifar-10-batches-py/<name> members holding the given bytes, gzip-compressed."""
+    return gzip.compress(tar_bytes([(f'cifar-10-batches-py/{name}', data) for name, data in batches.items()]))
+
+
+def memo_bomb_pickle(num_bytes: int) -> bytes:
+    """A pickle of 9 bytes that makes Python's C unpickler take `num_bytes`: it stores None at memo index
+    num_bytes / 16 (LONG_BINPUT), and the unpickler grows its memo to twice the index, 8 bytes an entry."""
+    return b'\x80\x02N' + b'r' + struct.pack('<I', min(num_bytes // 16, 0xFFFFFFFF)) + b'.'
+
+
+def object_array_pickle(num_items: int) -> bytes:
+    """A CIFAR-10 batch whose data is an array of `num_items` Python objects whose state lists one: numpy sets
+    such a state unchecked (the process crashes), using only the globals a batch needs."""
+    class Array:
+        def __reduce__(self):
+            return (_reconstruct(), (np.ndarray, (0,), b'b'),
+                    (1, (num_items,), np.dtype(object), False, [None]))
+    return pickle.dumps({b'data': Array(), b'labels': []}, protocol=2)
+
+
+def _reconstruct():
+    """numpy's _reconstruct, where this numpy keeps it."""
+    try:
+        from numpy._core.multiarray import _reconstruct as reconstruct
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct as reconstruct
+    return reconstruct
+
+
+def lmdb_with_entry(folder: str, key: bytes = b'b', num_bytes: int = 64 << 10) -> str:
+    """An LMDB database in `folder` of one entry of `num_bytes` random bytes (on overflow pages); its data.mdb."""
+    import lmdb
+    env = lmdb.open(folder, map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        txn.put(key, os.urandom(num_bytes))
+    env.close()
+    return os.path.join(folder, 'data.mdb')
+
+
+def lmdb_claiming(folder: str, claimed_bytes: int, key: bytes = b'b', num_bytes: int = 64 << 10) -> None:
+    """An LMDB database in `folder` whose one entry (`num_bytes` on overflow pages) claims `claimed_bytes` (< 4 GiB):
+    its leaf node's size (mn_lo, mn_hi: 16 bits each, then flags F_BIGDATA and the key's size) patched."""
+    path = lmdb_with_entry(folder, key, num_bytes)
+    with open(path, 'r+b') as f:
+        raw = f.read()
+        node = struct.pack('<HHHH', num_bytes & 0xFFFF, num_bytes >> 16, 1, len(key)) + key
+        assert raw.count(node) == 1, 'the leaf node of the entry'
+        f.seek(raw.index(node))
+        f.write(struct.pack('<HH', claimed_bytes & 0xFFFF, claimed_bytes >> 16))
+
+
+def lmdb_truncated(folder: str, num_bytes: int = 1 << 20) -> None:
+    """An LMDB database in `folder` of one entry of `num_bytes`, cut to its first 64 KiB: the entry's pages are gone."""
+    path = lmdb_with_entry(folder, num_bytes=num_bytes)
+    with open(path, 'r+b') as f:
+        f.truncate(64 << 10)
+
+#----------------------------------------------------------------------------
+# Downloads: a server on 127.0.0.1.
+
+
+class LoopbackServer(http.server.ThreadingHTTPServer):
+    """An HTTP server on 127.0.0.1 (an ephemeral port), in a thread while it is entered, that answers GET requests
+    by its routes: path -> function of the request handler that writes the whole response. It serves at most
+    `max_requests` (then 503) and gives each connection at most `timeout` seconds."""
+
+    def __init__(self, routes: dict, max_requests: int = 8, timeout: float = 5) -> None:
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                self.timeout = timeout  # StreamRequestHandler: the socket's timeout.
+                super().setup()
+
+            def do_GET(self) -> None:
+                server.requests.append(self.path)
+                if len(server.requests) > max_requests or self.path not in routes:
+                    self.send_error(503 if self.path in routes else 404)
+                    return
+                routes[self.path](self)
+
+            def log_message(self, *args) -> None:
+                pass
+        self.requests: list[str] = []
+        super().__init__(('127.0.0.1', 0), Handler)
+        self.daemon_threads = True
+        self.thread = threading.Thread(target=self.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True)
+
+    def url(self, path: str) -> str:
+        return f'http://127.0.0.1:{self.server_address[1]}{path}'
+
+    def __enter__(self) -> 'LoopbackServer':
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+        self.server_close()
+        self.thread.join(timeout=5)
+
+
+def send(body: bytes | int, length: int | None | str = 'true', chunked: bool = False):
+    """A route that sends `body` (an int: that many zeros, made a MiB at a time): with the Content-Length header
+    `length` ('true': the body's size; None: none, so that the connection's end delimits the body), and in chunked
+    transfer encoding if `chunked`. It stops when the client stops reading."""
+    size = body if isinstance(body, int) else len(body)
+
+    def route(handler: http.server.BaseHTTPRequestHandler) -> None:
+        handler.protocol_version = 'HTTP/1.1'
+        handler.send_response(200)
+        if length is not None:
+            handler.send_header('Content-Length', str(size if length == 'true' else length))
+        if chunked:
+            handler.send_header('Transfer-Encoding', 'chunked')
+        handler.send_header('Connection', 'close')
+        handler.end_headers()
+        piece_size = _CHUNK if isinstance(body, int) else 16 << 10
+        try:
+            for start in range(0, size, piece_size):
+                piece = bytes(min(piece_size, size - start)) if isinstance(body, int) else body[start:start + piece_size]
+                handler.wfile.write(b'%x\r\n%s\r\n' % (len(piece), piece) if chunked else piece)
+            if chunked:
+                handler.wfile.write(b'0\r\n\r\n')
+        except (BrokenPipeError, ConnectionResetError):  # The client stopped reading: what a refusal does.
+            pass
+        handler.close_connection = True
+    return route
+
+#----------------------------------------------------------------------------
 # Every entry point, run on every kind of hostile file it reads.
+
+DOWNLOAD_CAP = 1 << 20  # $GNGAN_MAX_DOWNLOAD_BYTES of the download case.
 
 
 @dataclasses.dataclass
 class Case:
     entry: str          # The command, as the table shows it.
     file: str           # What is hostile about the file.
-    path: str           # The hostile file.
+    path: str           # The hostile file (a folder: its data.mdb; a URL: the download's cap is its size).
     argv: list[str]     # The script, then its arguments.
+    reason: str         # What the refusal's one line must say: why the file is refused.
+    env: dict = dataclasses.field(default_factory=dict)  # Environment variables of the command.
 
     @property
     def file_size(self) -> int:
-        return os.path.getsize(self.path)
+        """The size that the bound allows for: the file's, or the cap of a download."""
+        if '://' in self.path:
+            return DOWNLOAD_CAP
+        return os.path.getsize(os.path.join(self.path, 'data.mdb') if os.path.isdir(self.path) else self.path)
 
 
 @dataclasses.dataclass
 class Outcome:
     returncode: int
     stderr: str
-    peak_rss: int       # Bytes: the child's peak resident memory (Linux: ru_maxrss of wait4).
+    peak_rss: int | None  # Bytes: peak resident memory (Linux), None where it cannot be measured.
     seconds: float
 
     @property
@@ -224,52 +432,114 @@ class Outcome:
         return lines[-1] if lines else ''
 
 
-def hostile_cases(folder: str, bomb_bytes: int) -> list[Case]:
-    """Write the hostile files to `folder` (bombs expanding to `bomb_bytes`) and return the command lines
-    that read them, one per entry point and file."""
-    def write(name: str, data: bytes) -> str:
-        path = os.path.join(folder, name)
-        with open(path, 'wb') as f:
-            f.write(data)
-        return path
+def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None = None, url: str | None = None) -> list[Case]:
+    """The command lines that read hostile files, one per entry point and file, with the reason each must give;
+    only those of `scripts` (default: all). The files are written to `folder` as the cases need them (bombs
+    expanding to `bomb_bytes`); `url` is a server's address whose /detector.pt sends more than DOWNLOAD_CAP."""
+    made: dict[str, str] = {}
 
-    snapshot = snapshot_bytes()
-    files = {
-        'snapshot zip bomb': write('bomb.pkl', snapshot_bomb(bomb_bytes)),
-        'snapshot entry claiming more than the file': write('claims.pkl', oversized_claim(snapshot, '/data/0', bomb_bytes)),
-        'truncated snapshot': write('truncated.pkl', truncated(snapshot)),
-        'npz bomb (sigma.npy)': write('bomb.npz', stats_bomb(2048, int((bomb_bytes / 8) ** 0.5))),
-        'npz claiming 40000x40000': write('claims.npz', stats_claiming(40000)),
-        'dataset.json bomb': write('json-bomb.zip', dataset_json_bomb(bomb_bytes)),
-        'image entry bomb': write('image-bomb.zip', image_entry_bomb(bomb_bytes)),
-        'detector zip bomb': write('detector-bomb.pt', zip_bytes([deflate_bomb(e.name, bomb_bytes) if e.name.endswith('/data/0') else e
-                                                                  for e in entries_of(detector_bytes())])),
-        'detector not TorchScript': write('not-torchscript.pt', snapshot),
+    def made_once(name: str, make) -> str:
+        if name not in made:
+            path = made[name] = os.path.join(folder, name)
+            if name.endswith('_lmdb'):
+                os.makedirs(path)
+                make(path)
+            else:
+                with open(path, 'wb') as f:
+                    f.write(make())
+        return made[name]
+
+    snapshot = lambda: made_once('valid.pkl', snapshot_bytes)  # noqa: E731
+    sigma_dim = int((bomb_bytes / 8) ** 0.5)
+    bomb = f'{bomb_bytes:,}'
+    files = {  # What is hostile about the file: its name, how it is made.
+        'snapshot zip bomb': ('bomb.pkl', lambda: snapshot_bomb(bomb_bytes)),
+        'snapshot entry claiming more than the file': ('claims.pkl', lambda: oversized_claim(snapshot_bytes(), '/data/0', bomb_bytes)),
+        'truncated snapshot': ('truncated.pkl', lambda: truncated(open(snapshot(), 'rb').read())),
+        'npz bomb (sigma.npy)': ('bomb.npz', lambda: stats_bomb(2048, sigma_dim)),
+        'npz claiming 40000x40000': ('claims.npz', lambda: stats_claiming(40000)),
+        'dataset.json bomb': ('json-bomb.zip', lambda: dataset_json_bomb(bomb_bytes)),
+        'image entry bomb': ('image-bomb.zip', lambda: image_entry_bomb(bomb_bytes)),
+        'detector zip bomb': ('detector-bomb.pt', lambda: zip_bytes([deflate_bomb(e.name, bomb_bytes) if e.name.endswith('/data/0')
+                                                                     else e for e in entries_of(detector_bytes())])),
+        'detector not TorchScript': ('not-torchscript.pt', lambda: open(snapshot(), 'rb').read()),
+        'tar.gz bomb (CIFAR-10 batch)': ('bomb.tar.gz', lambda: tar_gz_bomb('cifar-10-batches-py/data_batch_1', bomb_bytes)),
+        'tar member claiming more than the file': ('claims.tar', lambda: tar_claiming('cifar-10-batches-py/data_batch_1', bomb_bytes)),
+        f'tar.gz of {bomb_bytes // 512:,} empty members': ('members.tar.gz', lambda: tar_gz_of_empty_members(bomb_bytes // 512)),
+        'tar.gz pax header bomb': ('pax-bomb.tar.gz', lambda: tar_gz_pax_bomb(bomb_bytes)),
+        'CIFAR-10 batch pickle memo bomb': ('memo-bomb.tar.gz', lambda: cifar_tar_gz({'data_batch_1': memo_bomb_pickle(bomb_bytes)})),
+        'CIFAR-10 batch of a Python-object array': ('objects.tar.gz', lambda: cifar_tar_gz({'data_batch_1': object_array_pickle(bomb_bytes // 8)})),
+        'LMDB entry claiming more than the file': ('claims_lmdb', lambda path: lmdb_claiming(path, bomb_bytes)),
+        'truncated LMDB': ('truncated_lmdb', lmdb_truncated),
     }
-    detector = write('detector.pt', detector_bytes())
-    images = write('images.zip', zip_bytes([stored(f'img{i}.png', png_bytes(i * 50)) for i in range(4)]))
+    detector = lambda: made_once('detector.pt', detector_bytes)  # noqa: E731
+    images = lambda: made_once('images.zip', lambda: zip_bytes([stored(f'img{i}.png', png_bytes(i * 50)) for i in range(4)]))  # noqa: E731
     out = os.path.join(folder, 'out')
     cases: list[Case] = []
 
-    def add(entry: str, file: str, *args: str) -> None:
-        cases.append(Case(entry, file, files[file], [entry.split()[0], *args]))
-    for file in ('snapshot zip bomb', 'snapshot entry claiming more than the file', 'truncated snapshot'):
-        add('generate.py --network', file, f'--network={files[file]}', '--seeds=0', f'--outdir={out}')
-        add('calc_metrics.py --network', file, f'--network={files[file]}', '--metrics=is50k', f'--detector={detector}', '--num-gen=2')
-        add('train.py --resume', file, f'--resume={files[file]}', f'--outdir={out}', '--kimg=0.001')
-        add('legacy.py --source', file, f'--source={files[file]}', '--cfg=cifar10-cnn', f'--dest={out}.pkl')
-    for file in ('npz bomb (sigma.npy)', 'npz claiming 40000x40000'):
-        add('calc_metrics.py --ref-stats', file, f'--images={images}', f'--ref-stats={files[file]}', f'--detector={detector}',
-            '--metrics=fid50k_full')
-        add('train.py --ref-stats', file, f'--ref-stats={files[file]}', f'--outdir={out}', '--kimg=0.001', '--metrics=fid50k_full')
-    for file in ('image entry bomb', 'dataset.json bomb'):
-        add('train.py --data', file, f'--data={files[file]}', f'--outdir={out}', '--kimg=0.001')
-        add('dataset_tool.py --source', file, f'--source={files[file]}', f'--dest={out}-{len(cases)}.zip')
-    add('calc_metrics.py --images', 'image entry bomb', f'--images={files["image entry bomb"]}', f'--detector={detector}',
-        '--metrics=is50k', '--num-gen=2')
-    for file in ('detector zip bomb', 'detector not TorchScript'):
-        add('calc_metrics.py --detector', file, f'--images={images}', f'--detector={files[file]}', '--metrics=is50k', '--num-gen=4')
+    def add(entry: str, file: str, reason: str, *args: str, env: dict | None = None) -> None:
+        if scripts is not None and entry.split()[0] not in scripts:
+            return
+        path = url + '/detector.pt' if file == 'download over the cap' else made_once(*files[file])
+        cases.append(Case(entry, file, path, [entry.split()[0], *[arg.format(path=path) for arg in args]], reason, env or {}))
+
+    snapshot_reasons = {
+        'snapshot zip bomb': 'refused to read: entry archive/data/0 is compressed',
+        'snapshot entry claiming more than the file': f'refused to read: entry archive/data/0 claims {bomb_bytes} bytes, more than the file holds',
+        'truncated snapshot': 'refused to load: not a snapshot (expected the zip archive that torch.save writes',
+    }
+    for file, reason in snapshot_reasons.items():
+        add('generate.py --network', file, reason, '--network={path}', '--seeds=0', f'--outdir={out}')
+        if scripts is None or 'calc_metrics.py' in scripts:
+            add('calc_metrics.py --network', file, reason, '--network={path}', '--metrics=is50k', f'--detector={detector()}', '--num-gen=2')
+        add('train.py --resume', file, reason, '--resume={path}', f'--outdir={out}', '--kimg=0.001')
+        add('legacy.py --source', file, 'not a zip archive (no end of central directory record; truncated?)' if file == 'truncated snapshot'
+            else reason, '--source={path}', '--cfg=cifar10-cnn', f'--dest={out}.pkl')
+    stats_reasons = {
+        'npz bomb (sigma.npy)': f'sigma.npy: refused to read: sigma is [{sigma_dim}, {sigma_dim}], but the statistics are 2048-dimensional',
+        'npz claiming 40000x40000': 'sigma.npy: refused to read: sigma is [40000, 40000], but the statistics are 2048-dimensional',
+    }
+    for file, reason in stats_reasons.items():
+        if scripts is None or 'calc_metrics.py' in scripts:
+            add('calc_metrics.py --ref-stats', file, reason, f'--images={images()}', '--ref-stats={path}', f'--detector={detector()}',
+                '--metrics=fid50k_full')
+        add('train.py --ref-stats', file, reason, '--ref-stats={path}', f'--outdir={out}', '--kimg=0.001', '--metrics=fid50k_full')
+    for file, tool_reason, train_reason in [
+            ('image entry bomb', f'refused to read: entry img0.png expands to {bomb_bytes + len(png_bytes(0)):,} bytes', None),
+            ('dataset.json bomb', f'is {bomb_bytes + 16:,} bytes; labels of its 2 images take at most', None)]:
+        add('train.py --data', file, train_reason or tool_reason, '--data={path}', f'--outdir={out}', '--kimg=0.001')
+        add('dataset_tool.py --source', file, tool_reason, '--source={path}', f'--dest={out}-{len(cases)}.zip')
+    if scripts is None or 'calc_metrics.py' in scripts:
+        add('calc_metrics.py --images', 'image entry bomb', f'refused to read: entry img0.png expands to {bomb_bytes + len(png_bytes(0)):,} bytes',
+            '--images={path}', f'--detector={detector()}', '--metrics=is50k', '--num-gen=2')
+        for file, reason in [('detector zip bomb', 'refused to read: entry detector/data/0 is compressed'),
+                             ('detector not TorchScript', 'is not TorchScript (no constants.pkl: written by torch.save, not torch.jit.save)')]:
+            add('calc_metrics.py --detector', file, reason, f'--images={images()}', '--detector={path}', '--metrics=is50k', '--num-gen=4')
+        if url is not None:
+            add('calc_metrics.py --detector', 'download over the cap', f'it is larger than the cap of {DOWNLOAD_CAP:,} bytes',
+                f'--images={images()}', '--detector={path}', '--metrics=is50k', '--num-gen=4',
+                env=dict(GNGAN_MAX_DOWNLOAD_BYTES=str(DOWNLOAD_CAP)))
+    tar_claim = f'refused to read: member cifar-10-batches-py/data_batch_1 claims {bomb} bytes, more than the archive can hold'
+    for file, reason in [
+            ('tar.gz bomb (CIFAR-10 batch)', tar_claim), ('tar member claiming more than the file', tar_claim),
+            (f'tar.gz of {bomb_bytes // 512:,} empty members', f'refused to read: it lists more than 1,024 members'),
+            ('tar.gz pax header bomb', 'refused to read: a member\'s headers take more than 65,536 bytes'),
+            ('CIFAR-10 batch pickle memo bomb', f'refused to read: the pickle stores memo entry {bomb_bytes // 16} after 0'),
+            ('CIFAR-10 batch of a Python-object array', 'refusing an array that is not plain data of its declared size'),
+            ('LMDB entry claiming more than the file', f'refused to read: entry b claims {bomb} bytes at byte'),
+            ('truncated LMDB', 'refused to read: its pages reach byte 1,064,960 of data.mdb, which holds 65,536 (truncated?)')]:
+        if 'LMDB' in file and importlib.util.find_spec('lmdb') is None:
+            continue  # The tests write the databases with the lmdb package; the tool reads them without.
+        add('dataset_tool.py --source', file, reason, '--source={path}', f'--dest={out}-{len(cases)}.zip')
     return cases
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _environment(cwd: str, case_env: dict, repo: str) -> dict:
+    """The environment of an entry point's process: `repo` importable, the CPU, a cache of its own."""
+    return dict(os.environ, CUDA_VISIBLE_DEVICES='', PYTHONPATH=repo, GNGAN_CACHE_DIR=os.path.join(cwd, 'cache'), **case_env)
 
 
 # Runs the command given after it in a child and writes the child's peak resident memory (KiB, Linux's
@@ -286,19 +556,88 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def run_cli(argv: list[str], cwd: str) -> Outcome:
-    """Run `python <argv>` (a script of the repository and its arguments) on the CPU (CUDA_VISIBLE_DEVICES='')
-    and measure that process alone: exit code, stderr, peak resident memory, wall time."""
-    import subprocess
-    import time
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES='', PYTHONPATH=repo, GNGAN_CACHE_DIR=os.path.join(cwd, 'cache'))
+def run_cli(argv: list[str], cwd: str, env: dict | None = None, repo: str = REPO) -> Outcome:
+    """Run `python <argv>` (a script of `repo`, this repository by default, and its arguments) on the CPU
+    (CUDA_VISIBLE_DEVICES='') and measure that process alone: exit code, stderr, peak resident memory, wall time."""
     with tempfile.TemporaryDirectory() as tmp:
         peak_file = os.path.join(tmp, 'peak')
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, '-S', '-c', _MEASURE, peak_file, os.path.join(repo, argv[0]), *argv[1:]],
-                              cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              cwd=cwd, env=_environment(cwd, env or {}, repo), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         seconds = time.perf_counter() - start
         with open(peak_file) as f:
             peak_kib = int(f.read())
     return Outcome(proc.returncode, proc.stderr.decode(errors='replace'), peak_kib * 1024, seconds)
+
+
+# Imports one entry point's script, then runs its click command on each case in turn, in this process: its
+# stdout and stderr (file descriptors 1 and 2) sent to files, and its peak resident memory (Linux: VmHWM)
+# read after each case, from the level where it started (writing 5 to /proc/self/clear_refs resets the peak).
+_RUN_CASES = r"""import importlib, json, os, re, sys, time, traceback
+spec_file, results_file = sys.argv[1:]
+with open(spec_file) as f:
+    spec = json.load(f)
+
+def peak_rss():
+    try:
+        with open('/proc/self/status') as f:
+            return int(re.search(r'VmHWM:\s+(\d+) kB', f.read()).group(1)) << 10
+    except (OSError, AttributeError):
+        return None
+
+script = spec['script']
+sys.argv = [script]
+main = importlib.import_module(script[:-len('.py')]).main
+results = dict(footprint=peak_rss(), outcomes=[])
+console = os.dup(1), os.dup(2)
+for case in spec['cases']:
+    os.environ.update(case['env'])
+    with open(os.devnull, 'wb') as out, open(case['stderr'], 'wb') as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            with open('/proc/self/clear_refs', 'w') as f:
+                f.write('5')
+        except OSError:
+            pass
+        start = time.perf_counter()
+        try:
+            main.main(args=case['args'], prog_name=script, standalone_mode=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        seconds = time.perf_counter() - start
+        os.dup2(console[0], 1)
+        os.dup2(console[1], 2)
+    for name in case['env']:
+        del os.environ[name]
+    with open(case['stderr'], encoding='utf-8', errors='replace') as f:
+        results['outcomes'].append(dict(returncode=code, stderr=f.read(), peak_rss=peak_rss(), seconds=seconds))
+with open(results_file, 'w') as f:
+    json.dump(results, f)
+"""
+
+
+def run_entry_point(script: str, cases: list[Case], cwd: str) -> tuple[int | None, list[Outcome]]:
+    """Run `script`'s cases in one process of their own, on the CPU: (that process's footprint after importing the
+    script, and for each case its exit code, stderr, peak resident memory and wall time). Where it cannot be
+    measured (not Linux), the memory is None."""
+    assert all(case.argv[0] == script for case in cases)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = dict(script=script, cases=[dict(args=case.argv[1:], env=case.env, stderr=os.path.join(tmp, f'{i}.err'))
+                                          for i, case in enumerate(cases)])
+        with open(os.path.join(tmp, 'spec.json'), 'w') as f:
+            json.dump(spec, f)
+        proc = subprocess.run([sys.executable, '-c', _RUN_CASES, os.path.join(tmp, 'spec.json'), os.path.join(tmp, 'results.json')],
+                              cwd=cwd, env=_environment(cwd, {}, REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError(f'{script}: the cases\' process ended with {proc.returncode}: {proc.stderr.decode(errors="replace")[-2000:]}')
+        with open(os.path.join(tmp, 'results.json')) as f:
+            results = json.load(f)
+    return results['footprint'], [Outcome(**outcome) for outcome in results['outcomes']]

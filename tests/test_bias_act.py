@@ -87,3 +87,14 @@ def test_invalid_arguments_raise_clear_errors():
         bias_act.bias_act(x, torch.zeros([2]))
     with pytest.raises(ValueError, match='impl'):
         bias_act.bias_act(x, impl='triton')
+
+
+def test_reference_path_keeps_the_most_recently_used_signatures(monkeypatch):
+    """The checked dims per call signature are bounded (here to 2), least recently used out; values stay the formula's."""
+    from torch_utils import kernel_choice
+    monkeypatch.setattr(bias_act, '_checked_dims', kernel_choice.LruCache(size=2))
+    for length in (3, 4, 3, 5):
+        x, b = torch.randn([2, length], dtype=torch.float64), torch.randn([length], dtype=torch.float64)
+        torch.testing.assert_close(bias_act.bias_act(x, b, act='lrelu'), _expected(x, b, 1, 'lrelu', None, None, None))
+        assert len(bias_act._checked_dims) <= 2
+    assert [key[0][1] for key in bias_act._checked_dims] == [3, 5]  # 3 was used again before 5 came, so 4 went.

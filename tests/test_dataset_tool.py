@@ -5,6 +5,7 @@ numpy slicing, or from block averages; the written datasets are read back both
 directly (zipfile + PIL) and through training.data.dataset.ImageFolderDataset.
 """
 
+import codecs
 import errno
 import io
 import json
@@ -21,7 +22,9 @@ import pytest
 from click.testing import CliRunner
 
 import dataset_tool
+from tests import hostile_files
 from tests.test_dataset import png16_bytes
+from torch_utils import bounded_read
 from training.data.dataset import ImageFolderDataset
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,6 +207,42 @@ def test_cifar10_refuses_code_in_pickle(tmp_path):
     assert 'refusing to load' in result.output and 'Traceback' not in result.output
     assert not (tmp_path / 'pwned').exists() and not (tmp_path / 'out.zip').exists()
 
+class Reduces:
+    """Pickles as a call of `function` on `args`, then `state` set on the result (BUILD), as a hostile batch would."""
+
+    def __init__(self, function, args: tuple, state=None) -> None:
+        self.reduced = (function, args) if state is None else (function, args, state)
+
+    def __reduce__(self):
+        return self.reduced
+
+@pytest.mark.parametrize('case', ['memo bomb', 'object array', 'array reconstructed large', 'codec', 'too many opcodes'])
+def test_cifar10_batch_pickles_are_read_within_the_bound(tmp_path, monkeypatch, case):
+    """What a batch's pickle may build: only plain arrays of the bytes it carries, within bounded_read.check_pickle."""
+    batches = {f'data_batch_{i}': pickle.dumps(cifar_batch(np.random.default_rng(i), 2), protocol=2) for i in range(1, 6)}
+    if case == 'memo bomb':  # 9 bytes that take the C unpickler 512 MiB.
+        batches['data_batch_1'], reason = hostile_files.memo_bomb_pickle(512 << 20), 'the pickle stores memo entry 33554432 after 0'
+    elif case == 'object array':  # A full list: numpy would make it; a short one would crash the process.
+        batch = cifar_batch(np.random.default_rng(1), 2)
+        batch[b'data'] = Reduces(hostile_files._reconstruct(), (np.ndarray, (0,), b'b'), (1, (2,), np.dtype(object), False, [1, 2]))
+        batches['data_batch_1'], reason = pickle.dumps(batch, protocol=2), 'refusing an array that is not plain data of its declared size'
+    elif case == 'array reconstructed large':  # 8 TB of address space asked for by a few bytes.
+        batch = cifar_batch(np.random.default_rng(1), 2)
+        batch[b'data'] = Reduces(hostile_files._reconstruct(), (np.ndarray, (1 << 43,), b'b'))
+        batches['data_batch_1'], reason = pickle.dumps(batch, protocol=2), 'refusing to reconstruct anything but an empty array'
+    elif case == 'codec':
+        batch = cifar_batch(np.random.default_rng(1), 2)
+        batch[b'batch_label'] = Reduces(codecs.encode, ('x' * 10, 'utf-32'))
+        batches['data_batch_1'], reason = pickle.dumps(batch, protocol=2), 'refusing _codecs.encode but of text to Latin-1'
+    else:
+        monkeypatch.setattr(bounded_read, 'MAX_PICKLE_OPCODES', 40)
+        reason = 'refused to read: a pickle of more than 40 opcodes'
+    path = tmp_path / 'cifar-10-python.tar.gz'
+    path.write_bytes(hostile_files.cifar_tar_gz(batches))
+    result = run_tool(f'--source={path}', f'--dest={tmp_path / "out.zip"}')
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1 and reason in result.output, result.output
+    assert 'cifar-10-batches-py/data_batch_1' in result.output and not (tmp_path / 'out.zip').exists()
+
 def stl10_pixels(raw: bytes, idx: int) -> np.ndarray:
     """Pixel (y, x, c) of STL-10 image idx is byte idx*27648 + c*9216 + x*96 + y (column-major channels)."""
     y, x, c = np.meshgrid(np.arange(96), np.arange(96), np.arange(3), indexing='ij')
@@ -270,12 +309,57 @@ def test_lmdb(tmp_path):
     for got, want in zip(pixels, images):
         np.testing.assert_array_equal(got, want)
 
-def test_lmdb_missing_package(tmp_path, monkeypatch):
-    write_file(str(tmp_path / 'church_lmdb' / 'data.mdb'), b'')
+def test_lmdb_is_read_from_its_file_as_lmdb_wrote_it(tmp_path, monkeypatch):
+    """bounded_read.LmdbDatabase against the lmdb package on a tree three levels deep: values inline and on overflow
+    pages, keys of every length, pages freed by deletions; the tool then reads it without the package."""
+    lmdb = pytest.importorskip('lmdb')
+    rng = np.random.default_rng(7)
+    env = lmdb.open(str(tmp_path / 'db'), map_size=1 << 28)
+    with env.begin(write=True) as txn:
+        for idx in range(6000):
+            txn.put(rng.bytes(int(rng.integers(1, 60))), rng.bytes(int(rng.choice([0, 7, 900, 3000, 9000]))))
+    with env.begin(write=True) as txn:
+        for key in [key for idx, (key, _value) in enumerate(txn.cursor()) if idx % 3 == 0]:
+            txn.delete(key)
+    with env.begin() as txn:
+        expected, stat = list(txn.cursor()), txn.stat()
+    env.close()
+    assert stat['depth'] == 3 and stat['overflow_pages'] > 0
+    with bounded_read.LmdbDatabase(str(tmp_path / 'db')) as database:
+        assert database.num_entries == len(expected) and list(database.entries()) == expected
+        assert list(database.entries(max_entries=5)) == expected[:5]
+
+    images = [random_pixels(rng, 8, 8, 3) for _ in range(2)]
+    env = lmdb.open(str(tmp_path / 'church_lmdb'), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        for idx, pixels in enumerate(images):
+            txn.put(f'key{idx}'.encode(), png_bytes(pixels))
+    env.close()
     monkeypatch.setitem(sys.modules, 'lmdb', None)  # Makes `import lmdb` fail.
     result = run_tool(f'--source={tmp_path / "church_lmdb"}', f'--dest={tmp_path / "out.zip"}')
-    assert result.exit_code == 1
-    assert 'pip install lmdb' in result.output and 'Traceback' not in result.output
+    assert result.exit_code == 0, result.output
+    np.testing.assert_array_equal(read_output(str(tmp_path / 'out.zip'))[1], images)
+
+@pytest.mark.parametrize('case', ['entry claiming 3 GiB', 'truncated', 'not lmdb'])
+def test_lmdb_refusals(tmp_path, case):
+    """A value claiming more than data.mdb holds (the lmdb package would touch it: SIGBUS), a copy cut short, a
+    data.mdb that is something else: one line each, nothing written."""
+    pytest.importorskip('lmdb')
+    folder = str(tmp_path / 'db')
+    os.makedirs(folder)
+    if case == 'entry claiming 3 GiB':
+        hostile_files.lmdb_claiming(folder, 3 << 30)
+        reason = 'refused to read: entry b claims 3,221,225,472 bytes at byte '
+    elif case == 'truncated':
+        hostile_files.lmdb_truncated(folder)
+        reason = 'refused to read: its pages reach byte 1,064,960 of data.mdb, which holds 65,536 (truncated?)'
+    else:
+        write_file(os.path.join(folder, 'data.mdb'), bytes(16384))
+        reason = 'not an LMDB database (no LMDB meta page at offset 0)'
+    result = run_tool(f'--source={folder}', f'--dest={tmp_path / "out.zip"}')
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith(f'Error: {folder}: {reason}'), result.output
+    assert not (tmp_path / 'out.zip').exists()
 
 #----------------------------------------------------------------------------
 # Resolution and transforms.

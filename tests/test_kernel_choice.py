@@ -104,6 +104,29 @@ def test_replacing_verdicts_or_choices_plans_afresh(host_kernels, cpu_kernel_pat
     assert bias_act._plugin.plans == {}
 
 
+def test_plans_and_choices_keep_the_most_recently_used_signatures(monkeypatch):
+    """The tables per call signature are LruCaches of PLAN_CACHE_SIZE entries, whatever is assigned to them: storing
+    one more drops the least recently used, and faster() marks a choice it reads as used."""
+    plugin = kernel_choice.LazyPlugin('op', module_name='none', sources=[], headers=[], source_dir='')
+    for table in ('plans', 'choices'):
+        setattr(plugin, table, {'a': 1})
+        assert isinstance(getattr(plugin, table), kernel_choice.LruCache) and getattr(plugin, table).size == 4096
+    cache = kernel_choice.LruCache(size=3)
+    for key in 'abcd':
+        cache[key] = key
+    assert list(cache) == ['b', 'c', 'd']
+    cache.move_to_end('b')
+    cache['e'] = 'e'
+    assert list(cache) == ['d', 'b', 'e']
+    monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '1')
+    monkeypatch.setattr(plugin, 'timer', lambda fn, device: fn() or 1.0)
+    plugin.choices = kernel_choice.LruCache(size=2)
+    x = torch.zeros([2])
+    for key in ('x', 'y', 'x', 'z'):
+        plugin.faster(key, torch.neg, torch.neg, x)
+    assert list(plugin.choices) == ['x', 'z']  # x was read again before z came, so y went.
+
+
 # ----------------------------------------------------------------------------
 # Self-check: failures stay with their configuration.
 

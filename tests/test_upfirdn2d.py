@@ -201,3 +201,23 @@ def test_invalid_arguments_raise_clear_errors():
         upfirdn2d.upfirdn2d(torch.zeros([4, 4]), None)
     with pytest.raises(ValueError, match='padding'):
         upfirdn2d.upfirdn2d(x, None, padding=[1, 2, 3])
+
+
+def test_plans_keep_the_most_recently_used_signatures(monkeypatch):
+    """The plans per call signature are bounded (here to 3): a hit marks its signature used, a new signature beyond
+    the bound drops the least recently used, which is planned afresh when it comes back; the values stay those of
+    scipy's upfirdn."""
+    from torch_utils import kernel_choice
+    monkeypatch.setattr(upfirdn2d._plugin, 'plans', kernel_choice.LruCache(size=3))
+    planned = []
+    plan_call = upfirdn2d._plan_call
+    monkeypatch.setattr(upfirdn2d, '_plan_call', lambda x, *args: planned.append(x.shape[-1]) or plan_call(x, *args))
+    f = upfirdn2d.setup_filter([1, 3, 3, 1])
+    for width in (5, 6, 7, 5, 8, 6):
+        x = torch.randn([1, 1, 4, width], dtype=torch.float64)
+        expected = _upfirdn_1d(_upfirdn_1d(x.numpy(), np.array([1., 3., 3., 1.]) / 8, 2, 1, 2, 1).swapaxes(-1, -2),
+                               np.array([1., 3., 3., 1.]) / 8, 2, 1, 2, 1).swapaxes(-1, -2) * 4
+        np.testing.assert_allclose(upfirdn2d.upsample2d(x, f).numpy(), expected, rtol=1e-12, atol=1e-12)
+        assert len(upfirdn2d._plugin.plans) <= 3
+    assert planned == [5, 6, 7, 8, 6]  # 5 was used again before 8 came, so 6 went: planned afresh.
+    assert [key[2][-1] for key in upfirdn2d._plugin.plans] == [5, 8, 6]  # x.shape in each key, oldest first.

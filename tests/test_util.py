@@ -1,14 +1,15 @@
 """dnnlib.util: EasyDict, the allow-list of construct_class_by_name, parse_int_list, format_time, open_url."""
 
-import http.server
+import io
 import os
-import threading
+import tempfile
 
 import pytest
 import torch
 
 import dnnlib
 from dnnlib import util
+from tests.hostile_files import LoopbackServer, send
 
 
 def test_easydict_attribute_access():
@@ -127,26 +128,98 @@ def test_open_url_local_path(tmp_path):
         util.open_url(str(tmp_path / 'missing'))
 
 
+def _cache_files(cache_dir) -> list[str]:
+    folder = os.path.join(cache_dir, 'downloads')
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
 def test_open_url_http_cached(tmp_path):
-    """Serve a file on loopback, fetch it once, then fetch it again with the server gone."""
-    (tmp_path / 'srv').mkdir()
-    (tmp_path / 'srv' / 'blob.bin').write_bytes(b'payload')
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / 'srv'), **k)
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
-    server.RequestHandlerClass.log_message = lambda *a: None
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    url = f'http://127.0.0.1:{server.server_address[1]}/blob.bin'
-    try:
-        with util.open_url(url, cache_dir=str(tmp_path / 'cache'), verbose=False) as f:
+    """Fetch a file once over loopback, then again with the server gone; without a cache the download is an
+    anonymous temporary file."""
+    cache = str(tmp_path / 'cache')
+    with LoopbackServer({'/blob.bin': send(b'payload')}) as server:
+        url = server.url('/blob.bin')
+        with util.open_url(url, cache_dir=cache, verbose=False) as f:
             assert f.read() == b'payload'
-    finally:
-        server.shutdown()
-        server.server_close()
-    with util.open_url(url, cache_dir=str(tmp_path / 'cache'), verbose=False) as f:
+        with util.open_url(url, cache_dir=cache, verbose=False, cache=False) as f:
+            assert f.read() == b'payload' and not isinstance(f, io.BytesIO) and f.fileno() >= 0  # A file, not memory.
+    assert server.requests == ['/blob.bin', '/blob.bin']
+    with util.open_url(url, cache_dir=cache, verbose=False) as f:
         assert f.read() == b'payload'
+    assert len(_cache_files(cache)) == 1 and _cache_files(cache)[0].endswith('_blob.bin')
     with pytest.raises(util.DownloadError, match='Could not download'):
-        util.open_url(url, cache_dir=str(tmp_path / 'cache'), verbose=False, cache=False, num_attempts=1)
+        util.open_url(url, cache_dir=cache, verbose=False, cache=False, num_attempts=1)
+
+
+CAP = 64 << 10  # The cap of the downloads below.
+
+
+@pytest.mark.parametrize('route,served', [
+    ('/declared', lambda body: send(body)),                                    # an honest Content-Length over the cap
+    ('/unsized', lambda body: send(body, length=None)),                        # no length: the connection's end delimits it
+    ('/lying', lambda body: send(body, length=100, chunked=True)),             # claims 100 bytes, sends 3x the cap chunked
+])
+@pytest.mark.parametrize('cache', [True, False], ids=['cache', 'no-cache'])
+def test_download_over_the_cap_is_refused_in_one_line_and_leaves_nothing(tmp_path, monkeypatch, route, served, cache):
+    body = os.urandom(3 * CAP)
+    kept, temporary_file = [], tempfile.TemporaryFile
+    monkeypatch.setattr(util.tempfile, 'TemporaryFile', lambda *a, **k: kept.append(temporary_file(*a, **k)) or kept[-1])
+    with LoopbackServer({route: served(body)}) as server:
+        with pytest.raises(util.DownloadError) as info:
+            util.open_url(server.url(route), cache_dir=str(tmp_path), verbose=False, cache=cache, max_bytes=CAP)
+    assert str(info.value) == f'Could not download {server.url(route)}: it is larger than the cap of {CAP:,} bytes ' \
+                              f'(raise it with GNGAN_MAX_DOWNLOAD_BYTES, or download the file by other means and pass its local path)'
+    assert server.requests == [route]  # Refused at once, not tried again.
+    assert os.listdir(tmp_path) == ([] if not cache else ['downloads']) and _cache_files(tmp_path) == []
+    assert len(kept) == (0 if cache else 1) and all(f.closed for f in kept)
+
+
+def test_download_cap_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv('GNGAN_MAX_DOWNLOAD_BYTES', str(CAP))
+    assert util.max_download_bytes() == CAP
+    with LoopbackServer({'/a': send(bytes(CAP)), '/b': send(bytes(CAP + 1), length=None)}) as server:
+        with util.open_url(server.url('/a'), cache_dir=str(tmp_path), verbose=False) as f:
+            assert f.read() == bytes(CAP)
+        with pytest.raises(util.DownloadError, match=f'larger than the cap of {CAP:,} bytes'):
+            util.open_url(server.url('/b'), cache_dir=str(tmp_path), verbose=False)
+    monkeypatch.setenv('GNGAN_MAX_DOWNLOAD_BYTES', '2GB')
+    with pytest.raises(util.DownloadError, match="^GNGAN_MAX_DOWNLOAD_BYTES must be a positive number of bytes, not '2GB'$"):
+        util.open_url(server.url('/a'), cache_dir=str(tmp_path / 'other'), verbose=False)
+    monkeypatch.delenv('GNGAN_MAX_DOWNLOAD_BYTES')
+    assert util.max_download_bytes() == util.MAX_DOWNLOAD_BYTES == 4 << 30
+
+
+def test_download_that_ends_early_leaves_no_cache_entry(tmp_path):
+    """A server that declares 1000 bytes and sends 10: an error after every attempt, and nothing in the cache."""
+    with LoopbackServer({'/short': send(b'0123456789', length=1000)}) as server:
+        with pytest.raises(util.DownloadError, match=r'^Could not download http://127\.0\.0\.1:\d+/short \(\w+\)$'):
+            util.open_url(server.url('/short'), cache_dir=str(tmp_path), verbose=False, num_attempts=2)
+    assert server.requests == ['/short', '/short'] and _cache_files(tmp_path) == []
+
+
+@pytest.mark.parametrize('cache', [True, False], ids=['cache', 'no-cache'])
+def test_download_streams_in_bounded_chunks(tmp_path, monkeypatch, cache):
+    """The body never sits whole in memory: every read of the response asks for at most DOWNLOAD_CHUNK_BYTES, and
+    the bytes arrive whole on disk."""
+    import urllib3
+    monkeypatch.setattr(util, 'DOWNLOAD_CHUNK_BYTES', 4096)
+    requested, returned = [], []
+    read = urllib3.response.HTTPResponse.read
+
+    def recording_read(self, amt=None, *args, **kwargs):
+        requested.append(amt)
+        data = read(self, amt, *args, **kwargs)
+        returned.append(len(data))
+        return data
+    monkeypatch.setattr(urllib3.response.HTTPResponse, 'read', recording_read)
+    body = os.urandom(100 << 10)
+    with LoopbackServer({'/a': send(body), '/b': send(body, length=None)}) as server:
+        for route in ('/a', '/b'):
+            requested.clear(), returned.clear()
+            with util.open_url(server.url(route), cache_dir=str(tmp_path), verbose=False, cache=cache, max_bytes=len(body)) as f:
+                assert f.read() == body
+            assert None not in requested and max(requested) <= 4096 and max(returned) <= 4096, (requested, returned)
+            assert sum(returned) == len(body)
 
 
 def test_atomic_path_renames_on_success_and_removes_on_failure(tmp_path):

@@ -28,12 +28,15 @@ kernel. bench/gpu_report.py lists the choices.
 
 Per call. The ops keep, in LazyPlugin.plans, how they serve each combination of
 their arguments' metadata (device, dtype, shape, strides, op settings): a call whose
-metadata was seen before costs one dictionary look-up before the kernel's launch.
+metadata was seen before costs one dictionary look-up (and marking it used) before the
+kernel's launch. The tables per call signature (plans, choices) hold PLAN_CACHE_SIZE
+entries at most, the least recently used dropped first.
 So the switches above are read when a combination is first seen; to apply a change
 to combinations seen before, replace the plugin's verdicts or choices (which drops
 its plans).
 """
 
+import collections
 import time
 import warnings
 from typing import Any, Callable, Dict, Hashable, Optional, Sequence, Tuple
@@ -169,19 +172,25 @@ def _describe(config: Hashable) -> str:
     return ', '.join(str(part).replace('torch.', '') for part in config) if isinstance(config, tuple) else str(config)
 
 
-class _DropsPlans:
-    """A LazyPlugin attribute from which its plans follow (verdicts, choices): replacing it, to check or time
-    afresh, drops the plans."""
+# The most entries of a table kept per call signature (LazyPlugin.plans and .choices, bias_act's checked dims): a
+# run's calls have a few hundred signatures (layers x batch shapes x resolutions); a process that keeps meeting new
+# shapes (a sweep over batch sizes, a server) drops the least recently used instead of growing without end.
+PLAN_CACHE_SIZE = 4096
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.slot = '_' + name
 
-    def __get__(self, plugin: Optional['LazyPlugin'], owner: Optional[type] = None) -> Any:
-        return self if plugin is None else getattr(plugin, self.slot)
+class LruCache(collections.OrderedDict):
+    """A dict of at most `size` entries: storing one more drops the least recently used. A reader marks a hit as
+    used with move_to_end(key), a C call, so that the ops' per-call look-up runs no Python function of ours."""
 
-    def __set__(self, plugin: 'LazyPlugin', value: Dict[Hashable, Any]) -> None:
-        setattr(plugin, self.slot, value)
-        plugin.plans = {}
+    def __init__(self, entries: Any = (), size: int = PLAN_CACHE_SIZE) -> None:
+        self.size = size
+        super().__init__(entries)
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > self.size:
+            self.popitem(last=False)
 
 
 class LazyPlugin:
@@ -196,8 +205,6 @@ class LazyPlugin:
     """
 
     device_type = 'cuda'  # tensors on other devices always take the reference path
-    verdicts = _DropsPlans()
-    choices = _DropsPlans()
     timer = staticmethod(time_call)  # (fn, device) -> milliseconds; the tests install a fake clock
 
     def __init__(self, op_name: str, module_name: str, sources: Sequence[str], headers: Sequence[str],
@@ -207,10 +214,20 @@ class LazyPlugin:
                                 **build_kwargs)
         self.module = None  # the loaded extension, once built
         self.failed = False  # set after a failed build, so we never retry or warn twice
-        self.plans: Dict[Hashable, Any] = {}  # the op's arguments' metadata -> how it serves them (see the ops)
+        self.plans: LruCache = LruCache()  # the op's arguments' metadata -> how it serves them (see the ops)
         self.verdicts: Dict[Hashable, bool] = {}  # configuration -> passed its self-check (or was not checked)
         self.check_results: Dict[Hashable, dict] = {}  # configuration -> error, where, tolerance, milliseconds, cause
-        self.choices: Dict[Hashable, dict] = {}  # configuration and shape -> kernel_ms, reference_ms, kernel
+        self.choices: LruCache = LruCache()  # configuration and shape -> kernel_ms, reference_ms, kernel
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """The tables per call signature (plans, choices) are LruCaches whatever is assigned to them; those per
+        configuration (verdicts, check_results: as many as a network has kinds of layers) plain dicts. Replacing
+        the verdicts or the choices, to check or time afresh, drops the plans, which follow from them."""
+        if name in ('plans', 'choices') and not isinstance(value, LruCache):
+            value = LruCache(value)
+        super().__setattr__(name, value)
+        if name in ('verdicts', 'choices'):
+            super().__setattr__('plans', LruCache())
 
     def get(self):
         if self.module is None and not self.failed:
@@ -271,13 +288,15 @@ class LazyPlugin:
 
         The first time a key appears, kernel(x) and reference(x) each run forward and
         backward on a copy of x (device time per call, by self.timer: see time_call) and
-        the faster one serves the key for the rest of the process. GNGAN_OPS_AUTOTUNE=0:
+        the faster one serves the key while it is kept (see LruCache). GNGAN_OPS_AUTOTUNE=0:
         always the kernel, untimed.
         """
         if not custom_ops.env_flag(AUTOTUNE_ENV, '1'):
             return True
         choice = self.choices.get(key)
-        if choice is None:
+        if choice is not None:
+            self.choices.move_to_end(key)
+        else:
             x = x.detach().clone().requires_grad_()
 
             def forward_backward(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
