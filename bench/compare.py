@@ -1,7 +1,10 @@
 """Equal-budget comparisons: one preset under several discriminator constraints and losses, several seeds each.
 
+\b
     python bench/compare.py --out=compare-sngan --settings=gn:hinge,sn:hinge,gp1:wasserstein,r1:ns,none:hinge \\
         --seeds=0,1,2 --steps=3000 --snaps=5
+
+\b
     python bench/compare.py --out=compare-stylegan --cfg=gn-stylegan --settings=gn:hinge,r1:ns,none:ns \\
         --seeds=0,1,2 --kimg=24 --snaps=3 --extra="--cmax=32 --batch=32 --lod-kimg=6 --resolution=16 --xflip=0"
 
