@@ -36,6 +36,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import warnings
 from typing import NamedTuple
 
 import click
@@ -284,7 +285,9 @@ def _check_launcher(script: str, args: list[str]) -> str | None:
             return f'{program[0]} follows the options: write {script} options as --name=value'
         return None if program or any(o.startswith('--wrap=') for o in options) or script == 'sbatch' else 'no program'
     if script == 'pip':
-        from pip._internal.commands import create_command  # pip's own parser (pip has no public API).
+        with warnings.catch_warnings():  # setuptools' distutils shim warns when pip's internals import distutils.
+            warnings.simplefilter('ignore', UserWarning)
+            from pip._internal.commands import create_command  # pip's own parser (pip has no public API).
         if args[:1] != ['install']:
             return f'only pip install is documented, got pip {" ".join(args[:1])}'
         stderr = io.StringIO()
