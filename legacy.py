@@ -33,13 +33,17 @@ from __future__ import annotations
 
 import warnings
 
-import click
-import numpy as np
-import torch
+from torch_utils.threads import set_wait_policy
 
-import dnnlib
-from torch_utils import bounded_read, persistence
-from training.recipes import configs
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import dnnlib  # noqa: E402
+from torch_utils import bounded_read, persistence  # noqa: E402
+from training.recipes import configs  # noqa: E402
 
 #----------------------------------------------------------------------------
 

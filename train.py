@@ -209,6 +209,28 @@ def _check_outdir(outdir: str) -> None:
         raise click.ClickException(f'--outdir: cannot write to {existing}')
 
 
+def _group_size_note(experiment: Experiment) -> str | None:
+    """One line when --gpus makes D's minibatch-stddev groups smaller than on one GPU. A D call groups min(group size,
+    its samples) samples (training/networks/stylegan.py), so a per-GPU share below the group size changes what D
+    computes. Said, not refused: StyleGAN v1 shrinks its groups the same way, and no --batch-gpu can restore them."""
+    schedule = experiment.schedule
+    if experiment.gpus == 1 or schedule.group_size == 1:
+        return None
+    spans = []  # [samples per group, on one GPU, first resolution, last resolution]
+    for r in schedule.levels:
+        n, one = min(schedule.group_size, schedule.batch_gpu[r]), min(schedule.group_size, schedule.batch[r])
+        if n < one and spans and spans[-1][:2] == [n, one] and spans[-1][3] * 2 == r:
+            spans[-1][3] = r
+        elif n < one:
+            spans.append([n, one, r, r])
+    if not spans:
+        return None
+    where = ', '.join(f'{n} instead of {one} samples at {lo}x{lo}' + (f'-{hi}x{hi}' if hi > lo else '')
+                      for n, one, lo, hi in spans)
+    return (f'Note: --gpus={experiment.gpus} shrinks D\'s minibatch-stddev groups, as a GPU\'s share of the batch is '
+            f'smaller than a group: {where}')
+
+
 def _parse_metrics(metrics: str) -> list[str]:
     from metrics import metric_main
     names = [] if metrics.strip().lower() == 'none' else [m.strip() for m in metrics.split(',') if m.strip()]
@@ -340,6 +362,8 @@ def main(**opts):
         print('Schedule:')
         for line in experiment.schedule.describe():
             print(f'  {line}')
+        if (note := _group_size_note(experiment)) is not None:
+            print(note)
         print()
     if opts.dry_run:
         if rank == 0:

@@ -1,7 +1,10 @@
 """Equal-budget comparisons: one preset under several discriminator constraints and losses, several seeds each.
 
+\b
     python bench/compare.py --out=compare-sngan --settings=gn:hinge,sn:hinge,gp1:wasserstein,r1:ns,none:hinge \\
         --seeds=0,1,2 --steps=3000 --snaps=5
+
+\b
     python bench/compare.py --out=compare-stylegan --cfg=gn-stylegan --settings=gn:hinge,r1:ns,none:ns \\
         --seeds=0,1,2 --kimg=24 --snaps=3 --extra="--cmax=32 --batch=32 --lod-kimg=6 --resolution=16 --xflip=0"
 
@@ -36,9 +39,14 @@ import sys
 import time
 
 import click
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402
 
 from bench.common import write_json_atomic  # noqa: E402
 from bench.quickstart_quality import generate, judge, trained_judge  # noqa: E402

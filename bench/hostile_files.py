@@ -23,6 +23,10 @@ import click
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
 from bench.common import write_json_atomic  # noqa: E402
 from tests.hostile_files import REPO, LoopbackServer, hostile_cases, run_cli, send  # noqa: E402
 

@@ -37,9 +37,15 @@ import sys
 from typing import Callable, Iterator, List, Tuple
 
 import click
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402
+
 import dnnlib  # noqa: E402  pylint: disable=wrong-import-position
 from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
 from torch_utils import kernel_choice  # noqa: E402  pylint: disable=wrong-import-position

@@ -34,9 +34,14 @@ import os
 import sys
 
 import click
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402
 
 from bench.common import TrainingStep, build_network, parse_list, preset_experiment, random_batch, write_json_atomic  # noqa: E402
 from training.recipes import configs  # noqa: E402

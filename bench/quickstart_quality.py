@@ -39,11 +39,16 @@ import time
 
 import click
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 from metrics.frechet_inception_distance import fid_from_stats  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402

@@ -26,9 +26,14 @@ from typing import Iterator
 from unittest import mock
 
 import click
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
 from bench.common import TrainingStep, build_network, preset_experiment, random_batch, write_json_atomic  # noqa: E402

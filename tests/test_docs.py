@@ -1,8 +1,13 @@
-"""Generated documentation matches the code it is generated from."""
+"""The documentation matches the code: generated docs are current, references exist, and every figure presented as
+measured says on what and when it was measured."""
 
+import ast
+import io
 import os
+import re
 import subprocess
 import sys
+import tokenize
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -39,7 +44,6 @@ def _markdown_files() -> list[str]:
 def missing_references(path: str) -> list[str]:
     """The files a Markdown document links to, shows, or names in backticks as a path of this repository
     (a top-level folder, then a file with an extension) that do not exist."""
-    import re
     text = open(path, encoding='utf-8').read()
     here = os.path.dirname(path)
     missing = []
@@ -65,3 +69,126 @@ def test_a_reference_to_a_missing_file_is_found(tmp_path):
     doc.write_text('![ok](there.png) [gone](gone.md#part) [web](https://example.com/x.md) `bench/diagnose.py` '
                    '`bench/train_speed.py` `training/networks/nowhere.py`\n')
     assert missing_references(str(doc)) == ['gone.md', 'bench/diagnose.py', 'training/networks/nowhere.py']
+
+
+#----------------------------------------------------------------------------
+# Measured figures carry their device and date.
+#
+# A figure presented as measured: in a sentence of running text (code blocks, tables and headings left out; inline
+# code ignored), a duration (3 min 46 s, 0.59 ms, about ten minutes), a rate (19-21 s/kimg, 1.7 TB/s) or a speed-up
+# (1.3x faster) in a sentence that names a device (CPU, GPU, cores, H100, ...) or says measured / took / takes / ran /
+# runs in; or a percentage or a size (GiB, MB) in a sentence that says measured. In docs/, the section it stands in
+# (from its heading to the next; or the page's opening, before its first ## heading) states a date and a device, or
+# links to docs/benchmarks.md or docs/results-notes.md, the dated records. In the README its paragraph (or list item)
+# links there; the README carries no date itself, as the code's comments and docstrings do not.
+
+_NUMBER = (r'(?:\d+(?:[.,]\d+)*\s*|(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|'
+           r'thirty|forty|fifty|sixty)\s+)')
+_TIMING = re.compile(rf'\b{_NUMBER}(?:ms|s|sec|seconds?|min|minutes?|h|hours?)\b(?!/)'        # durations
+                     rf'|\b{_NUMBER}(?:s|sec|ms)/(?:kimg|step|iteration|it)\b|\b{_NUMBER}(?:[GTM]B|[GM]iB)/s\b'  # rates
+                     rf'|\b{_NUMBER}x\s+(?:faster|slower|as (?:fast|long|slow))')                   # speed-ups
+_SHARE_OR_SIZE = re.compile(rf'\b{_NUMBER}(?:%|[GM]iB|[GMT]B\b)')
+_DEVICE = re.compile(r'\b(?:CPUs?|GPUs?|cores?|H100|H200|A100|EPYC|RTX)\b')
+_MEASURED = re.compile(r'\b(?:measured|took|takes|ran|runs? in)\b', re.I)
+DATE = re.compile(r'(?<![\w-])20\d\d-[01]\d(?:-[0-3]\d)?(?![\w-])')
+_DATED_RECORD = re.compile(r'(?:benchmarks|results-notes)\.md')
+
+
+def _paragraphs(text: str) -> list[tuple[str, str]]:
+    """(heading, paragraph) for every paragraph of running text of a Markdown text."""
+    found, heading, lines, fence, previous_blank = [], '', [], None, True
+    def end_paragraph():
+        if lines:
+            found.append((heading, ' '.join(lines)))
+        lines.clear()
+    for line in text.splitlines():
+        match = re.match(r'^[ \t]*(```|~~~)', line)
+        if fence is not None:  # Inside a fenced code block, until its closing fence.
+            fence = None if match and match.group(1) == fence else fence
+        elif match:
+            end_paragraph()
+            fence = match.group(1)
+        elif line.startswith('#'):
+            end_paragraph()
+            heading = line
+        elif re.match(r'^\s*(?:[-*]|\d+\.)\s', line):  # A list item.
+            end_paragraph()
+            lines.append(line.strip())
+        elif not line.strip() or line.lstrip().startswith('|') or (line.startswith('    ') and previous_blank):
+            end_paragraph()  # A blank line, a table row, an indented code block.
+            previous_blank = previous_blank or not line.strip()
+            continue
+        else:
+            lines.append(line.strip())
+        previous_blank = False
+    end_paragraph()
+    return found
+
+
+def measured_figures(paragraph: str) -> list[str]:
+    """The sentences of a paragraph that present a figure as measured."""
+    found = []
+    for sentence in re.split(r'(?<=[.!?;:])\s+(?=[A-Z(\[`*])', paragraph):
+        words = re.sub(r'`[^`]*`', '``', sentence)
+        if (_TIMING.search(words) and (_DEVICE.search(words) or _MEASURED.search(words))
+                or _SHARE_OR_SIZE.search(words) and re.search(r'\bmeasured\b', words, re.I)):
+            found.append(sentence)
+    return found
+
+
+def undated_figures(path: str, readme: bool = False) -> list[str]:
+    """The figures of a Markdown file presented as measured without their device and date (see above)."""
+    text = open(path, encoding='utf-8').read()
+    sections = {'': ''}
+    parts = re.split(r'^(#+ .*)$', text, flags=re.M)
+    sections.update({parts[i]: parts[i] + parts[i + 1] for i in range(1, len(parts), 2)})
+    opening = text.split('\n## ')[0]
+    undated = []
+    for heading, paragraph in _paragraphs(text):
+        if readme:
+            dated = _DATED_RECORD.search(paragraph)
+        else:
+            dated = (any(DATE.search(t) and _DEVICE.search(t) for t in (sections[heading], opening))
+                     or _DATED_RECORD.search(sections[heading]))
+        if not dated:
+            undated += measured_figures(paragraph)
+    return undated
+
+
+def test_measured_figures_carry_their_device_and_date():
+    for path in _markdown_files():
+        readme = os.path.basename(path) == 'README.md'
+        assert undated_figures(path, readme=readme) == [], os.path.relpath(path, REPO_ROOT)
+
+
+def test_an_undated_figure_is_found(tmp_path):
+    doc = tmp_path / 'doc.md'
+    doc.write_text('# Page\n\nThe suite takes about ten minutes on a 2-core CPU. A run of `--kimg=4` is short.\n\n'
+                   '## Speed\n\nOn two cores `--gpus=2` trained 1.3x faster. It ran at 19-21 s/kimg.\n\n'
+                   '| run | time |\n|---|---|\n| a | 48 min on 2 cores |\n\n```\npython x.py   # 9 min on a GPU\n```\n\n'
+                   'Measured: 97.3% confident. The bound is 4 x the size + 256 MiB. Its ones and twos.\n\n'
+                   '## Dated\n\n2-core CPU, 2026-11-22: it took 3 min 46 s.\n\n'
+                   '## Linked\n\nIt took 48 minutes on 2 cores ([notes](results-notes.md#run)).\n')
+    assert undated_figures(str(doc)) == [
+        'The suite takes about ten minutes on a 2-core CPU.', 'On two cores `--gpus=2` trained 1.3x faster.',
+        'It ran at 19-21 s/kimg.', 'Measured: 97.3% confident.']
+    assert undated_figures(str(doc), readme=True)[-1] == '2-core CPU, 2026-11-22: it took 3 min 46 s.'
+
+
+def dates_in_comments(source: str) -> list[str]:
+    """The dates in the comments and docstrings of a Python source."""
+    docstrings = [ast.get_docstring(node) or '' for node in ast.walk(ast.parse(source))
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    comments = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    return [m.group() for text in docstrings + comments for m in DATE.finditer(text)]
+
+
+def test_the_readme_and_the_code_carry_no_dates():
+    assert DATE.findall(open(os.path.join(REPO_ROOT, 'README.md'), encoding='utf-8').read()) == []
+    for folder, dirs, files in os.walk(REPO_ROOT):  # The project's sources: no hidden folders, no virtual environments.
+        dirs[:] = [d for d in dirs if not d.startswith('.') and not os.path.exists(os.path.join(folder, d, 'pyvenv.cfg'))]
+        for name in files:
+            if name.endswith('.py'):
+                path = os.path.join(folder, name)
+                assert dates_in_comments(open(path, encoding='utf-8').read()) == [], os.path.relpath(path, REPO_ROOT)
+    assert dates_in_comments('"""Measured 2026-11-22."""\nx = \'2026-11-23\'  # or 2026-11\n') == ['2026-11-22', '2026-11']

@@ -323,6 +323,31 @@ def test_dry_run_prints_the_v1_phase_table(tmp_path):
         assert not os.path.exists(tmp_path / 'runs')
 
 
+def test_dry_run_says_when_gpus_shrink_the_minibatch_stddev_groups(tmp_path):
+    """StyleGAN's D groups min(4, samples of its call) samples for the minibatch stddev; on N GPUs a call holds
+    batch / N samples, so where that is below 4 the groups shrink (the README's 16-process run: 2 from 64x64 up)."""
+    import re
+    from tests.test_metric_main import write_dataset_zip
+    write_dataset_zip(str(tmp_path / 'data64.zip'), num_images=2, resolution=64)
+    v1_batch = {8: 256, 16: 128, 32: 64, 64: 32}  # StyleGAN v1's global minibatch by resolution (the paper's run).
+    for gpus, batch in [(1, None), (8, None), (16, None), (32, None), (16, 16)]:
+        args = [f'--gpus={gpus}'] + ([] if batch is None else [f'--batch={batch}'])
+        result = run_cli('train.py', '--cfg=gn-stylegan', f'--data={tmp_path / "data64.zip"}', *args, '--dry-run')
+        notes = [line for line in result.stdout.splitlines() if 'minibatch-stddev' in line]
+        expected = {}
+        for r, global_batch in v1_batch.items():
+            global_batch = min(global_batch, batch or global_batch)
+            if global_batch // gpus < min(4, global_batch):
+                expected[r] = (global_batch // gpus, min(4, global_batch))
+        said = {}
+        for n, one, lo, hi in re.findall(r'(\d+) instead of (\d+) samples at (\d+)x\d+(?:-(\d+)x\d+)?', ''.join(notes)):
+            for r in v1_batch:
+                if int(lo) <= r <= int(hi or lo):
+                    said[r] = (int(n), int(one))
+        assert len(notes) == (1 if expected else 0) and said == expected, (gpus, batch, notes)
+        assert not os.path.exists(tmp_path / 'runs')
+
+
 @pytest.mark.parametrize('flag, expected', [([], True), (['--xflip=0'], False), (['--xflip=true'], True)])
 def test_xflip_flag_overrides_the_presets_flips(tmp_path, flag, expected):
     """gn-stylegan flips the reals as the paper does; --xflip=0 (mirrored digits are not digits) switches that off
