@@ -63,7 +63,7 @@ from training.step.precision import PRECISIONS  # noqa: E402
 
 # The command line's options that Experiment.build takes as they are.
 EXPERIMENT_OPTIONS = IDENTITY + ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown', 'deterministic', 'workers')
-LEAVE_GRACE_S = 30  # --gpus=N: how long the others may take to end after one process ended (before SIGTERM, SIGKILL).
+LEAVE_GRACE_S = 10  # --gpus=N: how long the others may take to end after one process ended (before SIGTERM, SIGKILL).
 
 #----------------------------------------------------------------------------
 
