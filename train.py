@@ -57,7 +57,7 @@ from torch_utils import devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
 from training.run import run_dirs  # noqa: E402
-from training.run.stop_signal import EXIT_STOPPED, RunStopped, forward_signals  # noqa: E402
+from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
 
@@ -76,7 +76,7 @@ def _free_port() -> int:
 
 def _end_with_parent() -> None:
     """Have Linux send this spawned process SIGTERM when train.py's own process ends, however it ends (`kill -9`,
-    the out-of-memory killer): it stops after its G step with a snapshot, as on a signal that train.py forwards.
+    the out-of-memory killer): it stops after its G step with a snapshot, as on a signal that train.py passes on.
     torch's spawn asks for SIGINT instead, which a process started in the background by a script
     (`nohup python train.py ... &`) ignores: its workers trained on by themselves."""
     if not sys.platform.startswith('linux'):
@@ -88,11 +88,13 @@ def _end_with_parent() -> None:
         sys.exit(1)
 
 
-def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None) -> None:
+def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None,
+                 stop: StopSignal | None = None) -> None:
     """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, training
     run.experiment into run.run_dir (from run.resume, a snapshot or None) on its share of the experiment's device
     (torch_utils/devices.py), with `num_threads` CPU threads (None: the cores shared out between the
-    processes on a CPU, torch's default on a GPU).
+    processes on a CPU, torch's default on a GPU). `stop` is train.py's stop request when this is its own process;
+    a spawned process makes its own, which shares run.stop_shared with train.py's.
 
     A run that diverges, meets a bad image, runs out of GPU memory or cannot write its results ends with one line
     on stderr and exit status 1; its run directory keeps the log and the last complete snapshot. A run stopped by
@@ -105,6 +107,7 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
     from training.run.reporter import TrainingDiverged
     if init_method is not None:  # Spawned by --gpus=N.
         _end_with_parent()
+        stop = StopSignal(run.stop_shared)
     num_gpus = run.experiment.gpus
     device = devices.process_device(torch.device(run.experiment.device), _local_rank(rank))
     if device.type == 'cpu' and num_threads is None and num_gpus > 1:
@@ -114,7 +117,8 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
         _init_process_group(init_method, rank=rank, world_size=num_gpus, device=device)
     logger = dnnlib.util.Logger(os.path.join(run.run_dir, 'log.txt')) if rank == 0 else None
     try:
-        training_loop.training_loop(run.experiment, run_dir=run.run_dir, device=str(device), rank=rank, resume=run.resume)
+        training_loop.training_loop(run.experiment, run_dir=run.run_dir, device=str(device), rank=rank, resume=run.resume,
+                                    stop=stop)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # Leave together: tearing gloo down while another process still writes can abort it.
     except RunStopped as e:
@@ -299,8 +303,14 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--workers',      help='DataLoader workers per process  [default: 3 on CUDA, 0 on a CPU]', metavar='INT', type=click.IntRange(min=0))
 @click.option('--dry-run',      help='Print the options and the schedule, and exit',                            is_flag=True)
 def main(**opts):
-    opts = dnnlib.EasyDict(opts)
+    # A signal from here on stops the run (training/run/stop_signal.py); one that arrives while it starts stops it at its
+    # first G step boundary, with a snapshot.
+    with StopSignal(shared_request()) as stop:
+        _train(dnnlib.EasyDict(opts), stop)
 
+
+def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
+    """train.py with the command line's options `opts`, stopped by `stop`."""
     # Under torchrun this process is one worker of WORLD_SIZE; --gpus is then ignored. The device, and whether this
     # machine has a GPU for each of its processes, before anything starts.
     distributed_env = 'RANK' in os.environ and 'WORLD_SIZE' in os.environ
@@ -416,21 +426,23 @@ def main(**opts):
     continue_args = [f'python {sys.argv[0]}' if not distributed_env else f'(the same launcher) {sys.argv[0]}',
                      *_without_resume(sys.argv[1:])]
     run = dnnlib.EasyDict(experiment=experiment, run_dir=run_dir, resume=resume, resume_pkl=resume_pkl,
-                          resume_pkl_given=opts.resume is not None and not latest, continue_args=continue_args)
+                          resume_pkl_given=opts.resume is not None and not latest, continue_args=continue_args,
+                          stop_shared=stop.shared)
     if distributed_env:
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # The run directory exists before any worker writes to it.
-        _run_process(rank, run, init_method=None, num_threads=opts.threads)
+        _run_process(rank, run, init_method=None, num_threads=opts.threads, stop=stop)
     elif experiment.gpus == 1:
-        _run_process(0, run, init_method=None, num_threads=opts.threads)
-    else:  # Signals go on to the processes; when one ends, the others have LEAVE_GRACE_S to end by themselves.
+        _run_process(0, run, init_method=None, num_threads=opts.threads, stop=stop)
+    else:  # A stop request goes on to the processes (run.stop_shared); a second signal kills them. When one process
+           # ends, the others have LEAVE_GRACE_S to end by themselves.
         context = torch.multiprocessing.start_processes(
             _run_process, args=(run, f'tcp://127.0.0.1:{_free_port()}', opts.threads), nprocs=experiment.gpus,
             join=False, start_method='spawn')
+        stop.processes = [process.pid for process in context.processes]
         try:
-            with forward_signals([process.pid for process in context.processes]):
-                while not context.join(grace_period=LEAVE_GRACE_S):
-                    pass
+            while not context.join(grace_period=LEAVE_GRACE_S):
+                pass
         except torch.multiprocessing.ProcessExitedException as e:  # The process printed its reason.
             sys.exit(128 - e.exit_code if e.exit_code < 0 else e.exit_code or 1)  # Killed by signal N: 128 + N, as a shell says.
 

@@ -8,7 +8,7 @@ that the command a stopped run prints, which names this script, continues it as 
     SIGNAL_AT_STEP      the G step of this session (counted from 1) during which process 0 sends it
     SIGNAL_NAME         SIGTERM (default) or SIGUSR1
     SIGNAL_TO           'self': process 0 itself; 'parent': the process that spawned it (train.py --gpus=N,
-                        which forwards it); 'group': its whole process group, twice in a row (as a scheduler
+                        which passes it on); 'group': its whole process group, twice in a row (as a scheduler
                         signals every process of a job and a launcher forwards it again)
     SECOND_SIGNAL       when set, process 0 sends itself the signal again while it writes the snapshot of
                         the stop, after the file's bytes are written and before it is renamed into place,

@@ -5,7 +5,7 @@ step, and the continued run ticks, writes its snapshots and counts its statistic
 uninterrupted run, every tensor equal; a stop during a metric evaluation abandons it. As a user runs it
 (train.py in processes, tests/signal_at_step.py sending the signal at a G step): one process signalled with
 its DataLoader workers, as a scheduler signals every process of a job, twice in a row; two gloo processes
-whose parent train.py forwards SIGUSR1; a second signal that ends the run at once while it writes the
+whose parent train.py passes SIGUSR1 on; a second signal that ends the run at once while it writes the
 snapshot. Each is continued by the command the stopped run printed (--resume=latest).
 """
 
@@ -221,7 +221,7 @@ def test_second_signal_ends_the_run_at_once(tmp_path, uninterrupted):
 
 
 def test_two_processes_stop_together_and_continue(tmp_path):
-    """train.py --gpus=2 (gloo) receives SIGUSR1 during G step 3 of process 0 and forwards it: both processes stop
+    """train.py --gpus=2 (gloo) receives SIGUSR1 during G step 3 of process 0 and passes it on: both processes stop
     after the same step, process 0 writes the snapshot, train.py exits 75. Continued with --resume=latest by two
     processes, the run ends with the snapshots of an uninterrupted --gpus=2 run."""
     common = [*QUICK, '--gpus=2', '--workers=0']

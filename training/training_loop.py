@@ -58,6 +58,7 @@ def training_loop(
     device: str = 'cpu',        # Where this process computes: 'cpu' or 'cuda:N' (torch_utils/devices.py).
     rank: int = 0,              # This process, of experiment.gpus.
     resume: dict | None = None, # Snapshot to continue from, as persistence.load_snapshot returns it.
+    stop: StopSignal | None = None, # The stop request of SIGTERM / SIGUSR1 (None: one for this run alone).
 ) -> None:
     """Train G and D as `experiment` says, by the algorithm in the module docstring; write everything into `run_dir`."""
     # Set up: arithmetic, random streams, data, networks, loss, schedule, optimizers. The process-wide switches
@@ -67,8 +68,8 @@ def training_loop(
     device = torch.device(device)
     num_gpus, seed, precision, schedule = experiment.gpus, experiment.seed, experiment.arithmetic, experiment.schedule
     state = RunState(seed, num_gpus, rank, device, experiment.best_metric)  # Seeds every stream.
-    with (devices.run_switches(device, precision.allow_tf32, experiment.deterministic), StopSignal(num_gpus) as stop,
-          explain_out_of_memory(experiment, state)):
+    stop = StopSignal() if stop is None else stop
+    with devices.run_switches(device, precision.allow_tf32, experiment.deterministic), stop, explain_out_of_memory(experiment, state):
         log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
         training_set_kwargs = experiment.training_set_kwargs
         training_set = dnnlib.util.construct_class_by_name(**training_set_kwargs)
