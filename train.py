@@ -39,13 +39,17 @@ from __future__ import annotations
 
 import ctypes
 import json
+import multiprocessing
 import os
 import shlex
 import signal
 import socket
 import sys
 
-from torch_utils.threads import set_threads, set_wait_policy
+if __name__ == '__main__':  # SIGTERM and SIGUSR1 wait while Python starts up, until main() takes them (StopSignal).
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGUSR1))
+
+from torch_utils.threads import set_threads, set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
 
@@ -90,24 +94,32 @@ def _end_with_parent() -> None:
 
 def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None,
                  stop: StopSignal | None = None) -> None:
-    """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, training
+    """One training process: spawned by --gpus=N (init_method given), train.py's own, or a torchrun worker, training
     run.experiment into run.run_dir (from run.resume, a snapshot or None) on its share of the experiment's device
     (torch_utils/devices.py), with `num_threads` CPU threads (None: the cores shared out between the
-    processes on a CPU, torch's default on a GPU). `stop` is train.py's stop request when this is its own process;
-    a spawned process makes its own, which shares run.stop_shared with train.py's.
+    processes on a CPU, torch's default on a GPU), stopped by `stop`: train.py's own, or for a spawned process one
+    that shares run.stop_shared with it, entered first of all (the process started with the signals blocked,
+    StopSignal.blocked, and entering it lets them through).
 
     A run that diverges, meets a bad image, runs out of GPU memory or cannot write its results ends with one line
     on stderr and exit status 1; its run directory keeps the log and the last complete snapshot. A run stopped by
     a signal (training/run/stop_signal.py) says in one line where its snapshot is and which command continues it
     (run.continue_args, with --resume of that snapshot or 'latest'), and exits with EXIT_STOPPED.
     """
+    stop = StopSignal(run.get('stop_shared')) if stop is None else stop
+    with stop:
+        if init_method is not None:  # Spawned by --gpus=N.
+            _end_with_parent()
+        _train_process(rank, run, init_method, num_threads, stop)
+
+
+def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None,
+                   stop: StopSignal) -> None:
+    """The body of _run_process."""
     from training import training_loop
     from training.data.dataset import DatasetError
     from training.run.out_of_memory import OutOfMemory
     from training.run.reporter import TrainingDiverged
-    if init_method is not None:  # Spawned by --gpus=N.
-        _end_with_parent()
-        stop = StopSignal(run.stop_shared)
     num_gpus = run.experiment.gpus
     device = devices.process_device(torch.device(run.experiment.device), _local_rank(rank))
     if device.type == 'cpu' and num_threads is None and num_gpus > 1:
@@ -115,6 +127,11 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
     set_threads(num_threads)
     if num_gpus > 1 and not torch.distributed.is_initialized():
         _init_process_group(init_method, rank=rank, world_size=num_gpus, device=device)
+    if init_method is not None and sys.platform.startswith('linux'):
+        # DataLoader workers start by fork, as those of a single process do: they inherit the stop signal's handler,
+        # which ignores a scheduler's signal in them. Spawned (what a spawned process would do by default), a worker
+        # that such a signal ends as it starts leaves its parent waiting forever to send it its start-up data.
+        multiprocessing.set_start_method('fork', force=True)
     logger = dnnlib.util.Logger(os.path.join(run.run_dir, 'log.txt')) if rank == 0 else None
     try:
         training_loop.training_loop(run.experiment, run_dir=run.run_dir, device=str(device), rank=rank, resume=run.resume,
@@ -436,9 +453,10 @@ def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
         _run_process(0, run, init_method=None, num_threads=opts.threads, stop=stop)
     else:  # A stop request goes on to the processes (run.stop_shared); a second signal kills them. When one process
            # ends, the others have LEAVE_GRACE_S to end by themselves.
-        context = torch.multiprocessing.start_processes(
-            _run_process, args=(run, f'tcp://127.0.0.1:{_free_port()}', opts.threads), nprocs=experiment.gpus,
-            join=False, start_method='spawn')
+        with stop.blocked():
+            context = torch.multiprocessing.start_processes(
+                _run_process, args=(run, f'tcp://127.0.0.1:{_free_port()}', opts.threads), nprocs=experiment.gpus,
+                join=False, start_method='spawn')
         stop.processes = [process.pid for process in context.processes]
         try:
             while not context.join(grace_period=LEAVE_GRACE_S):

@@ -26,16 +26,20 @@ processes it spawned, their DataLoader workers), and a launcher may forward what
         same request delivered twice.
 
 A forked process (a DataLoader worker) inherits the handler and ignores the signal: the training
-process ends its workers itself, so they print no traceback.
+process ends its workers itself, so they print no traceback. The processes that train.py --gpus=N
+spawns start with the signals blocked (`blocked()`: a process inherits its parent's mask), so that one
+that arrives while they import and set up waits for their handler instead of killing them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.resource_tracker
 import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -84,6 +88,7 @@ class StopSignal:
         self._depth += 1
         if self._depth == 1 and threading.current_thread() is threading.main_thread():
             self._previous = {signum: signal.signal(signum, self._handle) for signum in STOP_SIGNALS}
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # Those held back (blocked()) arrive now.
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -129,6 +134,18 @@ class StopSignal:
         if signum:
             self.signal_name = signal.Signals(signum).name
         return self.signal_name is not None
+
+    @staticmethod
+    @contextlib.contextmanager
+    def blocked() -> Iterator[None]:
+        """Hold SIGTERM and SIGUSR1 back inside the block (they arrive when it ends): processes started in it begin
+        with them blocked, until their StopSignal is entered."""
+        multiprocessing.resource_tracker.ensure_running()  # Started inside, it would unblock SIGTERM (CPython's).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def interrupt(self) -> None:
         """Raise StopRequested if the run stops: the `interrupt` hook of work the stop abandons (every process
