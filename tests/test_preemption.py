@@ -6,7 +6,8 @@ uninterrupted run, every tensor equal; a stop during a metric evaluation abandon
 (train.py in processes, tests/signal_at_step.py sending the signal at a G step): one process signalled with
 its DataLoader workers, as a scheduler signals every process of a job, twice in a row; two gloo processes
 whose parent train.py passes SIGUSR1 on; a second signal that ends the run at once while it writes the
-snapshot. Each is continued by the command the stopped run printed (--resume=latest).
+snapshot; the processes of --gpus=2 signalled while they start. Each is continued by the command the stopped
+run printed (--resume=latest).
 """
 
 import functools
@@ -17,6 +18,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -241,3 +243,28 @@ def test_two_processes_stop_together_and_continue(tmp_path):
     assert set(snapshots(full_dir)) <= set(snapshots(run_dir))
     for name in snapshots(full_dir):
         assert_same_snapshot(os.path.join(full_dir, name), os.path.join(run_dir, name))
+
+
+def test_signals_while_the_processes_start_wait_for_them(tmp_path):
+    """SIGUSR1 to the two processes that train.py --gpus=2 spawned (and only to them), while they import torch: they
+    began with the signal blocked, so it waits for their handler instead of ending them, and the run stops at its
+    first G step boundary with a snapshot of step 0."""
+    import psutil
+    outdir = tmp_path / 'runs'
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    train = subprocess.Popen([sys.executable, 'train.py', f'--outdir={outdir}', *QUICK, '--gpus=2', '--workers=2'],
+                             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while len(spawned := [p for p in psutil.Process(train.pid).children() if 'spawn_main' in ' '.join(p.cmdline())]) < 2:
+            assert train.poll() is None and time.time() < deadline, 'train.py ended or never spawned its processes'
+            time.sleep(0.05)
+        for process in spawned:
+            os.kill(process.pid, signal.SIGUSR1)
+        out, err = train.communicate(timeout=600)
+    finally:
+        train.kill()
+    assert train.returncode == EXIT_STOPPED and 'Traceback' not in out + err, err[-3000:]
+    run_dir = only_run_dir(outdir)
+    assert f'Stopped by SIGUSR1 after G step 0, snapshot {run_dir}/network-snapshot-000000.pkl;' in out
+    assert persistence.load_snapshot(os.path.join(run_dir, 'network-snapshot-000000.pkl')).progress.step == 0
