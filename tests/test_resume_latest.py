@@ -64,8 +64,15 @@ def test_the_newest_matching_run_and_its_newest_complete_snapshot(tmp_path, one_
     lines.clear()
     found = run_dirs.find_latest(str(outdir), experiment, lines.append)
     assert found.snapshot_pkl == str(outdir / '00007-match' / 'network-snapshot-000000.006.pkl') and lines == []
+    # The newest run of the experiment ended before its first snapshot: a new run, not the older one.
+    (outdir / '00011-no-snapshot').mkdir()
+    (outdir / '00011-no-snapshot' / 'training_options.json').write_text(json.dumps(experiment.record()))
+    assert run_dirs.find_latest(str(outdir), experiment, lines.append) is None
+    assert lines == [f'--resume=latest: {outdir / "00011-no-snapshot"} has no complete snapshot to continue from']
+    shutil.rmtree(outdir / '00011-no-snapshot')
     assert run_dirs.find_latest(str(outdir), experiment.replace(seed=9), lines.append) is None
     assert run_dirs.find_latest(str(tmp_path / 'nothing-here'), experiment, lines.append) is None
+    lines.clear()
     assert run_dirs.next_run_dir(str(outdir), 'x') == str(outdir / '00010-x')
     (outdir / '123456-y').mkdir()
     assert run_dirs.next_run_dir(str(outdir), 'x') == str(outdir / '123457-x')

@@ -8,7 +8,7 @@ there). `find_latest` is --resume=latest, which lets a requeued job rerun its ow
             compares them; its training_options.json tells without loading a snapshot)
         in the first that matches, continue from its newest complete snapshot (highest kimg; the
             temporary file of a write cut short is no snapshot); one that cannot be loaded gives way,
-            with a line, to the one before it
+            with a line, to the one before it; none there: a fresh run (not an older run's)
     none: a fresh run.
 
 The continued run writes into that directory: log.txt and stats.jsonl go on, snapshots are numbered
@@ -93,13 +93,17 @@ def find_latest(outdir: str, experiment: Experiment, log: Callable[[str], None])
         for path in snapshots_newest_first(run_dir):
             try:
                 snapshot = load_resumable(path)
-                recorded = Experiment.from_snapshot(snapshot)
+                trained = Experiment.from_snapshot(snapshot)
             except (OSError, ValueError, TypeError, persistence.UnsafeSnapshotError) as e:
                 log(f'--resume=latest: passing over {path}: {dnnlib.util.first_line(e)}')
                 continue
-            if recorded.changes(experiment):
+            if trained.changes(experiment):
                 break  # Another experiment's run.
             return Continuation(run_dir, path, snapshot)
+        else:
+            if recorded is not None:  # This experiment's newest run, ended before its first complete snapshot.
+                log(f'--resume=latest: {run_dir} has no complete snapshot to continue from')
+                return None
     return None
 
 
