@@ -19,23 +19,37 @@ Examples:
   # Continue a run, to 160 kimg: every other option as in the snapshot.
   python train.py --resume=training-runs/00002-celebahq-1024-gn-stylegan-gn/network-snapshot-000080.pkl --kimg=160
 
+\b
+  # A job that a cluster may stop and requeue: the same command continues its own run.
+  python train.py --outdir=training-runs --cfg=cifar10-resnet --data=cifar10.zip --resume=latest
+
 The options of the experiment (--cfg, --data and --norm to --style-mixing below) and the length and
-batches default, with --resume, to the snapshot's; an experiment option that differs from the
-snapshot's needs --resume-override. A run's options, every default filled in, are printed first and
-written to training_options.json in its directory.
+batches default, with --resume=PKL, to the snapshot's; an experiment option that differs from the
+snapshot's needs --resume-override. --resume=latest continues, in its own directory, the newest run in
+--outdir of the experiment this command describes (from its newest complete snapshot), or starts one.
+A run's options, every default filled in, are printed first and written to training_options.json in
+its directory.
+
+SIGTERM or SIGUSR1 (a cluster's time limit or preemption) stops a run after the G step in progress,
+with a snapshot, one line saying how to continue, and exit status 75; a second signal ends it at once.
+Out of GPU memory ends it with one line naming a --batch-gpu that lowers the memory, and exit status 1.
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import multiprocessing
 import os
-import re
+import shlex
 import signal
 import socket
 import sys
 
-from torch_utils.threads import set_threads, set_wait_policy
+if __name__ == '__main__':  # SIGTERM and SIGUSR1 wait while Python starts up, until main() takes them (StopSignal).
+    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGUSR1))
+
+from torch_utils.threads import set_threads, set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
 
@@ -46,11 +60,14 @@ import dnnlib  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
+from training.run import run_dirs  # noqa: E402
+from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
 
 # The command line's options that Experiment.build takes as they are.
 EXPERIMENT_OPTIONS = IDENTITY + ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown', 'deterministic', 'workers')
+LEAVE_GRACE_S = 10  # --gpus=N: how long the others may take to end after one process ended (before SIGTERM, SIGKILL).
 
 #----------------------------------------------------------------------------
 
@@ -62,9 +79,10 @@ def _free_port() -> int:
 
 
 def _end_with_parent() -> None:
-    """Have Linux send this spawned process SIGTERM when train.py's own process ends, however it ends (a
-    `kill`, the out-of-memory killer). torch's spawn asks for SIGINT instead, which a process started in the
-    background by a script (`nohup python train.py ... &`) ignores: its workers trained on by themselves."""
+    """Have Linux send this spawned process SIGTERM when train.py's own process ends, however it ends (`kill -9`,
+    the out-of-memory killer): it stops after its G step with a snapshot, as on a signal that train.py passes on.
+    torch's spawn asks for SIGINT instead, which a process started in the background by a script
+    (`nohup python train.py ... &`) ignores: its workers trained on by themselves."""
     if not sys.platform.startswith('linux'):
         return
     PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
@@ -74,20 +92,34 @@ def _end_with_parent() -> None:
         sys.exit(1)
 
 
-def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None) -> None:
-    """Body of one training process: spawned by --gpus=N (init_method given) or a torchrun worker, training
+def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None,
+                 stop: StopSignal | None = None) -> None:
+    """One training process: spawned by --gpus=N (init_method given), train.py's own, or a torchrun worker, training
     run.experiment into run.run_dir (from run.resume, a snapshot or None) on its share of the experiment's device
     (torch_utils/devices.py), with `num_threads` CPU threads (None: the cores shared out between the
-    processes on a CPU, torch's default on a GPU).
+    processes on a CPU, torch's default on a GPU), stopped by `stop`: train.py's own, or for a spawned process one
+    that shares run.stop_shared with it, entered first of all (the process started with the signals blocked,
+    StopSignal.blocked, and entering it lets them through).
 
-    A run that diverges, meets a bad image or cannot write its results ends with one line on stderr
-    and a non-zero exit; its run directory keeps the log and the last finite snapshot.
+    A run that diverges, meets a bad image, runs out of GPU memory or cannot write its results ends with one line
+    on stderr and exit status 1; its run directory keeps the log and the last complete snapshot. A run stopped by
+    a signal (training/run/stop_signal.py) says in one line where its snapshot is and which command continues it
+    (run.continue_args, with --resume of that snapshot or 'latest'), and exits with EXIT_STOPPED.
     """
+    stop = StopSignal(run.get('stop_shared')) if stop is None else stop
+    with stop:
+        if init_method is not None:  # Spawned by --gpus=N.
+            _end_with_parent()
+        _train_process(rank, run, init_method, num_threads, stop)
+
+
+def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None,
+                   stop: StopSignal) -> None:
+    """The body of _run_process."""
     from training import training_loop
     from training.data.dataset import DatasetError
+    from training.run.out_of_memory import OutOfMemory
     from training.run.reporter import TrainingDiverged
-    if init_method is not None:  # Spawned by --gpus=N.
-        _end_with_parent()
     num_gpus = run.experiment.gpus
     device = devices.process_device(torch.device(run.experiment.device), _local_rank(rank))
     if device.type == 'cpu' and num_threads is None and num_gpus > 1:
@@ -95,12 +127,27 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
     set_threads(num_threads)
     if num_gpus > 1 and not torch.distributed.is_initialized():
         _init_process_group(init_method, rank=rank, world_size=num_gpus, device=device)
+    if init_method is not None and sys.platform.startswith('linux'):
+        # DataLoader workers start by fork, as those of a single process do: they inherit the stop signal's handler,
+        # which ignores a scheduler's signal in them. Spawned (what a spawned process would do by default), a worker
+        # that such a signal ends as it starts leaves its parent waiting forever to send it its start-up data.
+        multiprocessing.set_start_method('fork', force=True)
     logger = dnnlib.util.Logger(os.path.join(run.run_dir, 'log.txt')) if rank == 0 else None
     try:
-        training_loop.training_loop(run.experiment, run_dir=run.run_dir, device=str(device), rank=rank, resume=run.resume)
+        training_loop.training_loop(run.experiment, run_dir=run.run_dir, device=str(device), rank=rank, resume=run.resume,
+                                    stop=stop)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # Leave together: tearing gloo down while another process still writes can abort it.
-    except (TrainingDiverged, DatasetError, OSError) as e:
+    except RunStopped as e:
+        if rank == 0:
+            snapshot = e.snapshot or run.resume_pkl
+            continue_args = run.continue_args + [f'--resume={snapshot if run.resume_pkl_given else "latest"}']
+            print(f'Stopped by {e.signal_name} after G step {e.step}, snapshot {snapshot}; continue with: {continue_args[0]} '
+                  f'{shlex.join(continue_args[1:])}', flush=True)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # Leave together, once process 0 has written the snapshot.
+        sys.exit(EXIT_STOPPED)
+    except (TrainingDiverged, DatasetError, OutOfMemory, OSError) as e:
         print(f'Error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
     finally:
@@ -120,12 +167,6 @@ def _init_process_group(init_method: str, rank: int, world_size: int, device: to
                                          world_size=world_size)
 
 
-def _next_run_dir(outdir: str, desc: str) -> str:
-    prev = [int(m.group(1)) for d in (os.listdir(outdir) if os.path.isdir(outdir) else [])
-            if (m := re.match(r'^(\d+)-', d)) and os.path.isdir(os.path.join(outdir, d))]
-    return os.path.join(outdir, f'{max(prev, default=-1) + 1:05d}-{desc}')
-
-
 def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> ImageFolderDataset:
     """Open and check the training data (or the reference data of `option`): labels only for conditional presets."""
     if not os.path.exists(data):
@@ -141,17 +182,12 @@ def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> ImageF
 def _load_resume(resume: str) -> dnnlib.EasyDict:
     """The snapshot to continue from, loaded once for the whole run; refused in one line if it is unreadable or
     has no optimizer state and progress (not written by train.py)."""
-    from training.run.run_state import REQUIRED_KEYS
+    from training.run.run_state import load_resumable
     persistence.remove_stale_temporaries(os.path.dirname(os.path.abspath(resume)))  # Left by a killed writer.
     try:
-        snapshot = persistence.load_snapshot(resume)
-    except (OSError, persistence.UnsafeSnapshotError) as e:
+        return load_resumable(resume)
+    except (OSError, ValueError, persistence.UnsafeSnapshotError) as e:
         raise click.ClickException(f'--resume: {e}')
-    missing = [key for key in REQUIRED_KEYS if key not in snapshot]
-    if missing:
-        raise click.ClickException(f'--resume: {resume} lacks {", ".join(missing)}; only snapshots written by '
-                                   f'train.py (network-snapshot-*.pkl) can be resumed')
-    return snapshot
 
 
 def _experiment(opts: dnnlib.EasyDict, device: torch.device, snapshot: dnnlib.EasyDict | None) -> tuple[Experiment, list[str]]:
@@ -196,6 +232,16 @@ def _check_resume_networks(snapshot: dnnlib.EasyDict, experiment: Experiment, pa
         if persistence.class_name_of(type(net)) != kwargs.class_name or shapes != persistence.network_shapes(kwargs):
             raise click.ClickException(f'--resume: the {name} of {path} is not the network that --cfg={experiment.cfg} '
                                        f'builds with these options for this data')
+
+
+def _without_resume(args: list[str]) -> list[str]:
+    """The command-line arguments `args` without --resume and --resume-override."""
+    kept, skip = [], False
+    for arg in args:
+        if not skip and arg not in ('--resume', '--resume-override') and not arg.startswith('--resume='):
+            kept.append(arg)
+        skip = arg == '--resume'  # Its value is the next argument.
+    return kept
 
 
 def _check_outdir(outdir: str) -> None:
@@ -289,15 +335,21 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--pr-detector',  help='VGG16 detector of precision/recall', metavar='PATH|URL',                   type=str, callback=dnnlib.util.expand_user)
 
 # Resuming and execution.
-@click.option('--resume',       help='Continue a snapshot\'s run (its options by default)', metavar='PKL',         type=str, callback=dnnlib.util.expand_user)
-@click.option('--resume-override', help='With --resume: accept experiment options that differ from the snapshot\'s', is_flag=True)
+@click.option('--resume',       help='Continue a snapshot\'s run, or latest: this experiment\'s newest run in --outdir', metavar='PKL|latest', type=str, callback=dnnlib.util.expand_user)
+@click.option('--resume-override', help='With --resume=PKL: accept experiment options that differ from the snapshot\'s', is_flag=True)
 @click.option('--deterministic', help='Repeatable GPU arithmetic (slower)',                                     is_flag=True)
 @click.option('--threads',      help='CPU threads per process  [default: the cores, shared out]', metavar='INT', type=click.IntRange(min=1))
 @click.option('--workers',      help='DataLoader workers per process  [default: 3 on CUDA, 0 on a CPU]', metavar='INT', type=click.IntRange(min=0))
 @click.option('--dry-run',      help='Print the options and the schedule, and exit',                            is_flag=True)
 def main(**opts):
-    opts = dnnlib.EasyDict(opts)
+    # A signal from here on stops the run (training/run/stop_signal.py); one that arrives while it starts stops it at its
+    # first G step boundary, with a snapshot.
+    with StopSignal(shared_request()) as stop:
+        _train(dnnlib.EasyDict(opts), stop)
 
+
+def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
+    """train.py with the command line's options `opts`, stopped by `stop`."""
     # Under torchrun this process is one worker of WORLD_SIZE; --gpus is then ignored. The device, and whether this
     # machine has a GPU for each of its processes, before anything starts.
     distributed_env = 'RANK' in os.environ and 'WORLD_SIZE' in os.environ
@@ -314,10 +366,19 @@ def main(**opts):
         raise click.ClickException(str(e))
 
     # The experiment: the command line's options, else the resumed snapshot's, else the preset's and the defaults.
-    resume = None if opts.resume is None else _load_resume(opts.resume)
+    # --resume=latest: the command line's alone, whose newest run in --outdir continues in place (or a new one starts).
+    latest = opts.resume == 'latest'
+    if latest and opts.resume_override:
+        raise click.ClickException('--resume-override goes with --resume=PKL: --resume=latest continues a run of this '
+                                   'very experiment')
+    resume = None if opts.resume is None or latest else _load_resume(opts.resume)
     experiment, resume_overrides = _experiment(opts, device, resume)
+    continuation = run_dirs.find_latest(opts.outdir, experiment, print if rank == 0 else lambda _: None) if latest else None
+    resume_pkl = continuation.snapshot_pkl if continuation is not None else None if latest else opts.resume
+    if continuation is not None:
+        resume = continuation.snapshot
     if resume is not None:
-        _check_resume_networks(resume, experiment, opts.resume)
+        _check_resume_networks(resume, experiment, resume_pkl)
 
     # Metrics and reference data.
     metrics = _parse_metrics(opts.metrics)
@@ -349,7 +410,7 @@ def main(**opts):
     # run stops here.
     desc = experiment.description
     record = dnnlib.util.to_plain(dict(
-        experiment.record(), resume_pkl=opts.resume, resume_overrides=resume_overrides, run_desc=desc,
+        experiment.record(), resume_pkl=resume_pkl, resume_overrides=resume_overrides, run_desc=desc,
         training_set_kwargs=experiment.training_set_kwargs, G_kwargs=experiment.G_kwargs, D_kwargs=experiment.D_kwargs,
         G_opt_kwargs=experiment.G_opt_kwargs, D_opt_kwargs=experiment.D_opt_kwargs, loss_kwargs=experiment.loss_kwargs,
         schedule_kwargs=experiment.schedule_kwargs))
@@ -365,44 +426,67 @@ def main(**opts):
         if (note := _group_size_note(experiment)) is not None:
             print(note)
         print()
+        if latest:
+            print(f'--resume=latest: continuing {continuation.run_dir} from {continuation.snapshot_pkl}' if continuation else
+                  f'--resume=latest: no run of this experiment in {opts.outdir}; starting one')
     if opts.dry_run:
         if rank == 0:
             print('Dry run (the options above are what training_options.json would hold); exiting.')
         return
 
-    # Run directory.
+    # Run directory: a new one, or the one --resume=latest continues, without the records of what it redoes.
     _check_outdir(opts.outdir)
+    run_dir = continuation.run_dir if continuation is not None else None
     if distributed_env:  # Rank 0 names the run directory and tells the other workers.
-        run_dir = [_next_run_dir(opts.outdir, desc) if rank == 0 else None]
+        chosen = [run_dir or (run_dirs.next_run_dir(opts.outdir, desc) if rank == 0 else None), resume_pkl]
         if experiment.gpus > 1:
             _init_process_group('env://', rank=rank, world_size=experiment.gpus,
                                 device=devices.process_device(device, _local_rank(rank)))
-            torch.distributed.broadcast_object_list(run_dir, src=0)
-        run_dir = run_dir[0]
-    else:
-        run_dir = _next_run_dir(opts.outdir, desc)
-    if rank == 0:
+            torch.distributed.broadcast_object_list(chosen, src=0)
+        if chosen[1] != resume_pkl:  # This node saw --outdir otherwise (a shared file system's delay): rank 0 decides.
+            resume = None if chosen[1] is None else _load_resume(chosen[1])
+        run_dir, resume_pkl = chosen
+    elif run_dir is None:
+        run_dir = run_dirs.next_run_dir(opts.outdir, desc)
+    if rank == 0 and continuation is None:
         print(f'Output directory: {run_dir}')
         os.makedirs(run_dir, exist_ok=False)
         with open(os.path.join(run_dir, 'training_options.json'), 'wt') as f:
             json.dump(record, f, indent=2)
+    elif rank == 0:
+        print(f'Output directory: {run_dir} (continued)')
+        progress = resume['progress']
+        dropped = run_dirs.drop_records_after(run_dir, progress['step'], progress['cur_nimg'])
+        if dropped:
+            print(f'Dropped {dropped} record(s) of stats.jsonl and metric-*.jsonl from after the snapshot: they are redone')
 
-    # Launch: one process per GPU (spawned, or started by torchrun), each with the snapshot to resume from.
+    # Launch: one process per GPU (spawned, or started by torchrun), each with the snapshot to resume from; the command
+    # that continues the run if a signal stops it.
     if resume is not None and rank == 0:
-        print(f'Resuming from "{opts.resume}"')
-    run = dnnlib.EasyDict(experiment=experiment, run_dir=run_dir, resume=resume)
+        print(f'Resuming from "{resume_pkl}"')
+    continue_args = [f'python {sys.argv[0]}' if not distributed_env else f'(the same launcher) {sys.argv[0]}',
+                     *_without_resume(sys.argv[1:])]
+    run = dnnlib.EasyDict(experiment=experiment, run_dir=run_dir, resume=resume, resume_pkl=resume_pkl,
+                          resume_pkl_given=opts.resume is not None and not latest, continue_args=continue_args,
+                          stop_shared=stop.shared)
     if distributed_env:
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # The run directory exists before any worker writes to it.
-        _run_process(rank, run, init_method=None, num_threads=opts.threads)
+        _run_process(rank, run, init_method=None, num_threads=opts.threads, stop=stop)
     elif experiment.gpus == 1:
-        _run_process(0, run, init_method=None, num_threads=opts.threads)
-    else:
+        _run_process(0, run, init_method=None, num_threads=opts.threads, stop=stop)
+    else:  # A stop request goes on to the processes (run.stop_shared); a second signal kills them. When one process
+           # ends, the others have LEAVE_GRACE_S to end by themselves.
+        with stop.blocked():
+            context = torch.multiprocessing.start_processes(
+                _run_process, args=(run, f'tcp://127.0.0.1:{_free_port()}', opts.threads), nprocs=experiment.gpus,
+                join=False, start_method='spawn')
+        stop.processes = [process.pid for process in context.processes]
         try:
-            torch.multiprocessing.spawn(_run_process, args=(run, f'tcp://127.0.0.1:{_free_port()}', opts.threads),
-                                        nprocs=experiment.gpus)
-        except torch.multiprocessing.ProcessExitedException as e:
-            sys.exit(e.exit_code or 1)  # The process printed its reason.
+            while not context.join(grace_period=LEAVE_GRACE_S):
+                pass
+        except torch.multiprocessing.ProcessExitedException as e:  # The process printed its reason.
+            sys.exit(128 - e.exit_code if e.exit_code < 0 else e.exit_code or 1)  # Killed by signal N: 128 + N, as a shell says.
 
 
 if __name__ == '__main__':

@@ -171,6 +171,7 @@ class MetricOptions:
         batch_size: int = 64,                   # Images per process per detector call.
         gen_batch_size: int = 16,               # Images per G call (bounds G's memory at high resolution).
         num_workers: int | None = None,         # Data loader worker processes (None = 3, or fewer on fewer CPUs).
+        interrupt: Callable[[], None] | None = None, # Called after every batch, by every process together; raising abandons the metric.
     ):
         self.G = G
         self.dataset_kwargs = dnnlib.EasyDict(dataset_kwargs or {})
@@ -194,6 +195,7 @@ class MetricOptions:
             num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
             num_workers = min(3, num_cpus)
         self.num_workers = num_workers
+        self.interrupt = interrupt
         # What the metric used, for its result: data / ref_data / images / ref_stats (absolute paths),
         # num_real / num_gen (image counts).
         self.info = dnnlib.EasyDict()
@@ -207,13 +209,15 @@ class MetricOptions:
         return '--pr-detector' if detector_url == (self.pr_detector_url or detectors.VGG16_URL) else '--detector'
 
     def progress_counter(self, what: str, total: int) -> Callable[[int], None]:
-        """A function to call with the number of items done; it logs the start, the end, and
-        at most one line per _PROGRESS_INTERVAL_S seconds in between."""
+        """A function to call with the number of items done, after every batch; it logs the start, the end, and
+        at most one line per _PROGRESS_INTERVAL_S seconds in between, and calls `interrupt`."""
         self.log(f'{what}: {total} images')
         start = last = time.time()
 
         def update(done: int) -> None:
             nonlocal last
+            if self.interrupt is not None:
+                self.interrupt()
             now = time.time()
             if done >= total or now - last >= _PROGRESS_INTERVAL_S:
                 last = now

@@ -81,7 +81,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                 num_gpus: int = 1, rank: int = 0, device: torch.device = torch.device('cpu'),
                 detector_url: str | None = None, pr_detector_url: str | None = None, cache: bool = True,
                 progress: Callable[[str], None] | None = None, mirror: bool = False, num_gen: int | None = None,
-                max_real: int | None = None, num_workers: int | None = None) -> dnnlib.EasyDict:
+                max_real: int | None = None, num_workers: int | None = None,
+                interrupt: Callable[[], None] | None = None) -> dnnlib.EasyDict:
     """Evaluate one metric of generator G, or of the images of `images_kwargs` standing in for G; every
     process of a torch.distributed group calls it together.
 
@@ -93,7 +94,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
     exports); cache: use the dataset statistics cache; progress: receives one-line messages on rank 0;
     mirror: add x-flipped real images (not the paper protocol); num_gen / max_real: override the
     protocol's image counts (tests, quick looks); num_workers: data loader worker processes (None = 3,
-    or fewer on fewer CPUs).
+    or fewer on fewer CPUs); interrupt: called after every batch by every process together, an exception
+    it raises abandons the evaluation (a training run's stop signal).
 
     The whole metric (G's images, the detector's features, the metric's own arithmetic) runs with TF32 off
     (torch_utils/devices.full_precision) whatever the caller's switches, e.g. a --precision=tf32 training run's,
@@ -112,7 +114,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                                   images_kwargs=images_kwargs, ref_stats=ref_stats if is_fid_metric(metric) else None,
                                   num_gpus=num_gpus, rank=rank, device=device, detector_url=detector_url,
                                   pr_detector_url=pr_detector_url, cache=cache, progress=progress, mirror=mirror,
-                                  num_gen=num_gen, max_real=max_real, num_workers=num_workers)
+                                  num_gen=num_gen, max_real=max_real, num_workers=num_workers, interrupt=interrupt)
     start_time = time.time()
     with devices.full_precision():  # G's images and the metric's distances too, not only the features.
         results = _metric_dict[metric](opts)

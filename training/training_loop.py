@@ -15,6 +15,7 @@ One iteration is one generator update ("G step", the unit the paper counts in). 
         G_ema <- beta * G_ema + (1 - beta) * G
         every tick: stop if a gradient diverged, report progress; every few ticks: image grid,
             metrics, snapshot
+        on SIGTERM / SIGUSR1: a snapshot after the G step in progress, and stop (RunStopped)
 
 Each "minimize" is one Adam step on the gradient of the batch mean. The batch is global: every
 process (one per GPU, or gloo on a CPU) takes its share of disjoint data, in accumulation rounds
@@ -25,7 +26,8 @@ networks, optimizers, loss and schedule. The parts, one concept each: the real-i
 fake labels (training/data/data_stream.py), the updaters that run one network's training step
 (training/step/updater.py), the run state and its snapshots (training/run/run_state.py), progress
 lines, statistics, grids and the divergence stop (training/run/reporter.py), metrics at snapshots
-(training/run/evaluation.py), and the arithmetic (training/step/precision.py).
+(training/run/evaluation.py), the stop on a signal (training/run/stop_signal.py), out of GPU memory in
+one line (training/run/out_of_memory.py), and the arithmetic (training/step/precision.py).
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ from torch_utils import devices, misc
 from training.data.data_stream import LabelSampler, RealImageStream
 from training.experiment import Experiment
 from training.run.evaluation import MetricEvaluator
+from training.run.out_of_memory import explain_out_of_memory
 from training.run.reporter import ImageGrids, TickReporter
 from training.run.run_state import RunState, snapshot_label
+from training.run.stop_signal import RunStopped, StopSignal
 from training.step.updater import NetworkUpdater
 
 #----------------------------------------------------------------------------
@@ -54,15 +58,18 @@ def training_loop(
     device: str = 'cpu',        # Where this process computes: 'cpu' or 'cuda:N' (torch_utils/devices.py).
     rank: int = 0,              # This process, of experiment.gpus.
     resume: dict | None = None, # Snapshot to continue from, as persistence.load_snapshot returns it.
+    stop: StopSignal | None = None, # The stop request of SIGTERM / SIGUSR1 (None: one for this run alone).
 ) -> None:
     """Train G and D as `experiment` says, by the algorithm in the module docstring; write everything into `run_dir`."""
     # Set up: arithmetic, random streams, data, networks, loss, schedule, optimizers. The process-wide switches
-    # (TF32, cuDNN, determinism) hold for the run and are restored when it ends, however it ends.
+    # (TF32, cuDNN, determinism) and the stop signal's handlers hold for the run and are restored when it ends,
+    # however it ends; out of GPU memory ends it with one line.
     start_time = time.time()
     device = torch.device(device)
     num_gpus, seed, precision, schedule = experiment.gpus, experiment.seed, experiment.arithmetic, experiment.schedule
-    with devices.run_switches(device, precision.allow_tf32, experiment.deterministic):
-        state = RunState(seed, num_gpus, rank, device, experiment.best_metric)  # Seeds every stream.
+    state = RunState(seed, num_gpus, rank, device, experiment.best_metric)  # Seeds every stream.
+    stop = StopSignal() if stop is None else stop
+    with devices.run_switches(device, precision.allow_tf32, experiment.deterministic), stop, explain_out_of_memory(experiment, state):
         log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
         training_set_kwargs = experiment.training_set_kwargs
         training_set = dnnlib.util.construct_class_by_name(**training_set_kwargs)
@@ -93,14 +100,21 @@ def training_loop(
         fake_labels = LabelSampler(training_set, state.label_rng, device)
         reporter = TickReporter(run_dir, schedule, state, experiment.tick, start_time, device, log)
         evaluator = MetricEvaluator(list(experiment.metrics), experiment.metric_kwargs, training_set_kwargs, run_dir, num_gpus,
-                                    rank, device, log)
+                                    rank, device, log, stop)
         grids = ImageGrids(run_dir, training_set, G.z_dim, seed, device) if rank == 0 else None
         if grids is not None and resume is None:
             grids.save(G_ema, '_init')
-        last_snapshot = last_grid = None
+        last_grid = None
         log(f'Training: {schedule.describe()[0]}')
 
         while not schedule.done(state.step, state.cur_nimg):
+            # Stop signal, seen by every process at this G step boundary: a snapshot (unless this step has one), and out.
+            if stop.agreed():
+                if state.saved_step != state.step:
+                    state.save([os.path.join(run_dir, f'network-snapshot-{snapshot_label(state.cur_nimg)}.pkl')],
+                               state.snapshot(nets, optimizers, reals.consumed, training_set_kwargs, experiment.record()))
+                raise RunStopped(stop.signal_name, state.step, state.last_snapshot)
+
             # Plan of this G step: learning rates, Adam resets, level of detail.
             plan = schedule.plan(state.step, state.cur_nimg)
             updater_G.set_plan(plan.lr_G, plan.optimizer_state_id)
@@ -124,7 +138,7 @@ def training_loop(
 
             # Tick: divergence stop and progress line; image grid, metrics and snapshot when due.
             done = schedule.done(state.step, state.cur_nimg)
-            if not done and not reporter.tick_due(state.cur_nimg):
+            if not done and not reporter.tick_due(state):
                 continue
             stats = reporter.tick([updater_D, updater_G], state, done)
             state.cur_tick += 1
@@ -141,7 +155,6 @@ def training_loop(
                 new_best = state.record_metric(results)
                 state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []),
                            state.snapshot(nets, optimizers, reals.consumed, training_set_kwargs, experiment.record()))
-                last_snapshot = snapshot_pkl
                 if new_best:
                     log(f'New best {experiment.best_metric}: {state.best:.4g} -> network-best.pkl')
             reporter.end_tick(stats, state, chart=snapshot_due)
@@ -149,9 +162,9 @@ def training_loop(
     # Done: say where the results are.
     reporter.close()
     log('Exiting...')
-    if last_snapshot is not None:
-        log(f'Final snapshot: {last_snapshot}')
+    if state.last_snapshot is not None:
+        log(f'Final snapshot: {state.last_snapshot}')
         pick_class = ' --class=0' if G.c_dim else ''  # Conditional: any class in 0..c_dim-1.
-        log(f'Generate images: python generate.py --network={last_snapshot} --seeds=0-63 --grid{pick_class} --outdir=out')
+        log(f'Generate images: python generate.py --network={state.last_snapshot} --seeds=0-63 --grid{pick_class} --outdir=out')
     if last_grid is not None:
         log(f'Image grids: {os.path.join(run_dir, "fakes*.png")} (latest: {os.path.basename(last_grid)})')

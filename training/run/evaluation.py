@@ -6,6 +6,9 @@ returns them as statistics ('Metrics/<result>': {num, mean, std}) for stats.json
 from which the run state keeps the best (training/run/run_state.py). A detector that cannot be had (no network, a bad
 path) costs the run its metrics, with one warning, not the run itself. The metrics run with TF32 off
 whatever the run's --precision (metric_main.calc_metric), so that a snapshot's FID does not depend on it.
+A stop signal abandons the evaluation after the batch in progress (training/run/stop_signal.py: the
+metrics done are kept); out of GPU memory becomes MetricOutOfMemory, which training/run/out_of_memory.py
+explains in one line.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Callable
 import torch
 
 import dnnlib
+from training.run.out_of_memory import MetricOutOfMemory
+from training.run.stop_signal import StopRequested, StopSignal
 
 #----------------------------------------------------------------------------
 
@@ -31,10 +36,11 @@ class MetricEvaluator:
         rank: int,                          # ...and this one.
         device: torch.device,
         log: Callable[[str], None],         # Progress and warnings (process 0).
+        stop: StopSignal | None = None,     # The run's stop request, which abandons an evaluation.
     ) -> None:
         self.metrics = list(metrics)
         self.metric_kwargs, self.dataset_kwargs, self.run_dir = metric_kwargs, dataset_kwargs, run_dir
-        self.num_gpus, self.rank, self.device, self.log = num_gpus, rank, device, log
+        self.num_gpus, self.rank, self.device, self.log, self.stop = num_gpus, rank, device, log, stop
 
     def evaluate(self, G_ema: torch.nn.Module, snapshot_pkl: str) -> tuple[dict, dict[str, float]]:
         """Statistics of every metric on G_ema ('Metrics/<result>': {num, mean, std}), and the results (name -> value)."""
@@ -44,11 +50,17 @@ class MetricEvaluator:
             try:
                 result = metric_main.calc_metric(metric=metric, G=G_ema, dataset_kwargs=self.dataset_kwargs,
                                                  num_gpus=self.num_gpus, rank=self.rank, device=self.device,
-                                                 progress=self.log, **self.metric_kwargs)
+                                                 progress=self.log, interrupt=None if self.stop is None else self.stop.interrupt,
+                                                 **self.metric_kwargs)
             except detectors.DetectorUnavailableError as e:
                 self.log(f'Warning: {e}; training continues without metrics')
                 self.metrics = []
                 return {}, {}
+            except StopRequested:
+                self.log(f'Evaluation of {metric} abandoned: stop requested by {self.stop.signal_name}')
+                break
+            except torch.OutOfMemoryError:
+                raise MetricOutOfMemory(metric) from None
             if self.rank == 0:
                 metric_main.report_metric(result, run_dir=self.run_dir, snapshot_pkl=snapshot_pkl)
             results.update(result.results)

@@ -9,6 +9,8 @@ At every tick (kimg_per_tick thousand real images) `TickReporter.tick()`
     prints the progress line (kimg, share done, ETA, phase of progressive growing with its lod,
         sec/kimg, time spent on grids/snapshots/metrics, memory, losses; on a CPU, 'starved' when
         more threads want to run than there are cores: torch_utils/threads.py),
+    starts the next tick (the run state's tick_start_nimg, which a snapshot records: a run resumed
+        between ticks ends its tick where the stopped one would have),
 and `end_tick()` appends the statistics to stats.jsonl and TensorBoard (when installed) and, at a
 snapshot, redraws progress.png, the losses and metrics against kimg (training/run/charts.py). `ImageGrids` writes reals.png once
 and fakes<kimg>.png of G_ema on fixed latents (one row per class for conditional data).
@@ -113,15 +115,17 @@ class TickReporter:
             except ImportError:
                 pass
         self.start_time = start_time
-        self.tick_start_nimg, self.tick_start_step, self.tick_start_time = state.cur_nimg, state.step, time.time()
+        # Timed from here: a run resumed between ticks times only the part of the tick it trained.
+        self.timed_nimg, self.tick_start_step, self.tick_start_time = state.cur_nimg, state.step, time.time()
         self.session_start_time, self.session_start_progress = self.tick_start_time, schedule.progress(state.step, state.cur_nimg)
         self.maintenance_time = self.tick_start_time - start_time
         self.maintenance_start = self.tick_start_time
         if device.type == 'cuda':
             torch.cuda.reset_peak_memory_stats()
 
-    def tick_due(self, cur_nimg: int) -> bool:
-        return cur_nimg >= self.tick_start_nimg + self.kimg_per_tick * 1000
+    def tick_due(self, state: Any) -> bool:
+        """Whether the current tick, begun at state.tick_start_nimg, is complete."""
+        return state.cur_nimg >= state.tick_start_nimg + self.kimg_per_tick * 1000
 
     def tick(self, updaters: list[NetworkUpdater], state: Any, done: bool) -> dnnlib.EasyDict:
         """Statistics of the tick; raises TrainingDiverged; prints the progress line (see the module docstring)."""
@@ -133,7 +137,7 @@ class TickReporter:
         self._check_divergence(updaters, bad_steps.tolist(), state.step)
 
         now = time.time()
-        sec_per_kimg = (now - self.tick_start_time) / max((state.cur_nimg - self.tick_start_nimg) / 1000, 1e-8)
+        sec_per_kimg = (now - self.tick_start_time) / max((state.cur_nimg - self.timed_nimg) / 1000, 1e-8)
         done_share = self.schedule.progress(state.step, state.cur_nimg)
         eta = (now - self.session_start_time) * (1 - done_share) / max(done_share - self.session_start_progress, 1e-12)
         lod = self.schedule.plan(state.step, state.cur_nimg).lod  # Of the phase now, which phase_label names.
@@ -157,6 +161,7 @@ class TickReporter:
                    if name in stats]
         self.log(' '.join(fields))
         self.maintenance_start = time.time()
+        state.tick_start_nimg = state.cur_nimg  # The next tick begins here; the snapshot of this tick records it.
         return stats
 
     def _check_divergence(self, updaters: list[NetworkUpdater], bad_steps: list[int], step: int) -> None:
@@ -185,7 +190,7 @@ class TickReporter:
                 self.tb_writer.flush()
             if chart:
                 write_progress_chart(self.stats_jsonl.name, os.path.join(self.run_dir, 'progress.png'))
-        self.tick_start_nimg, self.tick_start_step, self.tick_start_time = state.cur_nimg, state.step, time.time()
+        self.timed_nimg, self.tick_start_step, self.tick_start_time = state.cur_nimg, state.step, time.time()
         self.maintenance_time = self.tick_start_time - self.maintenance_start
 
     def close(self) -> None:

@@ -1,13 +1,13 @@
 """Where a run is, and the snapshot that lets another process continue it bit for bit.
 
 `RunState` holds what the networks and optimizers do not: the counters (G steps, real images shown,
-ticks), the position in the real-image stream, the best metric value so far, and the random
-streams of every process (torch's, CUDA's, and the numpy generator of the fakes' labels). A
-snapshot (torch_utils/persistence.py: plain data, safe to load) is
+ticks, and the images at the start of the current tick), the position in the real-image stream, the
+best metric value so far, and the random streams of every process (torch's, CUDA's, and the numpy
+generator of the fakes' labels). A snapshot (torch_utils/persistence.py: plain data, safe to load) is
 
     G, D, G_ema                 the networks (class name, constructor kwargs, tensors)
     G_opt_state, D_opt_state    the optimizers' state dicts
-    progress                    step, cur_nimg, cur_tick, consumed, best_metric, best
+    progress                    step, cur_nimg, cur_tick, tick_start_nimg, consumed, best_metric, best
     rng_states                  one {torch, cuda, labels} per process
     training_set_kwargs         the data it was trained on
     experiment                  the run's Experiment as plain data (training/experiment.py), which a
@@ -15,6 +15,9 @@ snapshot (torch_utils/persistence.py: plain data, safe to load) is
 
 REQUIRED_KEYS are what a resumed run needs; train.py refuses any other file with that list. On
 resume, random streams restart from the seed when the process count differs (they are per process).
+A snapshot may be taken between ticks (on a stop signal, training/run/stop_signal.py): with the
+start of its tick recorded, the resumed run ends that tick, and writes its snapshots, at the same
+kimg as a run that was never stopped.
 """
 
 from __future__ import annotations
@@ -33,6 +36,17 @@ from torch_utils import misc, persistence
 NETWORKS = ('G', 'D', 'G_ema')
 OPTIMIZERS = ('G_opt', 'D_opt')
 REQUIRED_KEYS = NETWORKS + tuple(f'{name}_state' for name in OPTIMIZERS) + ('progress', 'rng_states')
+
+
+def load_resumable(path: str) -> dnnlib.EasyDict:
+    """A snapshot that a run can continue from: persistence.UnsafeSnapshotError or OSError when it cannot be loaded,
+    ValueError (one line) when it lacks REQUIRED_KEYS (it was not written by train.py)."""
+    snapshot = persistence.load_snapshot(path)
+    missing = [key for key in REQUIRED_KEYS if key not in snapshot]
+    if missing:
+        raise ValueError(f'{path} lacks {", ".join(missing)}; only snapshots written by train.py '
+                         f'(network-snapshot-*.pkl) can be resumed')
+    return snapshot
 
 
 def snapshot_label(cur_nimg: int) -> str:
@@ -55,8 +69,11 @@ class RunState:
         self.step = 0           # G steps done.
         self.cur_nimg = 0       # Real images shown to D, all processes together.
         self.cur_tick = 0       # Progress lines printed.
+        self.tick_start_nimg = 0  # cur_nimg when the current tick began (the reporter moves it on).
         self.resume_position = 0  # Real images this process had taken from its stream when the run resumed.
         self.best = None        # Lowest value of best_metric so far.
+        self.saved_step = None  # G step of the last snapshot written or resumed from...
+        self.last_snapshot = None  # ...and the last one written (None: none yet).
         misc.set_seed(seed * num_gpus + rank)
         self.label_rng = np.random.default_rng(seed * num_gpus + rank)
 
@@ -84,13 +101,15 @@ class RunState:
                     training_set_kwargs=dnnlib.util.to_plain(training_set_kwargs), rng_states=rng_states,
                     experiment=dnnlib.util.to_plain(experiment or {}),
                     progress=dict(step=self.step, cur_nimg=self.cur_nimg, cur_tick=self.cur_tick,
-                                  consumed=consumed, best_metric=self.best_metric, best=self.best))
+                                  tick_start_nimg=self.tick_start_nimg, consumed=consumed,
+                                  best_metric=self.best_metric, best=self.best))
 
     def save(self, paths: list[str], data: dict) -> None:
         """Write the snapshot `data` to every path (process 0 only; each write is atomic)."""
         if self.rank == 0:
             for path in paths:
                 persistence.save_snapshot(path, data)
+        self.saved_step, self.last_snapshot = self.step, paths[0]
 
     def resume(self, snapshot: dict, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer],
                log: Callable[[str], None]) -> None:
@@ -104,6 +123,8 @@ class RunState:
             optimizers[name].load_state_dict(copy.deepcopy(snapshot[f'{name}_state']))
         progress = snapshot['progress']
         self.step, self.cur_nimg, self.cur_tick = progress['step'], progress['cur_nimg'], progress['cur_tick']
+        self.tick_start_nimg = progress.get('tick_start_nimg', self.cur_nimg)  # Older snapshots: taken at a tick's end.
+        self.saved_step = self.step
         self.resume_position = progress['consumed']
         self.best = progress['best'] if progress['best_metric'] == self.best_metric else None
         rng_states = snapshot['rng_states']
