@@ -194,20 +194,15 @@ def build_key(nvcc: str) -> str:
 
 
 def _compile(folder: str, nvcc: str) -> str:
-    """Both wrappers compiled at once (one nvcc each), then linked; the library's path in `folder`."""
-    compiles, objects = [], []
+    """Both wrappers compiled and linked into one library in `folder`; its path."""
+    sources = []
     for name, text in _HOST_WRAPPERS.items():
-        source, objects = os.path.join(folder, f'host_{name}.cu'), objects + [os.path.join(folder, f'host_{name}.o')]
-        with open(source, 'w') as f:
+        sources.append(os.path.join(folder, f'host_{name}.cu'))
+        with open(sources[-1], 'w') as f:
             f.write(text)
-        compiles.append(subprocess.Popen([nvcc, '-c', '-std=c++17', '-Xcompiler', '-fPIC', f'-I{OPS_DIR}', *TORCH_INCLUDES,
-                                          source, '-o', objects[-1]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         text=True))
-    errors = [output for output, returncode in [(p.communicate(timeout=600)[0], p.returncode) for p in compiles]
-              if returncode != 0]
-    assert not errors, '\n'.join(errors)
     library = os.path.join(folder, 'host_kernels.so')
-    result = subprocess.run([nvcc, '-shared', *objects, '-o', library], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([nvcc, '-shared', '-std=c++17', '-Xcompiler', '-fPIC', f'-I{OPS_DIR}', *TORCH_INCLUDES,
+                             *sources, '-o', library], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return library
 
