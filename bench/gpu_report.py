@@ -107,6 +107,7 @@ DIGITS_COMMAND = ['train.py', '--cfg=gn-stylegan', '--data=data/digits32.zip', '
                   '--tanh=1', '--tick=2', '--snap=2']
 DIGITS_TRAINING_MAX = {True: 60, False: 600}  # Most seconds of digits training, by --quick.
 DIGITS_SCORING = 15  # Seconds of the digits step kept for scoring the last snapshot.
+OUTPUTS = ('report.md', 'report.json', 'logs.tar.gz', 'digits-fakes.png')  # Everything written to --outdir.
 STOP_GRACE = 5  # Seconds a stopped subprocess gets to end before SIGKILL.
 # How the test suite is stopped at its box: SIGINT to pytest alone (its xdist workers are its to end), which then
 # writes the results of the tests that finished, with 10 s for that before SIGKILL.
@@ -733,6 +734,9 @@ def main(outdir: str, quick: bool, budget: Optional[float]) -> None:
     steps = planned_steps(quick)
     budget = budget if budget is not None else sum(step.seconds[quick] for step in steps)
     os.makedirs(outdir, exist_ok=True)
+    for name in OUTPUTS:  # An earlier run's: none of them may pass for this run's.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(outdir, name))
     workdir = tempfile.mkdtemp(prefix='gpu-report-')
     report = Report(outdir, workdir, quick, budget, steps, process_start())
     ctx = Context(workdir=workdir, outdir=outdir, quick=quick)

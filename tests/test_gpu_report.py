@@ -35,6 +35,9 @@ def test_report_without_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(torch.version, 'cuda', None)  # as the CPU build of torch: nothing to build
     monkeypatch.setattr(gpu_report, 'process_start', time.monotonic)  # This test's start, not pytest's.
+    (tmp_path / 'report').mkdir()
+    for name in ('logs.tar.gz', 'digits-fakes.png', 'notes.txt'):  # An earlier run's outputs, and a file of the user's.
+        (tmp_path / 'report' / name).write_text('earlier')
     result = CliRunner().invoke(gpu_report.main, ['--quick', '--outdir', str(tmp_path / 'report')])
     assert result.exit_code == 0, result.output
     steps, data, text = _report(tmp_path / 'report')
@@ -46,7 +49,7 @@ def test_report_without_gpu(tmp_path, monkeypatch):
             assert (entry['status'], entry['why'], entry['result']) == ('not run', 'no GPU', None)
             assert f'### {entry["title"]}\n\nNot run: no GPU.' in text
     assert data['budget_s'] == 360 and data['stopped'] is None
-    assert sorted(os.listdir(tmp_path / 'report')) == ['report.json', 'report.md']
+    assert sorted(os.listdir(tmp_path / 'report')) == ['notes.txt', 'report.json', 'report.md']
 
 
 def test_the_plan_is_the_docstrings_table_and_quick_fits_360_seconds():
