@@ -287,11 +287,10 @@ def _measured_calls(ctx: Context, calls: List[dict], record: Callable[[dict], Li
     return dict(ok=all(r['ok'] for r in rows), stopped_at_box=False, rows=rows)
 
 
-def self_check(ctx: Context) -> dict:
+def self_check(ctx: Context, device: torch.device = torch.device('cuda')) -> dict:
     """Run the ops once per network configuration with fresh self-check state; collect what the checks measured."""
     for plugin in PLUGINS.values():
         plugin.verdicts, plugin.check_results = {}, {}
-    device = torch.device('cuda')
     filters = {name: upfirdn2d.setup_filter(taps, device=device)
                for name, taps in [('[1,2,1]', [1, 2, 1]), ('box', [1, 1]), ('[1,3,3,1]', [1, 3, 3, 1])]}
     calls = []

@@ -2,6 +2,7 @@
 exits 0; the budget and the time boxes; a run stopped by SIGTERM or SIGINT in the middle of a step, or by a step
 that raises, leaves a valid report of the steps that finished; the test-suite and digits steps, run here."""
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,10 @@ import torch
 from click.testing import CliRunner
 
 from bench import gpu_report
+from ops import bias_act
+from tests.host_plugin import HostPlugin
+from tests.test_kernel_choice import _UpsamplingOnePercentOff
+from torch_utils import kernel_choice
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,6 +143,10 @@ _DRIVER = """
 import os, sys
 sys.path.insert(0, {root!r})
 from bench import gpu_report
+from ops import bias_act
+from tests.host_plugin import HostPlugin
+from tests.test_kernel_choice import _UpsamplingOnePercentOff
+from torch_utils import kernel_choice
 
 def quick(ctx):
     return dict(ok=True, stopped_at_box=False, value=42)
@@ -223,6 +232,45 @@ def test_pytest_stopped_by_sigint_reports_the_tests_that_finished(tmp_path):
     child.stop(**gpu_report.SUITE_STOP)
     counts = gpu_report.suite_counts(str(xml))
     assert (counts['passed'], counts['failures'], counts['errors']) == (1, 0, 0)
+
+
+def test_build_step_reports_each_plugins_cause(tmp_path):
+    """The build step's subprocesses (one per plugin, at once) on this CPU build of torch: each plugin's failure comes
+    back with custom_ops' one-line cause, and nothing is loaded."""
+    ctx = gpu_report.Context(workdir=str(tmp_path), outdir=str(tmp_path), quick=True, deadline=time.monotonic() + 300)
+    result = gpu_report.build(ctx)
+    assert not result['ok'] and not result['stopped_at_box'] and list(result['plugins']) == ['bias_act', 'upfirdn2d']
+    for name, plugin in result['plugins'].items():
+        assert not plugin['ok'] and plugin['returncode'] == 0 and plugin['log'] == f'logs.tar.gz: build-{name}.log'
+        assert plugin['cause'] == f'this PyTorch build ({torch.__version__}) has no CUDA support'
+        assert f'- {name}: **FAILED** after ' in '\n'.join(gpu_report._build_lines(result))
+    assert all(p.module is None for p in gpu_report.PLUGINS.values())
+
+
+@pytest.mark.parametrize('plugin_class, failing', [(HostPlugin, set()), (_UpsamplingOnePercentOff, {'upsample2d', 'downsample2d'})],
+                         ids=['right', 'upsampling-off'])
+def test_self_check_step_measures_every_configuration(tmp_path, host_kernels, cpu_kernel_path, plugin_class, failing):
+    """The self-check step on the CPU route through the kernels (tests/host_plugin.py): a row per op and dtype with the
+    error measured against the float64 reference; a kernel whose upsampling is 1% off fails the rows that upsample
+    (2x upsampling, and 2x downsampling's gradient) in float32 only; a box already spent stops the step before its
+    first check."""
+    cpu_kernel_path(plugin_class(host_kernels))
+    ctx = gpu_report.Context(workdir=str(tmp_path), outdir=str(tmp_path), quick=True, deadline=time.monotonic() + 600)
+    with pytest.warns(RuntimeWarning) if failing else contextlib.nullcontext():
+        result = gpu_report.self_check(ctx, device=torch.device('cpu'))
+    rows = result['rows']
+    ops = [f'bias_act {act}' for act in bias_act.activation_funcs] + ['filter2d [1,2,1]'] + [
+        f'{direction}2d {name}' for name in ('[1,2,1]', 'box', '[1,3,3,1]') for direction in ('upsample', 'downsample')]
+    assert sorted((r['op'], r['dtype']) for r in rows) == sorted((op, dtype) for op in ops
+                                                                 for dtype in ('float32', 'float16', 'bfloat16'))
+    for row in rows:
+        assert row['tolerance'] == kernel_choice.SELF_CHECK_TOLERANCE[getattr(torch, row['dtype'])]
+        wrong = row['op'].split()[0] in failing and row['dtype'] == 'float32'  # 1% is within fp16's and bf16's tolerance.
+        assert row['ok'] == (not wrong) == (row['error'] <= row['tolerance']) == (row['cause'] is None), row
+    assert result['ok'] == (not failing) and not result['stopped_at_box']
+    ctx.deadline = time.monotonic() - 1
+    assert gpu_report.self_check(ctx, device=torch.device('cpu')) == dict(
+        ok=True, stopped_at_box=True, rows=[], note=f'stopped at its time box after 0 of {len(rows)} calls')
 
 
 def test_markdown_flags_failed_checks_and_lists_choices():
