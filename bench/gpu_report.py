@@ -9,16 +9,18 @@ the sum of its steps' plans below; the full run: the sum of its plans). A GPU is
 with a retry after it, so the run must end inside the budget and keep whatever it measured: the steps run
 in order of value, each inside a time box, and each step's result is written into report.json and report.md
 (and its log into logs.tar.gz) as soon as the step ends. A step's box is its planned seconds, plus whatever
-the earlier steps left unused beyond the plans of the later ones; never more than the budget left. A step
-whose box runs out is stopped there (a subprocess with its whole process group: SIGTERM, or SIGINT for
-pytest, which then still writes the results of the tests that finished; SIGKILL after a few seconds' grace;
-an in-process step between two of its measurements) and recorded as stopped at its time box, with what it
-had measured. A step that would get less than half its plan is not started ("not run: budget spent").
-SIGTERM or SIGINT to this process ends the running step's subprocesses too, records that step as stopped by
-the signal and the rest as not run, writes the report and exits with status 128 + the signal's number. An
-exception in gpu_report itself (a crash) is recorded with its traceback in logs.tar.gz; the steps after it
-are listed as not run because that step crashed. A step whose prerequisite did not succeed (no GPU, this
-torch without CUDA, the plugins not built) is listed as not run, with that reason.
+the earlier steps left unused beyond the plans of the later ones; never more than the budget left (less 2 s
+kept for writing the last report). A step whose box runs out is stopped there (a subprocess with its whole
+process group: SIGTERM, or SIGINT for pytest, which then still writes the results of the tests that
+finished; SIGKILL after a few seconds' grace; an in-process step between two of its measurements) and
+recorded as stopped at its time box, with what it had measured. A step that would get less than half its
+plan is not started ("not run: budget spent"). SIGTERM or SIGINT to this process ends the running step's
+subprocesses too, records that step as stopped by the signal and the rest as not run, writes the report
+and exits with status 128 + the signal's number. An exception in gpu_report itself (a crash) is recorded
+with its traceback in logs.tar.gz; the steps after it are listed as not run because that step crashed. A
+step whose prerequisite did not succeed (no GPU, this torch without CUDA, the plugins not built) is listed
+as not run, with that reason. The plans below are estimates until a GPU run has measured every step; the
+boxes keep the run inside its budget whatever the steps take.
 
 Steps, in order of value, with their planned seconds (--quick / full run):
 
@@ -108,6 +110,7 @@ DIGITS_COMMAND = ['train.py', '--cfg=gn-stylegan', '--data=data/digits32.zip', '
 DIGITS_TRAINING_MAX = {True: 60, False: 600}  # Most seconds of digits training, by --quick.
 DIGITS_SCORING = 15  # Seconds of the digits step kept for scoring the last snapshot.
 OUTPUTS = ('report.md', 'report.json', 'logs.tar.gz', 'digits-fakes.png')  # Everything written to --outdir.
+REPORT_RESERVE = 2  # Seconds of the budget kept for writing the last report.
 STOP_GRACE = 5  # Seconds a stopped subprocess gets to end before SIGKILL.
 # How the test suite is stopped at its box: SIGINT to pytest alone (its xdist workers are its to end), which then
 # writes the results of the tests that finished, with 10 s for that before SIGKILL.
@@ -517,7 +520,7 @@ def run_steps(report: Report, steps: List[Step], ctx: Context) -> None:
         for i, step in enumerate(steps):
             entry = report.step(step.key)
             why = _why_not(step, report, gpu)
-            left = report.start + report.data['budget_s'] - time.monotonic()
+            left = report.start + report.data['budget_s'] - REPORT_RESERVE - time.monotonic()
             later = sum(s.seconds[ctx.quick] for s in steps[i + 1:] if _why_not(s, None, gpu) is None)
             box = min(left, max(step.seconds[ctx.quick], left - later))
             if why is None and box < step.seconds[ctx.quick] / 2:

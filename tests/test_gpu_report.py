@@ -80,8 +80,8 @@ def _fake_step(key, plan, action=lambda ctx: None, needs=()):
 
 
 def test_boxes_pass_on_unused_time_and_steps_that_no_longer_fit_are_not_started(tmp_path, monkeypatch):
-    """With a fake clock: a step's box is its plan plus what earlier steps left beyond the later ones' plans, and a
-    step left less than half its plan is not started."""
+    """With a fake clock: a step's box is its plan plus what earlier steps left beyond the later ones' plans (the
+    budget less the seconds kept for the last report), and a step left less than half its plan is not started."""
     clock = [1000.0]
     monkeypatch.setattr(gpu_report, 'time', types.SimpleNamespace(monotonic=lambda: clock[0]))
     monkeypatch.setattr(gpu_report, 'process_start', lambda: 1000.0)
@@ -92,16 +92,17 @@ def test_boxes_pass_on_unused_time_and_steps_that_no_longer_fit_are_not_started(
                                               _fake_step('c', 40, takes(46)), _fake_step('d', 10),
                                               _fake_step('gpu', 5, needs=('gpu',))])
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
-    result = CliRunner().invoke(gpu_report.main, ['--quick', '--budget=100', '--outdir', str(tmp_path)])
+    result = CliRunner().invoke(gpu_report.main, ['--quick', f'--budget={100 + gpu_report.REPORT_RESERVE}',
+                                                   '--outdir', str(tmp_path)])
     assert result.exit_code == 0, result.output  # Steps not run are listed, not failed.
     steps, _, text = _report(tmp_path)
     # a: 100 left, 80 planned after it (the gpu step cannot run here) -> its plan, 30. b: 100 left, 50 after -> 50.
     # c: 50 left, 10 after -> 40; it takes 46, which leaves 4 < 10 / 2 for d.
     assert [steps[k]['box_s'] for k in 'abc'] == [30, 50, 40]
     assert [steps[k]['result']['box_seen'] for k in 'abc'] == [30, 50, 40]
-    assert steps['d']['status'] == 'not run' and steps['d']['why'] == 'budget spent (4 s of the 100 s left, planned 10 s)'
+    assert steps['d']['status'] == 'not run' and steps['d']['why'] == 'budget spent (4 s of the 102 s left, planned 10 s)'
     assert steps['gpu']['why'] == 'no GPU'
-    assert '| D | 10 |  |  | not run: budget spent (4 s of the 100 s left, planned 10 s) |' in text.splitlines()
+    assert '| D | 10 |  |  | not run: budget spent (4 s of the 102 s left, planned 10 s) |' in text.splitlines()
 
 
 def test_a_step_that_raises_ends_the_run_with_a_report_of_the_steps_before(tmp_path, monkeypatch):
