@@ -19,8 +19,8 @@ subprocesses too, records that step as stopped by the signal and the rest as not
 and exits with status 128 + the signal's number. An exception in gpu_report itself (a crash) is recorded
 with its traceback in logs.tar.gz; the steps after it are listed as not run because that step crashed. A
 step whose prerequisite did not succeed (no GPU, this torch without CUDA, the plugins not built) is listed
-as not run, with that reason. The plans below are estimates until a GPU run has measured every step; the
-boxes keep the run inside its budget whatever the steps take.
+as not run, with that reason. report.md lists each step's planned, boxed and taken seconds, so that the
+plans below can follow what a GPU measured; the boxes keep the run inside its budget whatever the steps take.
 
 Steps, in order of value, with their planned seconds (--quick / full run):
 
