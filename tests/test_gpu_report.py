@@ -144,10 +144,6 @@ _DRIVER = """
 import os, sys
 sys.path.insert(0, {root!r})
 from bench import gpu_report
-from ops import bias_act
-from tests.host_plugin import HostPlugin
-from tests.test_kernel_choice import _UpsamplingOnePercentOff
-from torch_utils import kernel_choice
 
 def quick(ctx):
     return dict(ok=True, stopped_at_box=False, value=42)
