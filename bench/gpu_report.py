@@ -1,36 +1,78 @@
 """One command for whoever has a GPU: build, self-check, the whole test suite, op and training benchmarks, and a
-time-boxed GN-StyleGAN run on the embedded digits, scored; one report.
+time-boxed GN-StyleGAN run on the embedded digits, scored; one report, kept up to date as the steps end.
 
-    python bench/gpu_report.py --quick                  # about nine minutes on one H100/H200
+    python bench/gpu_report.py --quick                  # planned at most 360 s on one H100/H200
     python bench/gpu_report.py --outdir=h100-report     # more repeats, configurations and training time
 
-Steps, each recorded in the report:
-  1. environment   torch and CUDA versions, the GPUs, the CUDA toolkit that custom_ops finds and
-                   the architectures it would build for;
-  2. build         both plugins through torch_utils/custom_ops.py, timed (a fresh build needs an
-                   empty TORCH_EXTENSIONS_DIR; otherwise this is the time to load the cached one);
-  3. self-check    the kernels' first-use self-check, run for the configurations the networks use
-                   (every activation of bias_act; the [1,2,1], box and [1,3,3,1] resampling of
-                   upfirdn2d) in float32, float16 and bfloat16: measured error against the float64
-                   reference (per element, see kernel_choice), tolerance, milliseconds, cause of a failure;
-  4. choices       the chooser's decision, kernel or reference, with both timings, for the activation
-                   and resampling StyleGAN runs at 8x8 ... 1024x1024 with its channel counts, in each dtype;
-  5. test suite    python -m pytest on the whole suite with the GPU visible (in parallel when
-                   pytest-xdist is installed): counts, failures by name, wall time;
-  6. op benchmark  bench/ops.py (kernels against references, each case checked before timing);
-  7. training      bench/train_speed.py: cifar10-resnet (GN and no constraint; affine/plain D step,
-                   one or two D calls, precisions; the --deterministic switch's cost), every SN-GAN and
-                   BigGAN preset with GN at tf32 (docs/reproduce.md's GPU time), gn-stylegan at
-                   256x256 and at the paper's 1024x1024 with v1's per-GPU batch, each with its peak GPU memory;
-  8. digits        train.py's GN-StyleGAN command for the embedded digits at full width, stopped after a
-                   fixed time (--quick: 90 s), its last snapshot scored by bench/quickstart_quality.py
-                   on the GPU, and its last image grid.
-Without a GPU the report says "no GPU" for 3-8 and still records 1 and 2 (with a CUDA build of
-torch, 2 is the real build). --outdir receives report.md (meant for docs/benchmarks.md),
-report.json (the same data), logs.tar.gz (every step's log) and digits-fakes.png. Exit status 1
-if anything that ran failed.
+Budget. The whole run is bounded by --budget seconds, counted from the start of the process (--quick: 360,
+the sum of its steps' plans below; the full run: the sum of its plans). A GPU is often lent for a fixed time
+with a retry after it, so the run must end inside the budget and keep whatever it measured: the steps run
+in order of value, each inside a time box, and each step's result is written into report.json and report.md
+(and its log into logs.tar.gz) as soon as the step ends. A step's box is its planned seconds, plus whatever
+the earlier steps left unused beyond the plans of the later ones; never more than the budget left (less 2 s
+kept for writing the last report). A step whose box runs out is stopped there (a subprocess with its whole
+process group: SIGTERM, or SIGINT for pytest, which then still writes the results of the tests that
+finished; SIGKILL after a few seconds' grace; an in-process step between two of its measurements) and
+recorded as stopped at its time box, with what it had measured. A step that would get less than half its
+plan is not started ("not run: budget spent"). SIGTERM or SIGINT to this process ends the running step's
+subprocesses too, records that step as stopped by the signal and the rest as not run, writes the report
+and exits with status 128 + the signal's number. An exception in gpu_report itself (a crash) is recorded
+with its traceback in logs.tar.gz; the steps after it are listed as not run because that step crashed. A
+step whose prerequisite did not succeed (no GPU, this torch without CUDA, the plugins not built) is listed
+as not run, with that reason. report.md lists each step's planned, boxed and taken seconds, so that the
+plans below can follow what a GPU measured; the boxes keep the run inside its budget whatever the steps take.
+
+Steps, in order of value, with their planned seconds (--quick / full run):
+
+  step            planned s     what, and why at this place
+  environment       5 /    5    torch and CUDA versions, the GPUs, the CUDA toolkit custom_ops finds and the
+                                architectures it builds for: every number below is read against it.
+  build            60 /  300    both plugins through torch_utils/custom_ops.py, each built in its own
+                                subprocess, the two at once (a fresh build is 30-60 s each for one
+                                architecture on 16 cores), then loaded here from custom_ops' cache. A fresh
+                                build needs an empty TORCH_EXTENSIONS_DIR; otherwise this times the load of
+                                the cached one. Whether the kernels build for this GPU is the first thing only
+                                a GPU machine shows, and every later step uses them.
+  self-check       10 /   30    the kernels' first-use self-check for the configurations the networks use
+                                (every activation of bias_act; the [1,2,1], box and [1,3,3,1] resampling of
+                                upfirdn2d) in float32, float16 and bfloat16: measured error against the
+                                float64 reference (per element, see kernel_choice), tolerance, milliseconds,
+                                cause of a failure. Correctness on the device before any speed.
+  choices          15 /   60    the chooser's decision, kernel or reference, with both timings, for the
+                                activation and resampling StyleGAN runs at 8x8 ... 1024x1024 with its
+                                channel counts, in each dtype: what the kernels are worth, in seconds.
+  test suite      120 /  900    python -m pytest on the whole suite with the GPU visible (pytest-xdist, one
+                                worker per core, at most 16): counts, failures by name, wall time. The tests
+                                marked gpu run only here; a failure weighs more than any timing below.
+  ops              20 /  300    bench/ops.py: kernels against references, each case checked before timing,
+                                GB/s against the kernels' targets (--quick: the network cases at 8 and 32 px).
+  training speed   25 /  400    bench/train_speed.py, cifar10-resnet, GN and no constraint (the paper's speed
+                                comparison) at tf32 and bf16 (full run: also fp32, both GN D-step forms, one
+                                or two D calls), with each configuration's peak GPU memory.
+  (full run only)   - /  120    the same with --deterministic: what repeatable GPU arithmetic costs.
+  presets          35 /  300    every SN-GAN and BigGAN preset with GN at tf32 (--quick: one round): the GPU
+                                time of docs/reproduce.md.
+  gn-stylegan      35 /  300    bench/stylegan.py: GN-StyleGAN D+G steps at 256x256 and at 1024x1024 with v1's
+                                per-GPU batch of 4, each with the kernels and with the reference ops (what the
+                                chooser's choices are worth in a real step), each with its own peak memory.
+  (full run only)   - /  600    bench/train_speed.py for gn-stylegan at 256x256: GN and no constraint, every
+                                precision;
+  (full run only)   - /  300    and at 1024x1024 with batch 4, tf32 and bf16.
+  digits           35 /  750    train.py's GN-StyleGAN command for the embedded digits at full width, stopped
+                                after a time box (what the step's box leaves after 15 s kept for scoring, at
+                                most 60 s with --quick and 600 s in the full run), its last snapshot scored by
+                                bench/quickstart_quality.py on the GPU, and its last image grid. The whole
+                                training pipeline on the GPU, but the least precise figure in a short box: last.
+  total           360 / 4365
+
+Without a GPU the report says "no GPU" for the steps after the build and still records the environment and
+the build (with a CUDA build of torch, the real build). --outdir receives at most four files: report.md
+(meant for docs/benchmarks.md), report.json (the same data), logs.tar.gz (every step's log) and
+digits-fakes.png. Exit status 1 if a step that ran failed, crashed or was stopped at its time box.
 """
 
+import contextlib
+import dataclasses
 import datetime
 import glob
 import importlib.util
@@ -43,11 +85,15 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
+import traceback
 import xml.etree.ElementTree as ET
-from typing import List, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from unittest import mock
 
 import click
+import psutil
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,36 +104,112 @@ from torch_utils import custom_ops, kernel_choice  # noqa: E402  pylint: disable
 
 PLUGINS = {'bias_act': bias_act._plugin, 'upfirdn2d': upfirdn2d._plugin}  # pylint: disable=protected-access
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-# bench/train_speed.py runs: (report key, title, arguments, arguments added by --quick). The choices a GPU decides for
-# the SN-GAN presets: affine vs plain GN D step, one or two D calls, fp32 / TF32 / bf16, and what --deterministic costs;
-# for GN-StyleGAN, the precisions at 256x256 and the paper's 1024x1024 at v1's per-GPU batch (32 on 8 GPUs: 4 each).
-TRAINING_RUNS = [
-    ('train_speed', 'Training speed, cifar10-resnet (bench/train_speed.py)',
-     ['--norms=gn,none', '--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16'], ['--rounds=3']),
-    ('train_speed_deterministic', 'Training speed, cifar10-resnet with --deterministic (bench/train_speed.py)',
-     ['--norms=gn,none', '--precisions=tf32', '--deterministic'], ['--rounds=3']),
-    ('train_speed_presets', 'Training speed of the paper\'s SN-GAN and BigGAN presets with GN, tf32: the time column of '
-     'docs/reproduce.md (bench/train_speed.py)',
-     ['--cfg=cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-biggan,celebahq128-resnet,celebahq256-resnet',
-      '--norms=gn', '--fast-g=default', '--precisions=tf32'], ['--rounds=2']),
-    ('train_speed_stylegan', 'Training speed, gn-stylegan at 256x256 (bench/train_speed.py)',
-     ['--cfg=gn-stylegan', '--resolution=256', '--batch=16', '--norms=gn,none', '--precisions=fp32,tf32,bf16,fp16'],
-     ['--rounds=2', '--precisions=tf32,bf16']),
-    ('train_speed_stylegan_1024', 'Training speed, gn-stylegan at 1024x1024, batch 4 (bench/train_speed.py)',
-     ['--cfg=gn-stylegan', '--resolution=1024', '--batch=4', '--norms=gn,none', '--precisions=tf32,bf16'],
-     ['--rounds=2', '--norms=gn']),
-]
 # The digits at full width on a GPU: README's GN-StyleGAN digits command without the CPU's --cmax/--batch.
 DIGITS_COMMAND = ['train.py', '--cfg=gn-stylegan', '--data=data/digits32.zip', '--lod-kimg=8', '--kimg=160', '--xflip=0',
-                  '--tanh=1', '--tick=4', '--snap=2']
-DIGITS_SECONDS = {True: 90, False: 600}  # Training time of the digits run, by --quick.
+                  '--tanh=1', '--tick=2', '--snap=2']
+DIGITS_TRAINING_MAX = {True: 60, False: 600}  # Most seconds of digits training, by --quick.
+DIGITS_SCORING = 15  # Seconds of the digits step kept for scoring the last snapshot.
+OUTPUTS = ('report.md', 'report.json', 'logs.tar.gz', 'digits-fakes.png')  # Everything written to --outdir.
+REPORT_RESERVE = 2  # Seconds of the budget kept for writing the last report.
+STOP_GRACE = 5  # Seconds a stopped subprocess gets to end before SIGKILL.
+# How the test suite is stopped at its box: SIGINT to pytest alone (its xdist workers are its to end), which then
+# writes the results of the tests that finished, with 10 s for that before SIGKILL.
+SUITE_STOP = dict(stop=signal.SIGINT, grace=10, leader_only=True)
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGINT reached this process (a BaseException: no step's `except Exception` swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def process_start() -> float:
+    """The time.monotonic() of this process's start: the budget counts from there, torch's import included."""
+    return time.monotonic() - (time.time() - psutil.Process().create_time())
 
 
 def _has_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
-def environment() -> dict:
+# ----------------------------------------------------------------------------
+# Subprocesses: each in its own process group, stopped with it.
+
+
+class Child:
+    """A subprocess of the repository root in its own process group (so that stopping it also stops what it
+    started), its output into a log."""
+
+    def __init__(self, command: Sequence[str], log_path: str) -> None:
+        self.command, self.log_name, self.start = list(command), os.path.basename(log_path), time.monotonic()
+        with open(log_path, 'w') as log:
+            self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def wait(self, deadline: float, stop: int = signal.SIGTERM, grace: float = STOP_GRACE,
+             leader_only: bool = False) -> Optional[int]:
+        """The exit status, or None when the child was stopped at `deadline` (`stop` to the group, or to the
+        leader alone, `grace` seconds before it). Whatever interrupts the wait (SIGTERM to this process, a crash)
+        stops the child first."""
+        try:
+            try:
+                return self.process.wait(timeout=max(deadline - grace - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                self.stop(stop, grace, leader_only)
+                return None
+        except BaseException:
+            self.stop(signal.SIGTERM, STOP_GRACE)
+            raise
+
+    def stop(self, stop: int, grace: float, leader_only: bool = False) -> None:
+        """`stop` to the process group (or its leader), SIGKILL to whatever of the group remains after `grace`."""
+        with contextlib.suppress(ProcessLookupError):
+            (os.kill if leader_only else os.killpg)(self.process.pid, stop)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=grace)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def result(self, returncode: Optional[int]) -> dict:
+        return dict(command=' '.join(self.command[1:]), returncode=returncode, seconds=time.monotonic() - self.start,
+                    stopped_at_box=returncode is None, ok=returncode == 0, log=f'logs.tar.gz: {self.log_name}')
+
+
+def run_child(command: Sequence[str], log_path: str, box: float, **stop_kwargs) -> dict:
+    """`command` run for at most `box` seconds (see Child.wait); its status, seconds and log."""
+    child = Child(command, log_path)
+    return child.result(child.wait(time.monotonic() + box, **stop_kwargs))
+
+
+def _json_bench(script: str, args: List[str], workdir: str, name: str, box: float) -> dict:
+    """A bench/ script that writes --out=JSON, run in a subprocess; its JSON under 'data'."""
+    json_path = os.path.join(workdir, f'{name}.json')
+    result = run_child([sys.executable, script, f'--out={json_path}', *args], os.path.join(workdir, f'{name}.log'), box)
+    if os.path.isfile(json_path):
+        with open(json_path) as f:
+            result['data'] = json.load(f)
+    return result
+
+
+# ----------------------------------------------------------------------------
+# The steps.
+
+
+@dataclasses.dataclass
+class Context:
+    """What a step works with: the working folder (logs, JSON), the output folder, the run's mode, and the running
+    step's key and the end of its box."""
+    workdir: str
+    outdir: str
+    quick: bool
+    key: str = ''
+    deadline: float = 0.0  # time.monotonic() at which the running step's box ends
+
+
+def environment(ctx: Context) -> dict:
     cuda_home, tried = custom_ops.find_cuda_home()
     arch_list = None  # n/a without a CUDA build of torch or a toolkit
     if cuda_home is not None and torch.version.cuda is not None:
@@ -101,58 +223,103 @@ def environment() -> dict:
             props = torch.cuda.get_device_properties(i)
             gpus.append(dict(name=props.name, capability=f'{props.major}.{props.minor}',
                              memory_gib=round(props.total_memory / 2 ** 30, 1)))
-    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    return dict(ok=True, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
                 platform=platform.platform(), python=platform.python_version(), torch=torch.__version__,
                 torch_cuda=torch.version.cuda, gpus=gpus, cuda_home=cuda_home, cuda_home_rejected=tried,
-                arch_list=arch_list)
+                arch_list=arch_list, cpus=os.cpu_count())
 
 
-def build() -> dict:
+def build_plugin(name: str, json_path: str) -> None:
+    """Build one plugin into custom_ops' cache (run by build() in a subprocess); the outcome as JSON."""
+    start = time.monotonic()
+    try:
+        module = custom_ops.get_plugin(**PLUGINS[name].plugin_args)
+        outcome = dict(ok=True, library=module.__file__)
+    except custom_ops.BuildError as err:
+        outcome = dict(ok=False, cause=err.cause, details=err.details)
+    with dnnlib.util.atomic_path(json_path) as tmp, open(tmp, 'w') as f:
+        json.dump(dict(outcome, seconds=time.monotonic() - start), f)
+
+
+def build(ctx: Context) -> dict:
+    """Both plugins built at once, each in a subprocess (stopped at the box), then loaded here from the cache."""
+    children = {}
+    for name in PLUGINS:
+        code = f'import sys; sys.path.insert(0, {ROOT!r}); from bench import gpu_report; ' \
+               f'gpu_report.build_plugin({name!r}, {os.path.join(ctx.workdir, f"build-{name}.json")!r})'
+        children[name] = Child([sys.executable, '-c', code], os.path.join(ctx.workdir, f'build-{name}.log'))
+    try:
+        returncodes = {name: child.wait(ctx.deadline) for name, child in children.items()}
+    except BaseException:
+        for child in children.values():
+            child.stop(signal.SIGTERM, STOP_GRACE)
+        raise
     results = {}
-    for name, plugin in PLUGINS.items():
-        start = time.perf_counter()
-        try:
-            module = custom_ops.get_plugin(**plugin.plugin_args)
-        except custom_ops.BuildError as err:
-            results[name] = dict(ok=False, seconds=time.perf_counter() - start, cause=err.cause, details=err.details)
-            continue
-        plugin.module, plugin.failed = module, False
-        results[name] = dict(ok=True, seconds=time.perf_counter() - start, library=module.__file__)
-    return results
+    for name, child in children.items():
+        result = child.result(returncodes[name])
+        json_path = os.path.join(ctx.workdir, f'build-{name}.json')
+        if os.path.isfile(json_path):
+            with open(json_path) as f:
+                result.update(json.load(f))
+        elif result['stopped_at_box']:
+            result.update(ok=False, cause='stopped at the time box while building')
+        else:
+            result.update(ok=False, cause=f'the build process ended with status {result["returncode"]}')
+        if result['ok']:
+            start = time.monotonic()
+            try:
+                module = custom_ops.get_plugin(**PLUGINS[name].plugin_args)  # From the cache the build just filled.
+                PLUGINS[name].module, PLUGINS[name].failed = module, False
+            except custom_ops.BuildError as err:
+                result.update(ok=False, cause=f'built, but loading it here failed: {err.cause}', details=err.details)
+            result['load_seconds'] = time.monotonic() - start
+        results[name] = result
+    return dict(ok=all(r['ok'] for r in results.values()), stopped_at_box=any(r['stopped_at_box'] for r in results.values()),
+                plugins=results)
 
 
-def self_check() -> List[dict]:
+def _measured_calls(ctx: Context, calls: List[dict], record: Callable[[dict], List[dict]]) -> dict:
+    """Each call (a dict with 'call' and what record() needs) made in turn until the box ends; record(call) makes
+    the call and returns the rows of what it measured."""
+    rows: List[dict] = []
+    for i, call in enumerate(calls):
+        if time.monotonic() > ctx.deadline:
+            return dict(ok=all(r['ok'] for r in rows), stopped_at_box=True, rows=rows,
+                        note=f'stopped at its time box after {i} of {len(calls)} calls')
+        rows += record(call)
+    return dict(ok=all(r['ok'] for r in rows), stopped_at_box=False, rows=rows)
+
+
+def self_check(ctx: Context, device: torch.device = torch.device('cuda')) -> dict:
     """Run the ops once per network configuration with fresh self-check state; collect what the checks measured."""
-    os.environ[kernel_choice.SELF_CHECK_ENV] = '1'
     for plugin in PLUGINS.values():
         plugin.verdicts, plugin.check_results = {}, {}
-    device = torch.device('cuda')
     filters = {name: upfirdn2d.setup_filter(taps, device=device)
                for name, taps in [('[1,2,1]', [1, 2, 1]), ('box', [1, 1]), ('[1,3,3,1]', [1, 3, 3, 1])]}
-    calls = []  # (name, dtype, plugin, call)
+    calls = []
     for dtype in DTYPES:
         x = torch.randn([2, 8, 16, 16], device=device).to(dtype)
         for act in bias_act.activation_funcs:
-            calls.append((f'bias_act {act}', dtype, PLUGINS['bias_act'], lambda x=x, act=act: bias_act.bias_act(
-                x, torch.zeros([8], device=device), act=act)))
+            calls.append(dict(op=f'bias_act {act}', dtype=dtype, plugin=PLUGINS['bias_act'],
+                              call=lambda x=x, act=act: bias_act.bias_act(x, torch.zeros([8], device=device), act=act)))
         resampling = [('filter2d [1,2,1]', lambda x=x: upfirdn2d.filter2d(x, filters['[1,2,1]']))]
         for fname, f in filters.items():
             resampling.append((f'upsample2d {fname}', lambda x=x, f=f: upfirdn2d.upsample2d(x, f)))
             resampling.append((f'downsample2d {fname}', lambda x=x, f=f: upfirdn2d.downsample2d(x, f)))
-        calls += [(name, dtype, PLUGINS['upfirdn2d'], call) for name, call in resampling]
-    rows = []
-    for name, dtype, plugin, call in calls:
-        before = set(plugin.check_results)
-        call()
-        for config in set(plugin.check_results) - before:
-            result = plugin.check_results[config]
-            rows.append(dict(op=name, dtype=str(dtype).replace('torch.', ''), **result, ok=result['cause'] is None))
-    return rows
+        calls += [dict(op=name, dtype=dtype, plugin=PLUGINS['upfirdn2d'], call=call) for name, call in resampling]
+
+    def record(call: dict) -> List[dict]:
+        results = call['plugin'].check_results
+        before = set(results)
+        call['call']()
+        return [dict(op=call['op'], dtype=str(call['dtype']).replace('torch.', ''), **results[config],
+                     ok=results[config]['cause'] is None) for config in set(results) - before]
+    with mock.patch.dict(os.environ, {kernel_choice.SELF_CHECK_ENV: '1'}):
+        return _measured_calls(ctx, calls, record)
 
 
-def op_choices() -> List[dict]:
+def op_choices(ctx: Context) -> dict:
     """The chooser's decisions for what StyleGAN runs at each resolution: lrelu, blur, 2x up/down (box)."""
-    os.environ[kernel_choice.AUTOTUNE_ENV] = '1'
     for plugin in PLUGINS.values():
         plugin.choices = {}
     device = torch.device('cuda')
@@ -161,97 +328,243 @@ def op_choices() -> List[dict]:
            ('filter2d [1,2,1]', PLUGINS['upfirdn2d'], lambda x: upfirdn2d.filter2d(x, blur)),
            ('upsample2d box', PLUGINS['upfirdn2d'], lambda x: upfirdn2d.upsample2d(x, box)),
            ('downsample2d box', PLUGINS['upfirdn2d'], lambda x: upfirdn2d.downsample2d(x, box))]
-    rows = []
+    calls = []
     for dtype in DTYPES:
         for resolution in (8, 32, 128, 512, 1024):
             shape = [4 if resolution >= 512 else 16, min(16384 // resolution, 512), resolution, resolution]
-            x = torch.randn(shape, device=device).to(dtype)
-            for name, plugin, call in ops:
-                before = set(plugin.choices)
-                call(x)
-                for key in set(plugin.choices) - before:
-                    choice = plugin.choices[key]
-                    rows.append(dict(op=name, shape=str(shape), dtype=str(dtype).replace('torch.', ''),
-                                     kernel_ms=choice['kernel_ms'], reference_ms=choice['reference_ms'],
-                                     chosen='kernel' if choice['kernel'] else 'reference'))
-    return rows
+            for name, plugin, op in ops:
+                calls.append(dict(op=name, dtype=dtype, plugin=plugin, shape=shape, call=lambda op=op, shape=shape,
+                                  dtype=dtype: op(torch.randn(shape, device=device).to(dtype))))
+
+    def record(call: dict) -> List[dict]:
+        choices = call['plugin'].choices
+        before = set(choices)
+        call['call']()
+        return [dict(op=call['op'], shape=str(call['shape']), dtype=str(call['dtype']).replace('torch.', ''),
+                     kernel_ms=choices[key]['kernel_ms'], reference_ms=choices[key]['reference_ms'],
+                     chosen='kernel' if choices[key]['kernel'] else 'reference', ok=True)
+                for key in set(choices) - before]
+    with mock.patch.dict(os.environ, {kernel_choice.AUTOTUNE_ENV: '1'}):
+        return _measured_calls(ctx, calls, record)
 
 
-def _run(command: List[str], log_path: str, timeout: int) -> dict:
-    """Run a subprocess from the repository root, its output into log_path; returns status and seconds."""
-    start = time.perf_counter()
-    with open(log_path, 'w') as log:
-        try:
-            rc = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            rc = 'timeout'
-    return dict(command=' '.join(command[1:]), returncode=rc, seconds=time.perf_counter() - start,
-                log=f'logs.tar.gz: {os.path.basename(log_path)}')
-
-
-def run_test_suite(workdir: str, timeout: int) -> dict:
-    """The whole suite with the GPU visible (tests marked gpu run; the others pin the CPU), in parallel where
-    pytest-xdist is installed."""
-    xml_path = os.path.join(workdir, 'tests.xml')
-    parallel = ['-n', str(min(os.cpu_count() or 1, 16))] if importlib.util.find_spec('xdist') else []
-    result = _run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *parallel, f'--junitxml={xml_path}'],
-                  os.path.join(workdir, 'tests.log'), timeout)
+def run_test_suite(ctx: Context) -> dict:
+    """The whole suite with the GPU visible (tests marked gpu run; the others pin the CPU), one pytest-xdist worker
+    per core (at most 16) where xdist is installed, idle workers taking tests queued for others (--dist=worksteal)
+    so that long tests do not hold up the end. At its box pytest gets SIGINT, and reports the tests that finished."""
+    xml_path = os.path.join(ctx.workdir, 'tests.xml')
+    parallel = ['-n', str(min(os.cpu_count() or 1, 16)), '--dist=worksteal'] if importlib.util.find_spec('xdist') else []
+    result = run_child([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *parallel,
+                        f'--junitxml={xml_path}'], os.path.join(ctx.workdir, 'tests.log'),
+                       ctx.deadline - time.monotonic(), **SUITE_STOP)
     if os.path.isfile(xml_path):
-        root = ET.parse(xml_path).getroot()
-        suites = [root] if root.tag == 'testsuite' else root.findall('testsuite')
-        counts = {key: sum(int(suite.get(key, 0)) for suite in suites) for key in ('tests', 'failures', 'errors', 'skipped')}
-        failed = []
-        for case in root.iter('testcase'):
-            for problem in list(case.findall('failure')) + list(case.findall('error')):
-                failed.append(dict(test=f'{case.get("classname")}::{case.get("name")}',
-                                   message=(problem.get('message') or '')[:300]))
-        result.update(counts, passed=counts['tests'] - counts['failures'] - counts['errors'] - counts['skipped'],
-                      failed=failed)
+        result.update(suite_counts(xml_path))
     return result
 
 
-def digits_run(workdir: str, outdir: str, seconds: float, timeout: int, device: str = 'cuda',
-               score_args: tuple[str, ...] = ()) -> dict:
-    """DIGITS_COMMAND on `device` for `seconds`, then stopped (snapshots are written whole or not at all); its last
-    snapshot scored by bench/quickstart_quality.py on `device` (with `score_args`), its last grid copied to
-    outdir/digits-fakes.png."""
-    runs = os.path.join(workdir, 'digits')
+def suite_counts(xml_path: str) -> dict:
+    """Tests, failures, errors, skipped and passed in pytest's JUnit XML (also pytest-xdist's), each failure named."""
+    root = ET.parse(xml_path).getroot()
+    suites = [root] if root.tag == 'testsuite' else root.findall('testsuite')
+    counts = {key: sum(int(suite.get(key, 0)) for suite in suites) for key in ('tests', 'failures', 'errors', 'skipped')}
+    failed = []
+    for case in root.iter('testcase'):
+        for problem in list(case.findall('failure')) + list(case.findall('error')):
+            failed.append(dict(test=f'{case.get("classname")}::{case.get("name")}',
+                               message=(problem.get('message') or '')[:300]))
+    return dict(counts, passed=counts['tests'] - counts['failures'] - counts['errors'] - counts['skipped'], failed=failed)
+
+
+def digits_run(ctx: Context, device: str = 'cuda') -> dict:
+    """DIGITS_COMMAND on `device` for what the box leaves after DIGITS_SCORING seconds (at most
+    DIGITS_TRAINING_MAX), then stopped (snapshots are written whole or not at all); its last grid copied to
+    outdir/digits-fakes.png, its last snapshot scored (score_digits) in the rest of the box."""
+    runs = os.path.join(ctx.workdir, 'digits')
+    training = max(min(ctx.deadline - time.monotonic() - DIGITS_SCORING, DIGITS_TRAINING_MAX[ctx.quick]), 0)
     command = [sys.executable, *DIGITS_COMMAND, f'--outdir={runs}', f'--device={device}']
-    start = time.perf_counter()
-    with open(os.path.join(workdir, 'digits-train.log'), 'w') as log:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            returncode = process.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait()
-            returncode = 'stopped after the time box'
-    result = dict(command=' '.join(command[1:]), returncode=returncode, seconds=time.perf_counter() - start,
-                  log='logs.tar.gz: digits-train.log')
+    train = run_child(command, os.path.join(ctx.workdir, 'digits-train.log'), training + STOP_GRACE)
+    result = dict(train, training_box=training, returncode='stopped after the time box' if train['stopped_at_box']
+                  else train['returncode'])
     snapshots = sorted(glob.glob(os.path.join(runs, '*', 'network-snapshot-*.pkl')))
     grids = sorted(glob.glob(os.path.join(runs, '*', 'fakes[0-9]*.png')))
     if grids:
-        shutil.copyfile(grids[-1], os.path.join(outdir, 'digits-fakes.png'))
+        with dnnlib.util.atomic_path(os.path.join(ctx.outdir, 'digits-fakes.png')) as tmp:
+            shutil.copyfile(grids[-1], tmp)
         result['grid'] = f'digits-fakes.png (from {os.path.basename(grids[-1])})'
-    if not snapshots:
-        result['score'] = None
-        return result
-    result['snapshot'] = os.path.basename(snapshots[-1])
-    score = _json_bench('bench/quickstart_quality.py', [f'--network={snapshots[-1]}', f'--device={device}', *score_args],
-                        workdir, 'digits-quality', timeout)
-    result['score'] = score
+    result['snapshot'] = os.path.basename(snapshots[-1]) if snapshots else None
+    result['score'] = score_digits(ctx, snapshots[-1], device) if snapshots else None
+    result['ok'] = result['score'] is not None and result['score']['ok']
+    result['stopped_at_box'] = result['score'] is not None and result['score']['stopped_at_box']
     return result
 
 
-def _json_bench(script: str, extra: List[str], workdir: str, name: str, timeout: int) -> dict:
-    """A bench/ script that writes --out=JSON, run in a subprocess; its JSON under 'data'."""
-    json_path = os.path.join(workdir, f'{name}.json')
-    result = _run([sys.executable, script, f'--out={json_path}', *extra], os.path.join(workdir, f'{name}.log'),
-                  timeout)
-    if os.path.isfile(json_path):
-        with open(json_path) as f:
-            result['data'] = json.load(f)
-    return result
+def score_digits(ctx: Context, snapshot: str, device: str, score_args: Sequence[str] = ()) -> dict:
+    """bench/quickstart_quality.py on `snapshot` (on `device`, with `score_args`) for what is left of the box."""
+    return _json_bench('bench/quickstart_quality.py', [f'--network={snapshot}', f'--device={device}', *score_args],
+                       ctx.workdir, 'digits-quality', ctx.deadline - time.monotonic())
+
+
+def bench_step(script: str, args: Dict[bool, List[str]]) -> Callable[[Context], dict]:
+    """A step that runs a bench/ script writing --out=JSON, with args[quick]."""
+    def run(ctx: Context) -> dict:
+        return _json_bench(script, args[ctx.quick], ctx.workdir, ctx.key.replace('_', '-'), ctx.deadline - time.monotonic())
+    return run
+
+
+@dataclasses.dataclass
+class Step:
+    key: str
+    title: str
+    run: Callable[[Context], dict]  # -> its result: 'ok', 'stopped_at_box' and what it measured
+    seconds: Dict[bool, Optional[float]]  # planned seconds by --quick; None: not part of that run
+    needs: Sequence[str] = ()  # what must hold: 'cuda' (a CUDA build of torch), 'gpu', 'built' (both plugins)
+
+
+SNGAN_PRESETS = 'cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-biggan,celebahq128-resnet,celebahq256-resnet'
+# In order of value, with their planned seconds: the module docstring's table.
+STEPS = [
+    Step('environment', 'Environment', environment, {True: 5, False: 5}),
+    Step('build', 'Build (torch_utils/custom_ops.py)', build, {True: 60, False: 300}, ('cuda',)),
+    Step('self_check', 'Self-check (first use of each configuration)', self_check, {True: 10, False: 30},
+         ('gpu', 'built')),
+    Step('choices', 'Kernel or reference (the chooser, first use of each shape)', op_choices, {True: 15, False: 60},
+         ('gpu', 'built')),
+    Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: 120, False: 900}, ('gpu',)),
+    Step('bench_ops', 'Ops (bench/ops.py)', bench_step('bench/ops.py', {
+        True: ['--repeats=5', '--warmup=2', '--sizes=8,32'], False: []}), {True: 20, False: 300}, ('gpu',)),
+    Step('train_speed', 'Training speed, cifar10-resnet (bench/train_speed.py)', bench_step('bench/train_speed.py', {
+        True: ['--norms=gn,none', '--precisions=tf32,bf16', '--rounds=3'],
+        False: ['--norms=gn,none', '--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16']}),
+         {True: 25, False: 400}, ('gpu',)),
+    Step('train_speed_deterministic', 'Training speed, cifar10-resnet with --deterministic (bench/train_speed.py)',
+         bench_step('bench/train_speed.py', {False: ['--norms=gn,none', '--precisions=tf32', '--deterministic']}),
+         {True: None, False: 120}, ('gpu',)),
+    Step('train_speed_presets', 'Training speed of the paper\'s SN-GAN and BigGAN presets with GN, tf32: the time '
+         'column of docs/reproduce.md (bench/train_speed.py)', bench_step('bench/train_speed.py', {
+             quick: [f'--cfg={SNGAN_PRESETS}', '--norms=gn', '--fast-g=default', '--precisions=tf32']
+             + (['--rounds=1'] if quick else []) for quick in (True, False)}),
+         {True: 35, False: 300}, ('gpu',)),
+    Step('stylegan', 'GN-StyleGAN steps at 256x256 and 1024x1024, batch 4, kernels against reference ops '
+         '(bench/stylegan.py)', bench_step('bench/stylegan.py', {
+             quick: ['--resolutions=256,1024', '--max-resolution=1024', '--impl=both']
+             + (['--steps=5', '--warmup=2'] if quick else []) for quick in (True, False)}),
+         {True: 35, False: 300}, ('gpu',)),
+    Step('train_speed_stylegan', 'Training speed, gn-stylegan at 256x256 by precision (bench/train_speed.py)',
+         bench_step('bench/train_speed.py', {False: ['--cfg=gn-stylegan', '--resolution=256', '--batch=16',
+                                                     '--norms=gn,none', '--precisions=fp32,tf32,bf16,fp16']}),
+         {True: None, False: 600}, ('gpu',)),
+    Step('train_speed_stylegan_1024', 'Training speed, gn-stylegan at 1024x1024, batch 4 (bench/train_speed.py)',
+         bench_step('bench/train_speed.py', {False: ['--cfg=gn-stylegan', '--resolution=1024', '--batch=4',
+                                                     '--norms=gn,none', '--precisions=tf32,bf16']}),
+         {True: None, False: 300}, ('gpu',)),
+    Step('digits', 'GN-StyleGAN on the embedded digits, time-boxed, scored (bench/quickstart_quality.py)', digits_run,
+         {True: 35, False: 750}, ('gpu',)),
+]
+
+
+def planned_steps(quick: bool) -> List[Step]:
+    return [step for step in STEPS if step.seconds[quick] is not None]
+
+
+# ----------------------------------------------------------------------------
+# The run: steps in order, each in its box, the report written as each one starts and ends.
+
+
+class Report:
+    """report.json, report.md and logs.tar.gz in `outdir`, rewritten whole (atomically) whenever a step starts or
+    ends, so that at any moment they hold everything finished."""
+
+    def __init__(self, outdir: str, workdir: str, quick: bool, budget: float, steps: List[Step], start: float) -> None:
+        self.outdir, self.workdir, self.start = outdir, workdir, start
+        self.data = dict(command='python bench/gpu_report.py' + (' --quick' if quick else ''), quick=quick,
+                         budget_s=budget, seconds=0.0, stopped=None,
+                         steps=[dict(key=s.key, title=s.title, planned_s=s.seconds[quick], status='not run',
+                                     why='not reached yet', box_s=None, seconds=None, result=None) for s in steps])
+
+    def step(self, key: str) -> dict:
+        return next(entry for entry in self.data['steps'] if entry['key'] == key)
+
+    def result(self, key: str) -> Optional[dict]:
+        return self.step(key)['result']
+
+    def write(self) -> None:
+        self.data['seconds'] = time.monotonic() - self.start
+        logs = sorted(glob.glob(os.path.join(self.workdir, '*.log')))
+        if logs:
+            with dnnlib.util.atomic_path(os.path.join(self.outdir, 'logs.tar.gz')) as tmp, tarfile.open(tmp, 'w:gz') as tar:
+                for log in logs:
+                    tar.add(log, arcname=os.path.basename(log))
+        for name, text in (('report.json', json.dumps(self.data, indent=2, default=str) + '\n'),
+                           ('report.md', markdown(self.data))):
+            with dnnlib.util.atomic_path(os.path.join(self.outdir, name)) as tmp, open(tmp, 'w') as f:
+                f.write(text)
+
+
+def _why_not(step: Step, report: Report, gpu: bool) -> Optional[str]:
+    """Why `step` cannot run here, or None (`report` None: only what is known before any step runs)."""
+    if 'cuda' in step.needs and torch.version.cuda is None:
+        return f'this torch ({torch.__version__}) has no CUDA support'
+    if 'gpu' in step.needs and not gpu:
+        return 'no GPU'
+    if 'built' in step.needs and report is not None and not (report.result('build') or {}).get('ok'):
+        return 'the plugins did not build'
+    return None
+
+
+def run_steps(report: Report, steps: List[Step], ctx: Context) -> None:
+    """Each step in order, in its box; the report written as each starts and ends. A step that raises ends the
+    run (the rest not run, because it crashed); Stopped (a signal) propagates once the report says so."""
+    gpu = _has_gpu()
+    running = None  # (step, its entry, its start) while a step runs
+    try:
+        for i, step in enumerate(steps):
+            entry = report.step(step.key)
+            why = _why_not(step, report, gpu)
+            left = report.start + report.data['budget_s'] - REPORT_RESERVE - time.monotonic()
+            later = sum(s.seconds[ctx.quick] for s in steps[i + 1:] if _why_not(s, None, gpu) is None)
+            box = min(left, max(step.seconds[ctx.quick], left - later))
+            if why is None and box < step.seconds[ctx.quick] / 2:
+                why = f'budget spent ({max(left, 0):.0f} s of the {report.data["budget_s"]:.0f} s left, planned ' \
+                      f'{step.seconds[ctx.quick]:.0f} s)'
+            if why is not None:
+                entry.update(why=why)
+                continue
+            click.echo(f'[{time.monotonic() - report.start:4.0f} s] {step.title}: box {box:.0f} s...')
+            running = step, entry, time.monotonic()
+            entry.update(status='running', why=None, box_s=round(box, 1))
+            report.write()
+            ctx.key, ctx.deadline = step.key, running[2] + box
+            try:
+                result = step.run(ctx)
+            except Exception as err:  # pylint: disable=broad-except  # a bug here must not lose the report
+                with open(os.path.join(ctx.workdir, f'crash-{step.key}.log'), 'w') as f:
+                    f.write(traceback.format_exc())
+                entry.update(status='crashed', seconds=time.monotonic() - running[2], why=f'{type(err).__name__}: '
+                             f'{dnnlib.util.first_line(err, 300)} (logs.tar.gz: crash-{step.key}.log)')
+                _not_reached(report, f'"{step.title}" crashed')
+                report.data['stopped'] = f'{step.title} crashed'
+                report.write()
+                return
+            status = 'stopped at its time box' if result.get('stopped_at_box') else 'ok' if result.get('ok') else 'failed'
+            entry.update(status=status, seconds=time.monotonic() - running[2], result=result)
+            running = None
+            report.write()
+            click.echo(f'[{time.monotonic() - report.start:4.0f} s] {step.title}: {status} in {entry["seconds"]:.0f} s')
+    except Stopped as stop:
+        if running is not None:
+            step, entry, start = running
+            entry.update(status=f'stopped by {stop}', seconds=time.monotonic() - start)
+        _not_reached(report, f'stopped by {stop}' + (f' during "{running[0].title}"' if running else ''))
+        report.data['stopped'] = str(stop)
+        report.write()
+        raise
+    report.write()
+
+
+def _not_reached(report: Report, why: str) -> None:
+    for entry in report.data['steps']:
+        if entry['why'] == 'not reached yet':
+            entry['why'] = why
 
 
 # ----------------------------------------------------------------------------
@@ -267,161 +580,183 @@ def _table(rows: List[dict], columns: List[str]) -> List[str]:
     return lines
 
 
-def _step_status(result: Optional[dict]) -> str:
-    if result is None:
-        return 'not run: no GPU'
-    return (f'`{result["command"]}`: exit status {result["returncode"]}, {result["seconds"]:.0f} s '
-            f'(log: {result["log"]})')
+def _subprocess_line(result: dict) -> str:
+    status = 'stopped at its time box' if result['stopped_at_box'] else f'exit status {result["returncode"]}'
+    return f'`{result["command"]}`: {status}, {result["seconds"]:.0f} s (log: {result["log"]})'
 
 
-def markdown(report: dict) -> str:
-    env = report['environment']
-    gpus = ', '.join(f'{g["name"]} (sm {g["capability"]}, {g["memory_gib"]} GiB)' for g in env['gpus']) or 'no GPU'
-    lines = [f'## GPU report, {env["date"]}', '',
-             f'- Device: {gpus}',
-             f'- torch {env["torch"]} (CUDA {env["torch_cuda"]}), Python {env["python"]}, {env["platform"]}',
-             f'- CUDA toolkit found by custom_ops: {env["cuda_home"]}; TORCH_CUDA_ARCH_LIST {env["arch_list"]}',
-             f'- Command: `python bench/gpu_report.py{" --quick" if report["quick"] else ""}`, '
-             f'{report["seconds"]:.0f} s in all', '',
-             '### Build (torch_utils/custom_ops.py)', '']
-    if report['build'] is None:
-        lines.append(f'Not run: this torch ({env["torch"]}) has no CUDA support.')
-    else:
-        for name, result in report['build'].items():
-            if result['ok']:
-                lines.append(f'- {name}: built/loaded in {result["seconds"]:.1f} s ({result["library"]})')
-            else:
-                lines.append(f'- {name}: **FAILED** after {result["seconds"]:.1f} s: {result["cause"]}')
-                lines += [f'    - `{line}`' for line in result['details']]
-    lines += ['', '### Self-check (first use of each configuration)', '']
-    if report['self_check'] is None:
-        lines.append('Not run: no GPU.' if not env['gpus'] else 'Not run: the plugins did not build.')
-    else:
-        rows = report['self_check']
-        lines += _table(rows, ['op', 'dtype', 'error', 'tolerance', 'where', 'ms', 'ok', 'cause'])
-        lines += ['', f'{len(rows)} checks, {sum(r["ms"] for r in rows):.0f} ms in all; error is the largest '
-                      '|CUDA - float64 reference| / (|reference| + rms(reference)) per element, over value, '
-                      '1st and 2nd order gradients.']
-    lines += ['', '### Kernel or reference (the chooser, first use of each shape)', '']
-    if report['choices'] is None:
-        lines.append('Not run: no GPU.' if not env['gpus'] else 'Not run: the plugins did not build.')
-    else:
-        lines += _table(report['choices'], ['op', 'shape', 'dtype', 'kernel_ms', 'reference_ms', 'chosen'])
-    lines += ['', '### Test suite (python -m pytest, GPU visible)', '', _step_status(report['test_suite'])]
-    tests = report['test_suite']
-    if tests is not None and 'tests' in tests:
-        lines.append(f'{tests["passed"]} passed, {tests["failures"]} failed, {tests["errors"]} errors, '
-                     f'{tests["skipped"]} skipped')
-        lines += [f'- FAILED {f["test"]}: {f["message"]}' for f in tests['failed']]
-    lines += ['', '### Ops (bench/ops.py)', '', _step_status(report['bench_ops'])]
-    data = (report['bench_ops'] or {}).get('data')
+def _build_lines(result: dict) -> List[str]:
+    lines = []
+    for name, plugin in result['plugins'].items():
+        if plugin['ok']:
+            lines.append(f'- {name}: built in {plugin["seconds"]:.1f} s in a subprocess beside the other, loaded here in '
+                         f'{plugin["load_seconds"]:.1f} s ({plugin["library"]})')
+        else:
+            lines.append(f'- {name}: **FAILED** after {plugin["seconds"]:.1f} s: {plugin["cause"]} '
+                         f'(log: {plugin["log"]})')
+            lines += [f'    - `{line}`' for line in plugin.get('details', [])]
+    return lines
+
+
+def _self_check_lines(result: dict) -> List[str]:
+    rows = result['rows']
+    return _table(rows, ['op', 'dtype', 'error', 'tolerance', 'where', 'ms', 'ok', 'cause']) + [
+        '', f'{len(rows)} checks, {sum(r["ms"] for r in rows):.0f} ms in all; error is the largest |CUDA - float64 '
+            'reference| / (|reference| + rms(reference)) per element, over value, 1st and 2nd order gradients.']
+
+
+def _choices_lines(result: dict) -> List[str]:
+    return _table(result['rows'], ['op', 'shape', 'dtype', 'kernel_ms', 'reference_ms', 'chosen'])
+
+
+def _suite_lines(result: dict) -> List[str]:
+    lines = [_subprocess_line(result)]
+    if 'tests' in result:
+        lines.append(f'{result["passed"]} passed, {result["failures"]} failed, {result["errors"]} errors, '
+                     f'{result["skipped"]} skipped' + (' (the tests that finished before the box)'
+                                                       if result['stopped_at_box'] else ''))
+        lines += [f'- FAILED {f["test"]}: {f["message"]}' for f in result['failed']]
+    return lines
+
+
+def _ops_lines(result: dict) -> List[str]:
+    lines = [_subprocess_line(result)]
+    data = result.get('data')
     if data:
-        lines += [''] + _table(data['results'], ['op', 'shape', 'dtype', 'pass_name', 'ref_ms', 'cuda_ms', 'speedup', 'ref_GBps',
-                                                 'cuda_GBps'])
+        lines += [''] + _table(data['results'], ['op', 'shape', 'dtype', 'pass_name', 'ref_ms', 'cuda_ms', 'speedup',
+                                                 'ref_GBps', 'cuda_GBps'])
         bad = [c for c in data['checks'] if not c['ok']]
         lines += ['', f'CUDA against the float64 reference before timing: {len(data["checks"]) - len(bad)} of '
                       f'{len(data["checks"])} cases within tolerance.']
         lines += [f'- FAIL {c["op"]} {c["shape"]} {c["dtype"]}: {c["where"]} off by {c["max_relative_error"]:.2g}'
                   for c in bad]
-    for key, title, _, _ in TRAINING_RUNS:
-        lines += ['', f'### {title}', '', _step_status(report[key])]
-        rows = ((report[key] or {}).get('data') or {}).get('results')
-        if rows:
-            lines += [''] + _table(rows, list(dict.fromkeys(k for r in rows for k in r)))
-    lines += ['', '### GN-StyleGAN on the embedded digits, time-boxed, scored (bench/quickstart_quality.py)', '',
-              _step_status(report['digits'])]
-    digits = report['digits']
-    if digits is not None:
-        lines.append(f'Last snapshot: {digits.get("snapshot", "none")}; grid: {digits.get("grid", "none")}.')
-        rows = ((digits.get('score') or {}).get('data') or {}).get('rows')
+    return lines
+
+
+def _bench_lines(result: dict) -> List[str]:
+    lines = [_subprocess_line(result)] if 'command' in result else []
+    rows = (result.get('data') or {}).get('results')
+    if rows:
+        lines += [''] + _table(rows, list(dict.fromkeys(k for r in rows for k in r)))
+    return lines
+
+
+def _digits_lines(result: dict) -> List[str]:
+    lines = [_subprocess_line(result) + f'; training stopped after {result["training_box"]:.0f} s'
+             if result['returncode'] == 'stopped after the time box' else _subprocess_line(result),
+             f'Last snapshot: {result["snapshot"] or "none"}; grid: {result.get("grid", "none")}.']
+    score = result['score']
+    if score is not None:
+        lines += ['', 'Scored: ' + _subprocess_line(score)]
+        rows = (score.get('data') or {}).get('rows')
         if rows:
             lines += [''] + _table(rows, ['name', 'num', 'confident', 'classes', 'as_asked', 'fd'])
+    return lines
+
+
+RENDER = dict(build=_build_lines, self_check=_self_check_lines, choices=_choices_lines, test_suite=_suite_lines,
+              bench_ops=_ops_lines, digits=_digits_lines)
+
+
+def _status_line(entry: dict) -> str:
+    if entry['status'] == 'not run':
+        return f'Not run: {entry["why"]}.'
+    if entry['status'] == 'running':
+        return f'Running when this report was written (box {entry["box_s"]:.0f} s).'
+    took = '' if entry['seconds'] is None else f' after {entry["seconds"]:.0f} s'
+    why = f': {entry["why"]}' if entry.get('why') else ''
+    return f'**{entry["status"].capitalize()}**{took} (box {entry["box_s"]:.0f} s){why}.'
+
+
+def markdown(data: dict) -> str:
+    env = next((e['result'] for e in data['steps'] if e['key'] == 'environment'), None)
+    lines = [f'## GPU report, {env["date"] if env else "environment not recorded"}', '']
+    if env:
+        gpus = ', '.join(f'{g["name"]} (sm {g["capability"]}, {g["memory_gib"]} GiB)' for g in env['gpus']) or 'no GPU'
+        lines += [f'- Device: {gpus}; {env["cpus"]} CPU cores',
+                  f'- torch {env["torch"]} (CUDA {env["torch_cuda"]}), Python {env["python"]}, {env["platform"]}',
+                  f'- CUDA toolkit found by custom_ops: {env["cuda_home"]}; TORCH_CUDA_ARCH_LIST {env["arch_list"]}']
+    ended = f'stopped: {data["stopped"]}' if data['stopped'] else 'in all'
+    lines += [f'- Command: `{data["command"]}`, budget {data["budget_s"]:.0f} s; {data["seconds"]:.0f} s {ended}', '',
+              '| step | planned s | box s | took s | status |', '|---|---|---|---|---|']
+    for entry in data['steps']:
+        box = '' if entry['box_s'] is None else f'{entry["box_s"]:.0f}'
+        took = '' if entry['seconds'] is None else f'{entry["seconds"]:.0f}'
+        status = entry['status'] + (f': {entry["why"]}' if entry['status'] == 'not run' else '')
+        lines.append(f'| {entry["title"]} | {entry["planned_s"]:.0f} | {box} | {took} | {status} |')
+    for entry in data['steps']:
+        if entry['key'] == 'environment':
+            continue
+        lines += ['', f'### {entry["title"]}', '', _status_line(entry)]
+        if entry['result'] is not None:
+            lines += [''] + RENDER.get(entry['key'], _bench_lines)(entry['result'])
+            if entry['result'].get('note'):
+                lines += ['', entry['result']['note'] + '.']
     return '\n'.join(lines) + '\n'
 
 
-def _write(path: str, text: str) -> None:
-    with dnnlib.util.atomic_path(path) as tmp, open(tmp, 'w') as f:
-        f.write(text)
+# ----------------------------------------------------------------------------
 
 
-def _archive_logs(workdir: str, outdir: str) -> None:
-    """Every step's log into outdir/logs.tar.gz (one file, however many steps ran)."""
-    logs = sorted(glob.glob(os.path.join(workdir, '*.log')))
-    if logs:
-        with dnnlib.util.atomic_path(os.path.join(outdir, 'logs.tar.gz')) as tmp, tarfile.open(tmp, 'w:gz') as tar:
-            for log in logs:
-                tar.add(log, arcname=os.path.basename(log))
-
-
-def run_steps(report: dict, quick: bool, timeout: int, workdir: str, outdir: str) -> None:
-    """Steps 2-8 of the module docstring, each recorded in `report` as it finishes."""
-    gpu = _has_gpu()
-    if torch.version.cuda is not None:
-        click.echo('Building the plugins...')
-        report['build'] = build()
-    built = report['build'] is not None and all(r['ok'] for r in report['build'].values())
-    if not gpu:
+@contextlib.contextmanager
+def _signals_stop() -> Iterator[None]:
+    """SIGTERM and SIGINT raise Stopped (once; later ones are ignored while the report is written), in the main
+    thread; the previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    if built:
-        click.echo('Self-check...')
-        report['self_check'] = self_check()
-        click.echo('Kernel or reference...')
-        report['choices'] = op_choices()
-    click.echo('Test suite...')
-    report['test_suite'] = run_test_suite(workdir, timeout)
-    click.echo('bench/ops.py...')
-    ops_args = ['--repeats=5', '--warmup=2', '--sizes=8,32'] if quick else []
-    report['bench_ops'] = _json_bench('bench/ops.py', ops_args, workdir, 'bench-ops', timeout)
-    for key, _, speed_args, quick_args in TRAINING_RUNS:
-        speed_args = speed_args + (quick_args if quick else [])
-        click.echo(f'bench/train_speed.py {" ".join(speed_args)}...')
-        report[key] = _json_bench('bench/train_speed.py', speed_args, workdir, key.replace('_', '-'), timeout)
-    click.echo(f'Digits: {DIGITS_SECONDS[quick]} s of training, then scoring...')
-    report['digits'] = digits_run(workdir, outdir, DIGITS_SECONDS[quick], timeout)
+    signums = (signal.SIGTERM, signal.SIGINT)
+
+    def handler(signum, _frame):
+        for s in signums:
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signum)
+    previous = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 @click.command()
 @click.option('--outdir', default='gpu-report', show_default=True, type=click.Path(file_okay=False),
               help='Where report.md, report.json, logs.tar.gz and digits-fakes.png go.')
-@click.option('--quick', is_flag=True, help='Fewer benchmark repeats and configurations, 90 s of digits training '
-              '(about nine minutes on one H100/H200).')
-@click.option('--timeout', type=click.IntRange(min=60), default=3600, show_default=True,
-              help='Seconds allowed to each subprocess step.')
-def main(outdir: str, quick: bool, timeout: int) -> None:
-    """Build, self-check, test and benchmark on this GPU; write a Markdown + JSON report."""
+@click.option('--quick', is_flag=True, help='The check sized for a GPU lent for 15 minutes with a retry: fewer '
+              'repeats and configurations, a short digits run; planned at most 360 s on one H100/H200.')
+@click.option('--budget', type=click.FloatRange(min=1), metavar='SECONDS',
+              help='Most seconds for the whole run, from its start; steps that no longer fit are not started, a '
+              'running step is stopped at its time box  [default: the sum of the planned steps: 360 with --quick, '
+              f'{sum(s.seconds[False] or 0 for s in STEPS):.0f} without]')
+def main(outdir: str, quick: bool, budget: Optional[float]) -> None:
+    """Build, self-check, test and benchmark on this GPU within a time budget; a Markdown + JSON report, written
+    as each step ends."""
     if os.path.exists(outdir) and not os.path.isdir(outdir):
         raise click.ClickException(f'--outdir: {outdir} exists and is not a directory')
-    created = not os.path.exists(outdir)
+    steps = planned_steps(quick)
+    budget = budget if budget is not None else sum(step.seconds[quick] for step in steps)
     os.makedirs(outdir, exist_ok=True)
+    for name in OUTPUTS:  # An earlier run's: none of them may pass for this run's.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(outdir, name))
     workdir = tempfile.mkdtemp(prefix='gpu-report-')
-    start = time.perf_counter()
+    report = Report(outdir, workdir, quick, budget, steps, process_start())
+    ctx = Context(workdir=workdir, outdir=outdir, quick=quick)
     try:
-        report = dict(quick=quick, environment=environment(), build=None, self_check=None, choices=None,
-                      test_suite=None, bench_ops=None, digits=None, **{key: None for key, _, _, _ in TRAINING_RUNS})
-        click.echo(f'GPU: {", ".join(g["name"] for g in report["environment"]["gpus"]) or "no GPU"}')
-        run_steps(report, quick, timeout, workdir, outdir)
-        report['seconds'] = time.perf_counter() - start
-        text = markdown(report)
-        _archive_logs(workdir, outdir)
-        _write(os.path.join(outdir, 'report.json'), json.dumps(report, indent=2, default=str))
-        _write(os.path.join(outdir, 'report.md'), text)
-    except BaseException:
-        if created and not os.listdir(outdir):
-            os.rmdir(outdir)
-        raise
+        with _signals_stop():
+            try:
+                run_steps(report, steps, ctx)
+            except Stopped as stop:
+                click.echo(f'Error: stopped by {stop}; {os.path.join(outdir, "report.md")} holds the steps that '
+                           'finished', err=True)
+                sys.exit(128 + stop.signum)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    click.echo(text)
-    click.echo(f'Wrote {os.path.join(outdir, "report.md")} and report.json in {report["seconds"]:.0f} s')
-    failures = [name for name, r in (report['build'] or {}).items() if not r['ok']]
-    failures += [f'self-check {r["op"]} {r["dtype"]}' for r in report['self_check'] or [] if not r['ok']]
-    failures += [name for name in ('test_suite', 'bench_ops', *[key for key, _, _, _ in TRAINING_RUNS])
-                 if report[name] is not None and report[name].get('returncode', 0) != 0]
-    score = ((report['digits'] or {}).get('score') or {})
-    if report['digits'] is not None and score.get('returncode', 1) != 0:
-        failures.append('digits (no snapshot scored)')
-    if failures:
-        click.echo(f'Failed: {", ".join(failures)}', err=True)
+    click.echo(markdown(report.data))
+    click.echo(f'Wrote {", ".join(sorted(os.listdir(outdir)))} to {outdir} in {report.data["seconds"]:.0f} s')
+    failed = [e['title'] for e in report.data['steps'] if e['status'] in ('failed', 'crashed', 'stopped at its time box')]
+    if failed:
+        click.echo(f'Failed: {"; ".join(failed)}', err=True)
         sys.exit(1)
 
 

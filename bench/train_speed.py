@@ -99,7 +99,7 @@ class Configuration:
         self.gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
         self.times: dict[str, list[float]] = {'D': [], 'G': []}
         self.host_work: dict[str, HostWork] = {}
-        self.peak_memory = 0  # Most bytes the process had allocated on the GPU during one of this configuration's steps.
+        self.peak_memory = 0  # Most bytes the process had allocated on the GPU during one of this configuration's timed steps.
 
     def batch(self, net: str) -> list[torch.Tensor | None]:
         p = self.preset
@@ -109,7 +109,10 @@ class Configuration:
         return batch
 
     def step(self, net: str, record: bool) -> None:
-        """One timed step, its switches set outside the timing (the training loop sets them once per run)."""
+        """One step, its switches set outside the timing (the training loop sets them once per run); with `record`,
+        its time and its peak memory count. The peak statistics are reset before every step, so that a row's peak is
+        the most its own timed steps had allocated (networks and optimizer states included), not an earlier
+        configuration's, nor a warm-up's (cuDNN's autotuning tries algorithms with large workspaces)."""
         batch = self.batch(net)
         with self.training.switches():
             if self.device.type == 'cuda':
@@ -120,8 +123,8 @@ class Configuration:
             self._sync()
             if record:
                 self.times[net].append(self.clock() - start)
-            if self.device.type == 'cuda':
-                self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(self.device))
+                if self.device.type == 'cuda':
+                    self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(self.device))
 
     def count_host_work(self) -> None:
         """Ops and Python calls of one D step and one G step (each run twice, see count_host_work), under switches

@@ -6,9 +6,12 @@ to the CPU: in this process (the tools' default device is the CPU) and in the su
 must leave the process-wide switches (torch's TF32, cuDNN and determinism; which autograd Functions the
 ops of ops/conv2d_gradfix.py record) as it found them.
 
-The host build of the kernels' arithmetic (tests/host_plugin.py) and the CPU route through the ops'
-kernel path are fixtures here, shared by tests/test_custom_ops.py and tests/test_kernel_choice.py.
+The host build of the kernels' arithmetic (tests/host_plugin.py, built once per machine and shared by
+every process of the suite) and the CPU route through the ops' kernel path are fixtures here, shared by
+tests/test_custom_ops.py and tests/test_kernel_choice.py.
 """
+
+import ctypes
 
 import pytest
 import torch
@@ -75,11 +78,11 @@ def single_thread():
 
 
 @pytest.fixture(scope='session')
-def host_kernels(tmp_path_factory):
-    """ctypes handle to the host build of both kernels' arithmetic."""
+def host_kernels():
+    """ctypes handle to the host build of both kernels' arithmetic (built once per machine, see host_plugin)."""
     if host_plugin.NVCC is None:
         pytest.skip('nvcc is not on the PATH')
-    return host_plugin.build(tmp_path_factory.mktemp('host_kernels'))
+    return ctypes.CDLL(host_plugin.cached_library())
 
 
 @pytest.fixture

@@ -1,25 +1,32 @@
 """A stand-in for the CUDA plugins of ops/ where there is no GPU: the kernels' per-element arithmetic
 (ops/*.cu, included verbatim) compiled by nvcc for the host and called through ctypes, with the same
-calls and checks as bias_act.cpp / upfirdn2d.cpp. tests/conftest.py builds it once per session (the
-`host_kernels` fixture) for tests/test_custom_ops.py and tests/test_kernel_choice.py.
+calls and checks as bias_act.cpp / upfirdn2d.cpp. It is built once per machine and version of the
+sources, into $GNGAN_CACHE_DIR/host_kernels (default ~/.cache/gngan/host_kernels), and shared by every
+test process (see cached_library); tests/conftest.py loads it (the `host_kernels` fixture) for
+tests/test_custom_ops.py and tests/test_kernel_choice.py.
 """
 
 import collections
 import ctypes
+import glob
+import hashlib
 import os
-import pathlib
 import shutil
 import subprocess
+import tempfile
 
+import filelock  # a dependency of torch itself
 import numpy as np
 import torch
 import torch.utils.cpp_extension
 
+import dnnlib
 from ops import upfirdn2d
 
 OPS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'ops')
 NVCC = shutil.which('nvcc')
 TORCH_INCLUDES = [f'-I{path}' for path in torch.utils.cpp_extension.include_paths()]
+CACHE_ROOT = os.path.join(dnnlib.util.default_cache_dir(), 'host_kernels')  # Read once, before any test sets it.
 
 # Host build of the kernel arithmetic. Each wrapper includes the .cu verbatim
 # and exposes its per-element function over plain double arrays; the element
@@ -167,18 +174,54 @@ extern "C" int host_upfirdn2d(int dtype, const double* x, long long x_span, cons
 _DTYPE_IDS = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 
 
-def build(build_dir: pathlib.Path) -> ctypes.CDLL:
-    """ctypes handle to the host build of both kernels' arithmetic, compiled in `build_dir`."""
+def _compiler_id(nvcc: str) -> str:
+    """The compiler as it identifies itself (`nvcc --version`), with its path."""
+    result = subprocess.run([nvcc, '--version'], capture_output=True, text=True, timeout=60)
+    return f'{os.path.realpath(nvcc)}\n{result.stdout}'
+
+
+def build_key(nvcc: str) -> str:
+    """Hash of everything the host build depends on: the wrappers, the kernels' sources and headers in ops/, the
+    torch headers (torch's version and include paths) and the compiler."""
+    sha = hashlib.sha256()
+    for name, text in sorted(_HOST_WRAPPERS.items()):
+        sha.update(f'{name}\n{text}'.encode())
+    for path in sorted(glob.glob(os.path.join(OPS_DIR, '*.cu')) + glob.glob(os.path.join(OPS_DIR, '*.h'))):
+        with open(path, 'rb') as f:
+            sha.update(os.path.basename(path).encode() + f.read())
+    sha.update(f'{torch.__version__}\n{TORCH_INCLUDES}\n{_compiler_id(nvcc)}'.encode())
+    return sha.hexdigest()[:16]
+
+
+def _compile(folder: str, nvcc: str) -> str:
+    """Both wrappers compiled and linked into one library in `folder`; its path."""
     sources = []
     for name, text in _HOST_WRAPPERS.items():
-        sources.append(str(build_dir / f'host_{name}.cu'))
+        sources.append(os.path.join(folder, f'host_{name}.cu'))
         with open(sources[-1], 'w') as f:
             f.write(text)
-    library = str(build_dir / 'host_kernels.so')
-    result = subprocess.run([NVCC, '-shared', '-std=c++17', '-Xcompiler', '-fPIC', f'-I{OPS_DIR}', *TORCH_INCLUDES,
-                             *sources, '-o', library], capture_output=True, text=True, timeout=300)
+    library = os.path.join(folder, 'host_kernels.so')
+    result = subprocess.run([nvcc, '-shared', '-std=c++17', '-Xcompiler', '-fPIC', f'-I{OPS_DIR}', *TORCH_INCLUDES,
+                             *sources, '-o', library], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    return ctypes.CDLL(library)
+    return library
+
+
+def cached_library(cache_root: str = CACHE_ROOT, nvcc: str = NVCC) -> str:
+    """Path of the host build of both kernels' arithmetic, built once per machine and version of the sources.
+
+    The library lives in cache_root/<build_key>/host_kernels.so. The first process to ask builds it in a private
+    folder beside it and renames it into place; a file lock (fcntl, through filelock) makes the others (the
+    workers of pytest-xdist) wait for that build and then load it, instead of building it again.
+    """
+    folder = os.path.join(cache_root, build_key(nvcc))
+    library = os.path.join(folder, 'host_kernels.so')
+    os.makedirs(folder, exist_ok=True)
+    with filelock.FileLock(os.path.join(folder, 'build.lock')):
+        if not os.path.isfile(library):
+            with tempfile.TemporaryDirectory(dir=folder) as private:
+                os.replace(_compile(private, nvcc), library)
+    return library
 
 
 def _pointer(array):

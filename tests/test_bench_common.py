@@ -1,6 +1,8 @@
 """bench/common.py's host-work counter, and bench/train_speed.py reporting it."""
 
 import json
+import time
+import types
 
 import torch
 from click.testing import CliRunner
@@ -44,3 +46,26 @@ def test_train_speed_reports_ops_and_python_calls(tmp_path):
             assert row[key] > 50, (row['norm'], key)
     none, gn = sorted(rows, key=lambda r: r['norm'] != 'none')
     assert gn['ops_per_D_step'] > none['ops_per_D_step']  # GN's double backward.
+
+
+def test_train_speed_peak_memory_is_each_configurations_own_over_its_timed_steps(monkeypatch):
+    """On a GPU (its memory statistics stubbed here): the statistics are reset before every step, and a row's peak is
+    the most allocated during its own timed steps, not during a warm-up (cuDNN's autotuning) or another row's step."""
+    peak = [0]
+    monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda device: peak.__setitem__(0, 0))
+    monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda device: peak[0])
+    monkeypatch.setattr(torch.cuda, 'synchronize', lambda device: None)
+    preset = train_speed.build_preset('quickstart', ['none', 'gn'], 2, None, None, torch.device('cpu'))
+    runs = [train_speed.Configuration(preset, norm, None, None, None, 'fp32', torch.device('cpu'), time.perf_counter)
+            for norm in ('none', 'gn')]
+    allocations = iter([10, 3, 4, 5,   1, 2, 0.5, 0.25])  # GiB of each step: the warm-up round, then the timed one.
+    for run in runs:
+        run.device, run.batch = types.SimpleNamespace(type='cuda'), lambda net: []
+        run.training.run = lambda net, batch: peak.__setitem__(0, max(peak[0], next(allocations, 0) * 2 ** 30))
+    for record in (False, True):
+        for run in runs:
+            for net in ('D', 'G'):
+                run.step(net, record)
+    for run in runs:
+        run.count_host_work()
+    assert [run.result()['peak_memory_gib'] for run in runs] == [2, 0.5]

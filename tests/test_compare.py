@@ -1,7 +1,9 @@
 """bench/compare.py: the arithmetic of the report, and a tiny comparison written, resumed and merged."""
 
+import glob
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -40,11 +42,22 @@ def test_settings_are_checked():
 
 
 def test_a_tiny_comparison_is_written_resumed_and_merged(tmp_path, monkeypatch):
+    """Two settings trained for real (train.py), scored and written; then one more seed of both: only the new runs are
+    asked for, and the summary merges old and new. The new runs' training is a copy of the first seed's run (what is
+    tested there is which runs are trained and how their scores merge), and the quick judge is trained once."""
     trained = []
     run_training = compare.run_training
-    monkeypatch.setattr(compare, 'run_training', lambda run_dir, *args: trained.append(os.path.basename(run_dir)) or run_training(run_dir, *args))
+
+    def copy_of_seed0(run_dir, cfg, norm, loss, seed, *args):
+        shutil.copytree(os.path.join(os.path.dirname(run_dir), f'{norm}-{loss}-seed0'), run_dir)
+        return glob.glob(os.path.join(run_dir, '0*'))[0]
+    training = [run_training]
+    monkeypatch.setattr(compare, 'run_training', lambda run_dir, *args: trained.append(os.path.basename(run_dir)) or
+                        training[0](run_dir, *args))
+    judges = {}
     judge = compare.trained_judge
-    monkeypatch.setattr(compare, 'trained_judge', lambda epochs, seed: judge(1, seed))  # A quick classifier will do.
+    monkeypatch.setattr(compare, 'trained_judge', lambda epochs, seed: judges.get(seed) or judges.setdefault(
+        seed, judge(1, seed)))  # A quick classifier will do, trained once.
     args = [f'--out={tmp_path}', '--steps=4', '--snaps=2', '--num=20', '--extra=--batch=4 --workers=0']
     result = CliRunner().invoke(compare.main, args + ['--settings=gn:hinge,none:hinge', '--seeds=0'])
     assert result.exit_code == 0, result.output
@@ -54,9 +67,14 @@ def test_a_tiny_comparison_is_written_resumed_and_merged(tmp_path, monkeypatch):
     results = json.load(open(tmp_path / 'results.json'))
     assert [len(run['snapshots']) for run in results['runs']] == [2, 2]  # --snaps=2 over 4 steps of 4 reals.
     assert [s['kimg'] for s in results['runs'][0]['snapshots']] == [0.008, 0.016]
-    # One more seed of one setting: only that run trains; the summary merges the old and the new.
+    # One more seed of both settings: only those runs train; the summary merges the old and the new.
+    training[0] = copy_of_seed0
     result = CliRunner().invoke(compare.main, args + ['--settings=gn:hinge,none:hinge', '--seeds=0-1'])
     assert result.exit_code == 0, result.output
     assert trained[2:] == ['gn-hinge-seed1', 'none-hinge-seed1']
-    summary = json.load(open(tmp_path / 'results.json'))['summary']
-    assert [row['seeds'] for row in summary] == [[0, 1], [0, 1]]
+    merged = json.load(open(tmp_path / 'results.json'))
+    assert [row['seeds'] for row in merged['summary']] == [[0, 1], [0, 1]]
+    assert [run for run in merged['runs'] if run['seed'] == 0] == results['runs']  # Reused as they were scored.
+    for row in merged['summary']:
+        finals = [run['snapshots'][-1]['fd'] for run in merged['runs'] if run['setting'] == row['setting']]
+        assert len(finals) == 2 and row['fd'] == pytest.approx((np.mean(finals), np.std(finals, ddof=1), 2))

@@ -22,6 +22,7 @@ import os
 import re
 import stat
 import subprocess
+import sys
 import warnings
 
 import pytest
@@ -29,6 +30,7 @@ import torch
 import torch.utils.cpp_extension
 
 from ops import bias_act, upfirdn2d
+from tests import host_plugin as host_build
 from tests.host_plugin import NVCC, OPS_DIR, TORCH_INCLUDES, HostPlugin, input_in_layout
 from torch_utils import custom_ops
 
@@ -338,6 +340,53 @@ def test_build_dir_is_keyed_by_sources(tmp_path, monkeypatch):
     assert custom_ops._source_hash([str(source)], {}) != first
     assert custom_ops._source_hash([str(source)], {'extra_cuda_cflags': ['-O3']}) != \
         custom_ops._source_hash([str(source)], {})
+
+# ----------------------------------------------------------------------------
+# The host build, made once per machine.
+
+_FAKE_NVCC = """#!{python}
+import os, sys, time
+args = sys.argv[1:]
+if args == ['--version']:
+    sys.exit(print('fake nvcc, release 1.0'))
+with open({log!r}, 'a') as log:
+    log.write('build ' + os.path.basename(args[-1]) + '\\n')
+time.sleep(2)  # Long enough for a second process to come while the first builds.
+with open(args[args.index('-o') + 1], 'w') as out:
+    out.write('library')
+"""
+
+_ASK_FOR_THE_BUILD = """
+import os, sys, time
+from tests import host_plugin
+open(sys.argv[1], 'w').close()
+while not all(os.path.exists(path) for path in sys.argv[2:4]):  # Both processes ready: they ask at once.
+    time.sleep(0.01)
+print(host_plugin.cached_library(sys.argv[4], sys.argv[5]))
+"""
+
+
+def test_host_build_is_made_once_and_shared(tmp_path, monkeypatch):
+    """Two processes asking for the host build at the same moment (as pytest-xdist's workers do): one builds, the
+    other waits for it and gets the same library; later requests find it in the cache; a change of the sources makes
+    another build."""
+    log, cache = tmp_path / 'nvcc.log', tmp_path / 'cache'
+    nvcc = _executable(tmp_path / 'bin' / 'nvcc', _FAKE_NVCC.format(python=sys.executable, log=str(log)))
+    ready = [str(tmp_path / f'ready{i}') for i in range(2)]
+    processes = [subprocess.Popen([sys.executable, '-c', _ASK_FOR_THE_BUILD, ready[i], *ready, str(cache), str(nvcc)],
+                                  cwd=os.path.dirname(OPS_DIR), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(2)]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    library = str(cache / host_build.build_key(str(nvcc)) / 'host_kernels.so')
+    assert [stdout.strip() for stdout, _ in outputs] == [library, library]
+    assert log.read_text().splitlines() == ['build host_kernels.so']
+    assert open(library).read() == 'library'
+    assert set(os.listdir(os.path.dirname(library))) - {'build.lock'} == {'host_kernels.so'}  # No private folder left.
+    assert host_build.cached_library(str(cache), str(nvcc)) == library and len(log.read_text().splitlines()) == 1
+    monkeypatch.setitem(host_build._HOST_WRAPPERS, 'bias_act', host_build._HOST_WRAPPERS['bias_act'] + '// changed\n')
+    assert host_build.cached_library(str(cache), str(nvcc)) != library and len(log.read_text().splitlines()) == 2
+
 
 # ----------------------------------------------------------------------------
 # Toolkit discovery on fake trees.

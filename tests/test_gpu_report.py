@@ -1,41 +1,292 @@
-"""bench/gpu_report.py: without a GPU it records the environment, says what it could not run, and exits 0; its
-test-suite and digits steps, run here on the CPU."""
+"""bench/gpu_report.py on a CPU: without a GPU it records the environment, says why each other step did not run and
+exits 0; the budget and the time boxes; a run stopped by SIGTERM or SIGINT in the middle of a step, or by a step
+that raises, leaves a valid report of the steps that finished; the test-suite and digits steps, run here."""
 
+import contextlib
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 import tarfile
+import textwrap
+import time
+import types
 
+import psutil
+import pytest
 import torch
 from click.testing import CliRunner
 
 from bench import gpu_report
+from ops import bias_act
+from tests.host_plugin import HostPlugin
+from tests.test_kernel_choice import _UpsamplingOnePercentOff
+from torch_utils import kernel_choice
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _report(outdir):
+    """report.json, and report.md's lines, after checking that the Markdown is the JSON's rendering."""
+    data = json.loads((outdir / 'report.json').read_text())
+    text = (outdir / 'report.md').read_text()
+    assert text == gpu_report.markdown(data)
+    return {entry['key']: entry for entry in data['steps']}, data, text
 
 
 def test_report_without_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(torch.version, 'cuda', None)  # as the CPU build of torch: nothing to build
-    result = CliRunner().invoke(gpu_report.main, ['--outdir', str(tmp_path / 'report')])
+    monkeypatch.setattr(gpu_report, 'process_start', time.monotonic)  # This test's start, not pytest's.
+    (tmp_path / 'report').mkdir()
+    for name in ('logs.tar.gz', 'digits-fakes.png', 'notes.txt'):  # An earlier run's outputs, and a file of the user's.
+        (tmp_path / 'report' / name).write_text('earlier')
+    result = CliRunner().invoke(gpu_report.main, ['--quick', '--outdir', str(tmp_path / 'report')])
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / 'report' / 'report.json').read_text())
-    steps = ['build', 'self_check', 'choices', 'test_suite', 'bench_ops', 'digits'] + [key for key, *_ in gpu_report.TRAINING_RUNS]
-    assert all(report[step] is None for step in steps) and report['environment']['gpus'] == []
-    text = (tmp_path / 'report' / 'report.md').read_text()
-    for _, title, _, _ in gpu_report.TRAINING_RUNS:  # every section is there, saying why it did not run
-        assert f'### {title}\n\nnot run: no GPU' in text
-    assert '### Kernel or reference (the chooser, first use of each shape)\n\nNot run: no GPU.' in text
-    assert sorted(os.listdir(tmp_path / 'report')) == ['report.json', 'report.md']
+    steps, data, text = _report(tmp_path / 'report')
+    assert list(steps) == [step.key for step in gpu_report.STEPS if step.seconds[True] is not None]
+    assert steps['environment']['status'] == 'ok' and steps['environment']['result']['gpus'] == []
+    assert steps['build']['why'] == f'this torch ({torch.__version__}) has no CUDA support'
+    for key, entry in steps.items():  # every section is there, saying why it did not run
+        if key not in ('environment', 'build'):
+            assert (entry['status'], entry['why'], entry['result']) == ('not run', 'no GPU', None)
+            assert f'### {entry["title"]}\n\nNot run: no GPU.' in text
+    assert data['budget_s'] == 360 and data['stopped'] is None
+    assert sorted(os.listdir(tmp_path / 'report')) == ['notes.txt', 'report.json', 'report.md']
+
+
+def test_the_plan_is_the_docstrings_table_and_quick_fits_360_seconds():
+    """The docstring's table is the plan, step by step; --quick's plans add up to its default budget of 360 s, and the
+    full run plans every step that --quick runs."""
+    doc = gpu_report.__doc__
+    table = doc[doc.index('  step            planned s'):doc.index('  total')]
+    plans = [(None if quick == '-' else int(quick), int(full))
+             for quick, full in re.findall(r'^  .{15}\s*(\d+|-) /\s+(\d+)    ', table, re.MULTILINE)]
+    assert plans == [(step.seconds[True], step.seconds[False]) for step in gpu_report.STEPS]
+    quick, full = gpu_report.planned_steps(True), gpu_report.planned_steps(False)
+    assert sum(step.seconds[True] for step in quick) == 360 and {s.key for s in quick} <= {s.key for s in full}
+    assert f'  total           360 / {sum(step.seconds[False] for step in full):4d}\n' in doc
+
+
+def _fake_step(key, plan, action=lambda ctx: None, needs=()):
+    """A step planned at `plan` seconds that records the box it got, calls action(ctx) and succeeds."""
+    def run(ctx):
+        box = ctx.deadline - gpu_report.time.monotonic()
+        action(ctx)
+        return dict(ok=True, stopped_at_box=False, box_seen=box)
+    return gpu_report.Step(key, key.capitalize(), run, {True: plan, False: plan}, needs)
+
+
+def test_boxes_pass_on_unused_time_and_steps_that_no_longer_fit_are_not_started(tmp_path, monkeypatch):
+    """With a fake clock: a step's box is its plan plus what earlier steps left beyond the later ones' plans (the
+    budget less the seconds kept for the last report), and a step left less than half its plan is not started."""
+    clock = [1000.0]
+    monkeypatch.setattr(gpu_report, 'time', types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(gpu_report, 'process_start', lambda: 1000.0)
+
+    def takes(seconds):
+        return lambda ctx: clock.__setitem__(0, clock[0] + seconds)
+    monkeypatch.setattr(gpu_report, 'STEPS', [_fake_step('a', 30), _fake_step('b', 30, takes(50)),
+                                              _fake_step('c', 40, takes(46)), _fake_step('d', 10),
+                                              _fake_step('gpu', 5, needs=('gpu',))])
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    result = CliRunner().invoke(gpu_report.main, ['--quick', f'--budget={100 + gpu_report.REPORT_RESERVE}',
+                                                   '--outdir', str(tmp_path)])
+    assert result.exit_code == 0, result.output  # Steps not run are listed, not failed.
+    steps, _, text = _report(tmp_path)
+    # a: 100 left, 80 planned after it (the gpu step cannot run here) -> its plan, 30. b: 100 left, 50 after -> 50.
+    # c: 50 left, 10 after -> 40; it takes 46, which leaves 4 < 10 / 2 for d.
+    assert [steps[k]['box_s'] for k in 'abc'] == [30, 50, 40]
+    assert [steps[k]['result']['box_seen'] for k in 'abc'] == [30, 50, 40]
+    assert steps['d']['status'] == 'not run' and steps['d']['why'] == 'budget spent (4 s of the 102 s left, planned 10 s)'
+    assert steps['gpu']['why'] == 'no GPU'
+    assert '| D | 10 |  |  | not run: budget spent (4 s of the 102 s left, planned 10 s) |' in text.splitlines()
+
+
+def test_a_step_that_raises_ends_the_run_with_a_report_of_the_steps_before(tmp_path, monkeypatch):
+    def crash(ctx):
+        raise RuntimeError('no kernel image\nsecond line')
+    monkeypatch.setattr(gpu_report, 'process_start', time.monotonic)  # This test's start, not pytest's.
+    monkeypatch.setattr(gpu_report, 'STEPS', [_fake_step('first', 5), _fake_step('second', 5, crash), _fake_step('third', 5)])
+    result = CliRunner().invoke(gpu_report.main, ['--quick', '--outdir', str(tmp_path)])
+    assert result.exit_code == 1 and 'Failed: Second' in result.output
+    steps, data, text = _report(tmp_path)
+    assert steps['first']['status'] == 'ok' and steps['first']['result']['ok']
+    assert steps['second']['status'] == 'crashed'
+    assert steps['second']['why'] == 'RuntimeError: no kernel image (logs.tar.gz: crash-second.log)'
+    assert (steps['third']['status'], steps['third']['why']) == ('not run', '"Second" crashed')
+    assert data['stopped'] == 'Second crashed' and 'Not run: "Second" crashed.' in text
+    with tarfile.open(tmp_path / 'logs.tar.gz') as tar:
+        assert tar.getnames() == ['crash-second.log']
+        log = tar.extractfile('crash-second.log').read().decode()
+    assert 'Traceback' in log and 'in crash' in log and 'RuntimeError: no kernel image' in log
+
+
+_SLEEPER = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])
+with open(sys.argv[1] + '.tmp', 'w') as f:
+    f.write(f'{os.getpid()} {child.pid}')
+os.replace(sys.argv[1] + '.tmp', sys.argv[1])
+time.sleep(600)
+"""
+
+
+def _sleeper(tmp_path):
+    """A command that starts a process of its own, writes both pids to a file (returned) and sleeps."""
+    (tmp_path / 'sleeper.py').write_text(_SLEEPER)
+    return [sys.executable, str(tmp_path / 'sleeper.py'), str(tmp_path / 'pids')], tmp_path / 'pids'
+
+
+_DRIVER = """
+import os, sys
+sys.path.insert(0, {root!r})
+from bench import gpu_report
+
+def quick(ctx):
+    return dict(ok=True, stopped_at_box=False, value=42)
+
+def sleeper(ctx):
+    return gpu_report.run_child({command!r}, os.path.join(ctx.workdir, 'sleeper.log'), 600)
+
+gpu_report.STEPS = [gpu_report.Step('quick', 'Quick', quick, {{True: 5, False: 5}}),
+                    gpu_report.Step('sleeper', 'Sleeper', sleeper, {{True: 300, False: 300}}),
+                    gpu_report.Step('after', 'After', quick, {{True: 5, False: 5}})]
+gpu_report.main(['--quick', '--outdir', {outdir!r}])
+"""
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT], ids=['SIGTERM', 'SIGINT'])
+def test_a_signal_in_the_middle_of_a_step_leaves_a_report_and_ends_the_steps_processes(tmp_path, signum):
+    """gpu_report as a process, in a step whose subprocess started one of its own: the signal ends both, the report
+    holds the finished step, the stopped one and the one not reached, and the exit status is 128 + the signal."""
+    command, pids = _sleeper(tmp_path)
+    driver = tmp_path / 'driver.py'
+    driver.write_text(_DRIVER.format(root=REPO_ROOT, command=command, outdir=str(tmp_path / 'out')))
+    process = subprocess.Popen([sys.executable, str(driver)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not pids.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.1)
+        sleepers = [psutil.Process(int(pid)) for pid in pids.read_text().split()]
+        steps, _, _ = _report(tmp_path / 'out')  # Written when the step started: valid in the middle of it.
+        assert steps['quick']['status'] == 'ok' and steps['sleeper']['status'] == 'running'
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    name = signal.Signals(signum).name
+    assert process.returncode == 128 + signum, (stdout, stderr)
+    assert stderr.strip().splitlines()[-1] == f'Error: stopped by {name}; {tmp_path / "out" / "report.md"} holds the ' \
+                                              'steps that finished'
+    _, alive = psutil.wait_procs(sleepers, timeout=30)
+    assert not alive  # The step's subprocess and the one it started.
+    steps, data, text = _report(tmp_path / 'out')
+    assert steps['quick']['status'] == 'ok' and steps['quick']['result']['value'] == 42
+    assert steps['sleeper']['status'] == f'stopped by {name}' and steps['sleeper']['result'] is None
+    assert (steps['after']['status'], steps['after']['why']) == ('not run', f'stopped by {name} during "Sleeper"')
+    assert data['stopped'] == name and f'Not run: stopped by {name} during "Sleeper".' in text
+    assert sorted(os.listdir(tmp_path / 'out')) == ['logs.tar.gz', 'report.json', 'report.md']
+    with tarfile.open(tmp_path / 'out' / 'logs.tar.gz') as tar:
+        assert tar.getnames() == ['sleeper.log']
+
+
+def test_a_subprocess_is_stopped_at_its_box_with_the_processes_it_started(tmp_path):
+    command, pids = _sleeper(tmp_path)
+    child = gpu_report.Child(command, str(tmp_path / 'sleeper.log'))
+    deadline = time.monotonic() + 120
+    while not pids.exists():
+        assert child.process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    result = child.result(child.wait(time.monotonic() + 2, grace=1))
+    assert result['stopped_at_box'] and result['returncode'] is None and not result['ok']
+    _, alive = psutil.wait_procs([psutil.Process(int(pid)) for pid in pids.read_text().split()[1:]], timeout=30)
+    assert not alive
+
+
+def test_pytest_stopped_by_sigint_reports_the_tests_that_finished(tmp_path):
+    """What the test-suite step relies on at its box: stopped as it stops the suite, pytest still writes the JUnit
+    XML, with the tests that finished."""
+    (tmp_path / 'pytest.ini').write_text('[pytest]\n')
+    (tmp_path / 'test_two.py').write_text(textwrap.dedent(f"""
+        import time
+        def test_fast():
+            pass
+        def test_slow():
+            open({str(tmp_path / 'started')!r}, 'w').close()
+            time.sleep(600)
+        """))
+    xml = tmp_path / 'tests.xml'
+    child = gpu_report.Child([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-c', str(tmp_path / 'pytest.ini'),
+                              str(tmp_path / 'test_two.py'), f'--junitxml={xml}'], str(tmp_path / 'tests.log'))
+    deadline = time.monotonic() + 120
+    while not (tmp_path / 'started').exists():
+        assert child.process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    child.stop(**gpu_report.SUITE_STOP)
+    counts = gpu_report.suite_counts(str(xml))
+    assert (counts['passed'], counts['failures'], counts['errors']) == (1, 0, 0)
+
+
+def test_build_step_reports_each_plugins_cause(tmp_path):
+    """The build step's subprocesses (one per plugin, at once) on this CPU build of torch: each plugin's failure comes
+    back with custom_ops' one-line cause, and nothing is loaded."""
+    ctx = gpu_report.Context(workdir=str(tmp_path), outdir=str(tmp_path), quick=True, deadline=time.monotonic() + 300)
+    result = gpu_report.build(ctx)
+    assert not result['ok'] and not result['stopped_at_box'] and list(result['plugins']) == ['bias_act', 'upfirdn2d']
+    for name, plugin in result['plugins'].items():
+        assert not plugin['ok'] and plugin['returncode'] == 0 and plugin['log'] == f'logs.tar.gz: build-{name}.log'
+        assert plugin['cause'] == f'this PyTorch build ({torch.__version__}) has no CUDA support'
+        assert f'- {name}: **FAILED** after ' in '\n'.join(gpu_report._build_lines(result))
+    assert all(p.module is None for p in gpu_report.PLUGINS.values())
+
+
+@pytest.mark.parametrize('plugin_class, failing', [(HostPlugin, set()), (_UpsamplingOnePercentOff, {'upsample2d', 'downsample2d'})],
+                         ids=['right', 'upsampling-off'])
+def test_self_check_step_measures_every_configuration(tmp_path, host_kernels, cpu_kernel_path, plugin_class, failing):
+    """The self-check step on the CPU route through the kernels (tests/host_plugin.py): a row per op and dtype with the
+    error measured against the float64 reference; a kernel whose upsampling is 1% off fails the rows that upsample
+    (2x upsampling, and 2x downsampling's gradient) in float32 only; a box already spent stops the step before its
+    first check."""
+    cpu_kernel_path(plugin_class(host_kernels))
+    ctx = gpu_report.Context(workdir=str(tmp_path), outdir=str(tmp_path), quick=True, deadline=time.monotonic() + 600)
+    with pytest.warns(RuntimeWarning) if failing else contextlib.nullcontext():
+        result = gpu_report.self_check(ctx, device=torch.device('cpu'))
+    rows = result['rows']
+    ops = [f'bias_act {act}' for act in bias_act.activation_funcs] + ['filter2d [1,2,1]'] + [
+        f'{direction}2d {name}' for name in ('[1,2,1]', 'box', '[1,3,3,1]') for direction in ('upsample', 'downsample')]
+    assert sorted((r['op'], r['dtype']) for r in rows) == sorted((op, dtype) for op in ops
+                                                                 for dtype in ('float32', 'float16', 'bfloat16'))
+    for row in rows:
+        assert row['tolerance'] == kernel_choice.SELF_CHECK_TOLERANCE[getattr(torch, row['dtype'])]
+        wrong = row['op'].split()[0] in failing and row['dtype'] == 'float32'  # 1% is within fp16's and bf16's tolerance.
+        assert row['ok'] == (not wrong) == (row['error'] <= row['tolerance']) == (row['cause'] is None), row
+    assert result['ok'] == (not failing) and not result['stopped_at_box']
+    ctx.deadline = time.monotonic() - 1
+    assert gpu_report.self_check(ctx, device=torch.device('cpu')) == dict(
+        ok=True, stopped_at_box=True, rows=[], note=f'stopped at its time box after 0 of {len(rows)} calls')
 
 
 def test_markdown_flags_failed_checks_and_lists_choices():
-    report = dict(quick=False, seconds=1.0, environment=gpu_report.environment(), build={}, test_suite=None,
-                  bench_ops=None, digits=None, **{key: None for key, *_ in gpu_report.TRAINING_RUNS},
-                  self_check=[dict(op='upfirdn2d', dtype='float16', error=float('nan'), tolerance=0.02,
-                                   where='exception', ms=3.0, ok=False, cause='RuntimeError: no kernel image')],
-                  choices=[dict(op='filter2d [1,2,1]', shape='[16, 512, 8, 8]', dtype='float32', kernel_ms=0.25,
-                                reference_ms=0.125, chosen='reference')])
-    lines = gpu_report.markdown(report).splitlines()
+    report = gpu_report.Report('.', '.', quick=True, budget=360, steps=gpu_report.planned_steps(True), start=0.0)
+    report.step('environment').update(status='ok', result=gpu_report.environment(None), box_s=5, seconds=0.1)
+    report.step('self_check').update(status='failed', why=None, box_s=10, seconds=1.0, result=dict(ok=False, rows=[dict(
+        op='upfirdn2d', dtype='float16', error=float('nan'), tolerance=0.02, where='exception', ms=3.0, ok=False,
+        cause='RuntimeError: no kernel image')]))
+    report.step('choices').update(status='stopped at its time box', why=None, box_s=15, seconds=15.2, result=dict(
+        ok=True, stopped_at_box=True, note='stopped at its time box after 1 of 60 calls', rows=[dict(
+            op='filter2d [1,2,1]', shape='[16, 512, 8, 8]', dtype='float32', kernel_ms=0.25, reference_ms=0.125,
+            chosen='reference')]))
+    lines = gpu_report.markdown(report.data).splitlines()
     assert any('RuntimeError: no kernel image' in line and 'False' in line for line in lines)
+    assert '**Failed** after 1 s (box 10 s).' in lines
     assert any(line.startswith('| filter2d [1,2,1]') and '0.125' in line and 'reference' in line for line in lines)
+    assert '**Stopped at its time box** after 15 s (box 15 s).' in lines
+    assert 'stopped at its time box after 1 of 60 calls.' in lines
+    assert '| Test suite (python -m pytest, GPU visible) | 120 |  |  | not run: not reached yet |' in lines
 
 
 def test_suite_results_name_each_failure(tmp_path, monkeypatch):
@@ -47,33 +298,68 @@ def test_suite_results_name_each_failure(tmp_path, monkeypatch):
       <testcase classname="tests.test_b" name="test_gpu"><skipped/></testcase>
       <testcase classname="tests.test_b" name="test_ok2"/></testsuite></testsuites>"""
 
-    def fake_run(command, log_path, timeout):
+    def fake_run(command, log_path, box, **stop_kwargs):
+        assert stop_kwargs == gpu_report.SUITE_STOP
         xml_arg = next(a for a in command if a.startswith('--junitxml='))
         with open(xml_arg.split('=', 1)[1], 'w') as f:
             f.write(xml)
-        return dict(command=' '.join(command), returncode=1, seconds=2.0, log='tests.log')
-    monkeypatch.setattr(gpu_report, '_run', fake_run)
-    result = gpu_report.run_test_suite(str(tmp_path), timeout=60)
+        return dict(command=' '.join(command), returncode=1, seconds=2.0, log='tests.log', stopped_at_box=False, ok=False)
+    monkeypatch.setattr(gpu_report, 'run_child', fake_run)
+    ctx = gpu_report.Context(workdir=str(tmp_path), outdir=str(tmp_path), quick=True, deadline=time.monotonic() + 60)
+    result = gpu_report.run_test_suite(ctx)
     assert (result['passed'], result['failures'], result['errors'], result['skipped']) == (2, 1, 1, 1)
     assert result['failed'] == [dict(test='tests.test_a::test_bad', message='assert 1 == 2'),
                                 dict(test='tests.test_b::test_broken', message='fixture failed')]
 
 
-def test_digits_run_is_stopped_by_its_time_box_and_scored(tmp_path, monkeypatch):
-    """A run far longer than its time box is stopped; its last (whole) snapshot is scored and its grid kept; every
-    log goes into one archive."""
+def test_digits_run_is_stopped_by_its_time_box_and_its_last_snapshot_scored(tmp_path, monkeypatch):
+    """A run far longer than its time box (20 s of training) is stopped; its last (whole) snapshot goes to the
+    scoring (next test) and its grid is kept; every log goes into one archive. Narrow networks with a snapshot at
+    every step, so that the box holds several on a loaded CPU."""
     monkeypatch.setattr(gpu_report, 'DIGITS_COMMAND', [
-        'train.py', '--cfg=gn-stylegan', '--data=data/digits32.zip', '--cmax=4', '--batch=4', '--lod-kimg=0.02',
-        '--kimg=100', '--xflip=0', '--tick=0.02', '--snap=1', '--workers=0'])
+        'train.py', '--cfg=gn-stylegan', '--data=data/digits32.zip', '--cmax=4', '--map-dim=16', '--batch=4',
+        '--lod-kimg=0.02', '--kimg=100', '--xflip=0', '--tick=0.004', '--snap=1', '--workers=0'])
+    scored = []
+
+    def score_digits(ctx, snapshot, device):
+        scored.append((snapshot, device, ctx.deadline - time.monotonic()))
+        open(os.path.join(ctx.workdir, 'digits-quality.log'), 'w').close()
+        return dict(ok=True, stopped_at_box=False)
+    monkeypatch.setattr(gpu_report, 'score_digits', score_digits)
     workdir, outdir = tmp_path / 'work', tmp_path / 'out'
     workdir.mkdir()
     outdir.mkdir()
-    result = gpu_report.digits_run(str(workdir), str(outdir), seconds=40, timeout=300, device='cpu',
-                                   score_args=('--num=20', '--epochs=1'))
-    assert result['returncode'] == 'stopped after the time box'
-    assert result['snapshot'].startswith('network-snapshot-') and os.path.isfile(outdir / 'digits-fakes.png')
-    rows = result['score']['data']['rows']
-    assert result['score']['returncode'] == 0 and rows[1]['name'].endswith(result['snapshot']) and rows[1]['num'] == 20
-    gpu_report._archive_logs(str(workdir), str(outdir))
+    box = gpu_report.DIGITS_SCORING + 20
+    ctx = gpu_report.Context(workdir=str(workdir), outdir=str(outdir), quick=True, deadline=time.monotonic() + box)
+    result = gpu_report.digits_run(ctx, device='cpu')
+    assert result['returncode'] == 'stopped after the time box' and result['ok'] and not result['stopped_at_box']
+    run_dir = os.path.dirname(scored[0][0])
+    snapshots = sorted(name for name in os.listdir(run_dir) if name.startswith('network-snapshot-'))
+    assert len(snapshots) >= 2 and result['snapshot'] == snapshots[-1] and scored[0][:2] == (
+        os.path.join(run_dir, snapshots[-1]), 'cpu')
+    assert 0 < scored[0][2] <= gpu_report.DIGITS_SCORING  # The scoring gets the rest of the box.
+    grids = sorted(name for name in os.listdir(run_dir) if name.startswith('fakes0'))
+    assert (outdir / 'digits-fakes.png').read_bytes() == open(os.path.join(run_dir, grids[-1]), 'rb').read()
+    report = gpu_report.Report(str(outdir), str(workdir), quick=True, budget=360, steps=gpu_report.planned_steps(True),
+                               start=time.monotonic())
+    report.write()
     with tarfile.open(outdir / 'logs.tar.gz') as tar:
         assert sorted(tar.getnames()) == ['digits-quality.log', 'digits-train.log']
+
+
+def test_digits_snapshot_is_scored(tmp_path):
+    """The scoring of the digits step (bench/quickstart_quality.py in a subprocess) on a snapshot of untrained
+    GN-StyleGAN networks for the digits: its table comes back with the snapshot's row."""
+    from torch_utils import persistence
+    from training.experiment import Experiment
+    import dnnlib
+    opts = Experiment.build(cfg='gn-stylegan', img_resolution=32, img_channels=1, cmax=4, map_dim=16, batch=4)
+    nets = {name: dnnlib.util.construct_class_by_name(**kwargs) for name, kwargs in
+            [('G', opts.G_kwargs), ('D', opts.D_kwargs), ('G_ema', opts.G_kwargs)]}
+    persistence.save_snapshot(str(tmp_path / 'network-snapshot-000001.pkl'), nets)
+    ctx = gpu_report.Context(workdir=str(tmp_path), outdir=str(tmp_path), quick=True, deadline=time.monotonic() + 300)
+    result = gpu_report.score_digits(ctx, str(tmp_path / 'network-snapshot-000001.pkl'), 'cpu', ('--num=20', '--epochs=1'))
+    assert result['ok'] and result['returncode'] == 0 and result['log'] == 'logs.tar.gz: digits-quality.log'
+    rows = result['data']['rows']
+    assert rows[0]['name'].startswith('real digits') and rows[1]['name'] == str(tmp_path / 'network-snapshot-000001.pkl')
+    assert rows[1]['num'] == 20 and 0 <= rows[1]['confident'] <= 1

@@ -23,12 +23,27 @@ from training.recipes import progressive
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_cli(*args, check=True):
+def run_clis(*commands, check=True):
+    """Each command (the arguments of one `python ...`) in its own process, all at once, as a user would start them
+    from several shells; their CompletedProcess results, in order. Commands that do not depend on each other run
+    together so that a test uses the cores it would otherwise leave idle."""
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    result = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    if check and result.returncode != 0:
-        raise AssertionError(f'{args[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
-    return result
+    processes = [subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for args in commands]
+    try:
+        outputs = [process.communicate(timeout=600) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+    results = [subprocess.CompletedProcess(p.args, p.returncode, *output) for p, output in zip(processes, outputs)]
+    for args, result in zip(commands, results):
+        if check and result.returncode != 0:
+            raise AssertionError(f'{args[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
+    return results
+
+
+def run_cli(*args, check=True):
+    return run_clis(args, check=check)[0]
 
 
 def only_run_dir(outdir):
@@ -83,19 +98,25 @@ def test_train_generate_resume(dataset_zip, tmp_path):
     command = shlex.split(hint.removeprefix('Generate images: python '))
     assert command[:2] == ['generate.py', f'--network={snap}'] and '--class=0' in command
     replace = {'--seeds': '--seeds=0-2', '--outdir': f'--outdir={tmp_path / "gen"}'}
-    run_cli(*[replace.get(arg.split('=')[0], arg) for arg in command])
+    # At once: generate.py; a resume, which continues from step 3 with the optimizer state and stops at the new
+    # total, and cleans up the temporary file of a snapshot writer killed mid-write (no such pid); a resume into
+    # other networks, refused.
+    stale = os.path.join(run_dir, '.network-snapshot-000000.016.pkl.4194305.0123abcd.tmp')
+    open(stale, 'wb').write(b'partial')
+    generated, resumed_run, refused = run_clis(
+        [replace.get(arg.split('=')[0], arg) for arg in command],
+        ['train.py', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=5', '--batch=4',
+         '--tick=0.004', '--snap=1', '--workers=0', f'--resume={snap}'],
+        ['train.py', f'--outdir={outdir}', '--cfg=cifar10-cnn', f'--data={dataset_zip}', '--steps=5', f'--resume={snap}',
+         '--resume-override'], check=False)
+    assert generated.returncode == 0 and resumed_run.returncode == 0, (generated.stderr[-3000:], resumed_run.stderr[-3000:])
     for seed in range(3):
         with PIL.Image.open(tmp_path / 'gen' / f'seed{seed:04d}.png') as im:
             assert im.size == (32, 32) and im.mode == 'RGB'
     with PIL.Image.open(tmp_path / 'gen' / 'grid.png') as im:
         assert im.size == (64, 64)
 
-    # Resume: continues from step 3 with the optimizer state, and stops at the new total; the temporary
-    # file of a snapshot writer killed mid-write (no such pid) is cleaned up.
-    stale = os.path.join(run_dir, '.network-snapshot-000000.016.pkl.4194305.0123abcd.tmp')
-    open(stale, 'wb').write(b'partial')
-    run_cli('train.py', f'--outdir={outdir}', '--cfg=quickstart', f'--data={dataset_zip}', '--steps=5', '--batch=4',
-            '--tick=0.004', '--snap=1', '--workers=0', f'--resume={snap}')
+    assert len(os.listdir(outdir)) == 2  # The resumed run; none for the refused one.
     resumed_dir = sorted(os.listdir(outdir))[-1]
     assert resumed_dir.startswith('00001-') and not os.path.exists(stale)
     assert json.load(open(os.path.join(outdir, resumed_dir, 'training_options.json')))['resume_pkl'] == snap
@@ -106,9 +127,7 @@ def test_train_generate_resume(dataset_zip, tmp_path):
     assert resumed.G_opt_state['state'][0]['step'] == 5  # Adam counted the steps of both runs.
 
     # A snapshot of other networks is refused in one line, even when the other preset is asked for on purpose.
-    result = run_cli('train.py', f'--outdir={outdir}', '--cfg=cifar10-cnn', f'--data={dataset_zip}', '--steps=5',
-                     f'--resume={snap}', '--resume-override', check=False)
-    assert result.returncode != 0 and 'is not the network' in result.stderr and 'Traceback' not in result.stderr
+    assert refused.returncode != 0 and 'is not the network' in refused.stderr and 'Traceback' not in refused.stderr
 
 
 def test_conditional_biggan(dataset_zip, tmp_path):
@@ -119,10 +138,12 @@ def test_conditional_biggan(dataset_zip, tmp_path):
     snap = os.path.join(run_dir, snapshots(run_dir)[-1])
     data = persistence.load_snapshot(snap)
     assert data.G.c_dim == 3 and data.training_set_kwargs['use_labels']
-    run_cli('generate.py', f'--network={snap}', '--seeds=0-1', '--class=2', f'--outdir={tmp_path / "gen"}')
+    generated, result = run_clis(['generate.py', f'--network={snap}', '--seeds=0-1', '--class=2', f'--outdir={tmp_path / "gen"}'],
+                                 ['generate.py', f'--network={snap}', '--seeds=0', f'--outdir={tmp_path / "refused"}'],
+                                 check=False)
+    assert generated.returncode == 0, generated.stderr[-3000:]
     with PIL.Image.open(tmp_path / 'gen' / 'seed0001.png') as im:
         assert im.size == (32, 32)
-    result = run_cli('generate.py', f'--network={snap}', '--seeds=0', f'--outdir={tmp_path / "gen"}', check=False)
     assert result.returncode != 0 and '--class is required' in result.stderr and 'Traceback' not in result.stderr
 
 
@@ -311,9 +332,10 @@ def test_dry_run_prints_the_v1_phase_table(tmp_path):
     """The paper's 8-GPU run at 64x64: global batch 256 at 8x8 and 32 at 64x64, on 8 GPUs or 1."""
     from tests.test_metric_main import write_dataset_zip
     write_dataset_zip(str(tmp_path / 'data64.zip'), num_images=2, resolution=64)
-    for gpus, per_gpu_8, per_gpu_64 in [(8, '16', '4'), (1, '16', '16')]:  # 8x8 on 8 GPUs: 32 each, 2 rounds of 16.
-        result = run_cli('train.py', '--cfg=gn-stylegan', f'--data={tmp_path / "data64.zip"}', f'--gpus={gpus}',
-                         '--batch-gpu=16', '--dry-run')
+    cases = [(8, '16', '4'), (1, '16', '16')]  # 8x8 on 8 GPUs: 32 each, 2 rounds of 16.
+    results = run_clis(*[['train.py', '--cfg=gn-stylegan', f'--data={tmp_path / "data64.zip"}', f'--gpus={gpus}',
+                          '--batch-gpu=16', '--dry-run'] for gpus, _, _ in cases])
+    for (gpus, per_gpu_8, per_gpu_64), result in zip(cases, results):
         rows = {' '.join(line.split()[:2]): line.split() for line in result.stdout.splitlines()
                 if line.strip().startswith(('stable', 'fade-in'))}
         # phase, kimg range, global batch, per GPU at once, accumulation rounds, lr of G and of D.
@@ -406,7 +428,9 @@ def test_bad_images_are_refused_before_a_run_directory_exists(tmp_path):
         for i in range(3):
             PIL.Image.fromarray(np.full([32, 32, 3], 40 * i, dtype=np.uint8)).save(folder / f'a{i}.png')
         make_bad(folder)
-        result = run_cli('train.py', f'--outdir={tmp_path / "runs"}', f'--data={folder}', check=False)
+    results = run_clis(*[['train.py', f'--outdir={tmp_path / "runs"}', f'--data={tmp_path / name}'] for name in cases],
+                       check=False)
+    for name, result in zip(cases, results):
         assert result.returncode != 0 and 'Traceback' not in result.stderr, name
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith('Error: --data:') and 'b.png' in lines[0], (name, lines)
@@ -439,41 +463,46 @@ def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
     assert (recorded['cfg'], recorded['norm'], recorded['loss'], recorded['seed'], recorded['glr'], recorded['dlr'],
             recorded['batch'], recorded['data']) == ('quickstart', 'gn', 'ns', 3, 1e-3, 2e-3, 4, os.path.abspath(dataset_zip))
 
-    run_cli('train.py', *common[:1], '--steps=3', *common[2:], f'--resume={snap}')
-    resumed = json.load(open(os.path.join(outdir, sorted(os.listdir(outdir))[-1], 'training_options.json')))
+    # At once, each into a folder of its own: a resume, a resume with other experiment options (refused), and the
+    # same with --resume-override.
+    resume = ['train.py', '--steps=3', *common[2:], f'--resume={snap}']
+    resumed_run, refused, overridden_run = run_clis(
+        [*resume, f'--outdir={tmp_path / "resumed"}'],
+        [*resume, f'--outdir={tmp_path / "refused"}', '--norm=gp1', '--loss=ns', '--seed=4', '--xflip=1'],
+        [*resume, f'--outdir={tmp_path / "overridden"}', '--seed=4', '--resume-override'], check=False)
+    assert resumed_run.returncode == 0 and overridden_run.returncode == 0, (resumed_run.stderr, overridden_run.stderr)
+    resumed = json.load(open(os.path.join(only_run_dir(tmp_path / 'resumed'), 'training_options.json')))
     assert {key: resumed[key] for key in recorded if key not in ('steps', 'workers')} == \
         {key: value for key, value in recorded.items() if key not in ('steps', 'workers')}
     assert resumed['steps'] == 3 and resumed['loss_kwargs']['loss'] == 'ns' and resumed['resume_overrides'] == []
     assert resumed['G_opt_kwargs']['lr'] == 1e-3 and resumed['schedule_kwargs']['batch_D'] == 4
 
-    result = run_cli('train.py', *common, f'--resume={snap}', '--norm=gp1', '--loss=ns', '--seed=4', '--xflip=1',
-                     check=False)
-    assert result.returncode != 0 and result.stderr.strip().splitlines() == [
+    assert refused.returncode != 0 and refused.stderr.strip().splitlines() == [
         f'Error: --resume: {snap} was trained with other options: --norm=gp1 (was gn); --seed=4 (was 3); --xflip=True '
         f'(was False); leave them '
         f'out to take the snapshot\'s, or add --resume-override to change them on purpose']
-    assert len(os.listdir(outdir)) == 2  # No run directory for the refused run.
+    assert not os.path.exists(tmp_path / 'refused')  # Nothing written for the refused run.
 
-    run_cli('train.py', *common[:1], '--steps=3', *common[2:], f'--resume={snap}', '--seed=4', '--resume-override')
-    overridden = json.load(open(os.path.join(outdir, sorted(os.listdir(outdir))[-1], 'training_options.json')))
+    overridden = json.load(open(os.path.join(only_run_dir(tmp_path / 'overridden'), 'training_options.json')))
     assert overridden['resume_overrides'] == ['--seed=4 (was 3)'] and overridden['seed'] == 4
 
 
 def test_the_printed_flags_are_the_experiment(tmp_path):
     """The 'Run ...' line of a dry run, every default filled in, given back to train.py describes the same run."""
-    def dry_run(*args):
-        result = run_cli('train.py', '--dry-run', *args)
-        options = json.loads(result.stdout[result.stdout.index('{'):result.stdout.index('\n}\n') + 2])
-        flags = next(line for line in result.stdout.splitlines() if line.startswith('Run ')).split(': ', 1)[1]
-        return options, shlex.split(flags)
-    for args, shown in [(['--cfg=gn-stylegan', '--cmax=32', '--d-cmax=128', '--glr=3e-4', '--tanh=1', '--style-mixing=0'],
-                         ['--glr=0.0003', '--tanh=true', '--map-lrmul=0.01', '--lod-kimg=600']),
-                        (['--norm=r1', '--loss=ns', '--gamma=0.01', '--seed=7', '--dlr=3e-3'],
-                         ['--cfg=quickstart', '--glr=0.002', '--dlr=0.003', '--gamma=0.01', '--steps=5000'])]:
-        options, flags = dry_run(*args)
+    def dry_runs(*arg_lists):  # The dry runs at once: (options, flags) of each.
+        outputs = [result.stdout for result in run_clis(*[['train.py', '--dry-run', *args] for args in arg_lists])]
+        return [(json.loads(out[out.index('{'):out.index('\n}\n') + 2]),
+                 shlex.split(next(line for line in out.splitlines() if line.startswith('Run ')).split(': ', 1)[1]))
+                for out in outputs]
+    cases = [(['--cfg=gn-stylegan', '--cmax=32', '--d-cmax=128', '--glr=3e-4', '--tanh=1', '--style-mixing=0'],
+              ['--glr=0.0003', '--tanh=true', '--map-lrmul=0.01', '--lod-kimg=600']),
+             (['--norm=r1', '--loss=ns', '--gamma=0.01', '--seed=7', '--dlr=3e-3'],
+              ['--cfg=quickstart', '--glr=0.002', '--dlr=0.003', '--gamma=0.01', '--steps=5000'])]
+    first = dry_runs(*[args for args, _ in cases])
+    again = dry_runs(*[flags for _, flags in first])
+    for (_, shown), (options, flags), (options_again, flags_again) in zip(cases, first, again):
         assert set(shown) <= set(flags)
-        again, flags_again = dry_run(*flags)
-        assert flags_again == flags and again == options
+        assert flags_again == flags and options_again == options
 
 
 def _old_format(path: str, out: str) -> None:
@@ -498,8 +527,9 @@ def test_snapshots_written_before_the_experiment_resume_as_they_did(tmp_path):
     snapshot in the current format does."""
     data = os.path.join(REPO_ROOT, 'data', 'digits32.zip')
     outdir = str(tmp_path / 'runs')
-    common = ['train.py', f'--outdir={outdir}', '--tick=0.008', '--snap=100', '--workers=0']
-    run_cli(*common, '--cfg=gn-stylegan', f'--data={data}', '--cmax=4', '--batch=4', '--lod-kimg=0.02', '--kimg=0.024')
+    common = ['train.py', '--tick=0.008', '--snap=100', '--workers=0']
+    run_cli(*common, f'--outdir={outdir}', '--cfg=gn-stylegan', f'--data={data}', '--cmax=4', '--batch=4', '--lod-kimg=0.02',
+            '--kimg=0.024')
     new = os.path.join(only_run_dir(outdir), snapshots(only_run_dir(outdir))[-1])
     old = str(tmp_path / 'old.pkl')
     _old_format(new, old)
@@ -508,11 +538,12 @@ def test_snapshots_written_before_the_experiment_resume_as_they_did(tmp_path):
     assert (was.cmax, was.d_cmax, was.tanh, was.map_dim, was.map_lrmul, was.style_mixing) == (4, 4, False, 512, 0.01, 0.9)
     assert was.changes(Experiment.from_snapshot(persistence.load_snapshot(new))) == []
 
-    finals = []
-    for snap in (new, old):  # The old record has no batch or phase length: given again, as that code needed.
-        result = run_cli(*common, f'--resume={snap}', '--kimg=0.032', '--batch=4', '--lod-kimg=0.02')
-        assert '--cmax=4 --d-cmax=4 --tanh=false' in result.stdout
-        run_dir = os.path.join(outdir, sorted(os.listdir(outdir))[-1])
+    finals = []  # Both resumed at once, each into its own folder.
+    results = run_clis(*[[*common, f'--outdir={tmp_path / name}', f'--resume={snap}', '--kimg=0.032', '--batch=4',
+                          '--lod-kimg=0.02'] for name, snap in (('resumed-new', new), ('resumed-old', old))])
+    for name, result in zip(('resumed-new', 'resumed-old'), results):  # The old record has no batch or phase length:
+        assert '--cmax=4 --d-cmax=4 --tanh=false' in result.stdout  # given again, as that code needed.
+        run_dir = only_run_dir(str(tmp_path / name))
         finals.append(persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1])))
     for name in ('G', 'D', 'G_ema'):
         for (key, x), y in zip(finals[0][name].state_dict().items(), finals[1][name].state_dict().values()):
@@ -538,14 +569,11 @@ def test_two_nodes_under_torchrun_train_as_two_gpus(dataset_zip, tmp_path):
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    launchers = [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=1',
-                                   f'--node_rank={node}', '--master_addr=127.0.0.1', f'--master_port={port}', 'train.py',
-                                   f'--outdir={tmp_path / "nodes"}', *common], cwd=REPO_ROOT, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
-    outputs = [launcher.communicate(timeout=600)[0] for launcher in launchers]
-    assert [launcher.returncode for launcher in launchers] == [0, 0], outputs
-    run_cli('train.py', f'--outdir={tmp_path / "gpus"}', '--gpus=2', *common)
+    nodes_and_gpus = run_clis(*[['-m', 'torch.distributed.run', '--nnodes=2', '--nproc_per_node=1', f'--node_rank={node}',
+                                 '--master_addr=127.0.0.1', f'--master_port={port}', 'train.py',
+                                 f'--outdir={tmp_path / "nodes"}', *common] for node in (0, 1)],
+                              ['train.py', f'--outdir={tmp_path / "gpus"}', '--gpus=2', *common])
+    outputs = [result.stdout + result.stderr for result in nodes_and_gpus[:2]]
     nodes, gpus = only_run_dir(str(tmp_path / 'nodes')), only_run_dir(str(tmp_path / 'gpus'))
     assert snapshots(nodes) == snapshots(gpus)
     a = persistence.load_snapshot(os.path.join(nodes, snapshots(nodes)[-1]))
