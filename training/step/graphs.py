@@ -118,9 +118,10 @@ class CapturedStep:
         state: Callable[[], list[torch.Tensor]],        # Every tensor a step may change (compared on the first replay).
         engine: CudaGraphs | None,                      # Captures and replays (tests: an emulation); None: always eager.
         log: Callable[[str], None] = print,             # One line per graph key that stays eager, and why.
-        warmup: int = WARMUP_STEPS,                     # Eager steps of a key before its capture.
+        warmup: int | None = None,                      # Eager steps of a key before its capture (None: WARMUP_STEPS).
     ) -> None:
-        self.name, self.state, self.engine, self.log, self.warmup = name, state, engine, log, warmup
+        self.name, self.state, self.engine, self.log = name, state, engine, log
+        self.warmup = WARMUP_STEPS if warmup is None else warmup
         self.graphs: dict[Hashable, _Graph] = {}
         self.eager_keys: set[Hashable] = set()  # Keys whose capture failed or disagreed.
         self.last_replayed = False  # Whether the last call replayed a graph.
