@@ -29,13 +29,13 @@ PRESET_NORMS = [(name, 'gn') for name in configs.PRESETS] + [
 class Run:
     """A preset's narrow networks, optimizers and loss, as the training loop builds them, and the plans of a short
     schedule: 3 G steps of linear lr decay (SN-GAN and BigGAN presets; D batch 4, 2 from 128x128 up), or
-    gn-stylegan at 16x16 from 8x8 in phases of 3 G steps of batch 4 (8x8, fade-in, 16x16: Adam resets, a fade-in)."""
+    gn-stylegan at 16x16 from 8x8 in phases of 4 G steps of batch 4 (8x8, fade-in, 16x16: Adam resets, a fade-in)."""
 
     def __init__(self, cfg_name: str, norm: str) -> None:
         cfg = configs.get_config(cfg_name, norm=norm)
         self.stylegan = cfg.arch == 'stylegan'
         self.resolution = cfg.get('resolution', 16)
-        options = dict(kimg=0.036, lod_kimg=0.012, cmax=4, batch=4) if self.stylegan else dict(
+        options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4) if self.stylegan else dict(
             steps=3, batch=4 if self.resolution < 128 else 2)
         self.experiment = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=self.resolution, img_channels=3,
                                            label_dim=10 if cfg.conditional else 0, precision='fp32', **options)

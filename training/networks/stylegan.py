@@ -95,28 +95,29 @@ def host_lod(module: nn.Module) -> float:
 
 
 class _Lerp(torch.autograd.Function):
-    """lerp(x, lower, weight) with a tensor weight, differentiated as torch differentiates a Python-number weight w:
-    grad * (1 - w) with 1 - w computed in float64 (`one_minus_weight`), so that values and gradients are those of
-    torch.lerp(x, lower, w) bit for bit. Its backward is made of differentiable operations (double backward)."""
+    """lerp(x, lower, w) for a weight w held in a tensor, computed as torch.lerp computes it for a Python float w, bit
+    for bit: in float32 for bfloat16/float16 inputs (float64 for float64) with one rounding to x's dtype, and
+    differentiated as torch differentiates that lerp: grad * (1 - w) with 1 - w from float64 (`one_minus_weight`),
+    grad * w, each with one rounding. Its backward is made of differentiable operations (double backward)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, lower: torch.Tensor, weight: torch.Tensor, one_minus_weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(weight, one_minus_weight)
-        return torch.lerp(x, lower, weight)
+        return torch.lerp(x.to(weight.dtype), lower.to(weight.dtype), weight).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         weight, one_minus_weight = ctx.saved_tensors
-        return grad * one_minus_weight, grad * weight, None, None
+        scaled = lambda factor: (grad.to(factor.dtype) * factor).to(grad.dtype)
+        return scaled(one_minus_weight), scaled(weight), None, None
 
 
 def fade_in(module: nn.Module, x: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
     """lerp(x, lower, frac) with frac = lod - floor(lod) read from module's lod buffer (float64) on the device, so that
-    no host value is baked into a captured step; the same values and gradients as with frac a Python float.
-    bfloat16 and float16 in float32, the arithmetic lerp gives them with a Python float weight; the result in x's dtype."""
-    dtype = torch.promote_types(x.dtype, torch.float32)
+    no host value is baked into a captured step; the same values and gradients as with frac a Python float."""
+    dtype = torch.promote_types(x.dtype, torch.float32)  # The arithmetic of lerp and of its gradient for x's dtype.
     frac = module.lod - math.floor(host_lod(module))
-    return _Lerp.apply(x.to(dtype), lower.to(dtype), frac.to(dtype), (1 - frac).to(dtype)).to(x.dtype)
+    return _Lerp.apply(x, lower, frac.to(dtype), (1 - frac).to(dtype))
 
 
 def _set_lod(module: nn.Module, lod: float) -> None:
