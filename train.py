@@ -64,9 +64,11 @@ from training.run import run_dirs  # noqa: E402
 from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
+from training.step.training_step import CUDA_GRAPHS  # noqa: E402
 
 # The command line's options that Experiment.build takes as they are.
-EXPERIMENT_OPTIONS = IDENTITY + ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown', 'deterministic', 'workers')
+EXPERIMENT_OPTIONS = IDENTITY + ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown', 'deterministic', 'cuda_graphs',
+                                 'workers')
 LEAVE_GRACE_S = 10  # --gpus=N: how long the others may take to end after one process ended (before SIGTERM, SIGKILL).
 
 #----------------------------------------------------------------------------
@@ -338,6 +340,7 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--resume',       help='Continue a snapshot\'s run, or latest: this experiment\'s newest run in --outdir', metavar='PKL|latest', type=str, callback=dnnlib.util.expand_user)
 @click.option('--resume-override', help='With --resume=PKL: accept experiment options that differ from the snapshot\'s', is_flag=True)
 @click.option('--deterministic', help='Repeatable GPU arithmetic (slower)',                                     is_flag=True)
+@click.option('--cuda-graphs',  help='Replay the training steps as CUDA graphs: auto (one GPU, not fp16), on, off (docs/precision.md)', type=click.Choice(CUDA_GRAPHS), default='auto', show_default=True)
 @click.option('--threads',      help='CPU threads per process  [default: the cores, shared out]', metavar='INT', type=click.IntRange(min=1))
 @click.option('--workers',      help='DataLoader workers per process  [default: 3 on CUDA, 0 on a CPU]', metavar='INT', type=click.IntRange(min=0))
 @click.option('--dry-run',      help='Print the options and the schedule, and exit',                            is_flag=True)

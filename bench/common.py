@@ -1,9 +1,9 @@
 """What the bench scripts share: a preset's networks and training step built as the training loop builds
 them, random batches, comma-separated option lists, and JSON results written atomically.
 
-The training step is the loop's own: `NetworkUpdater.step` (training/step/updater.py) on a `GANLoss`
-(training/step/loss.py), with the networks, optimizers and loss kwargs of an `Experiment` (training/experiment.py)
-and the arithmetic of training/step/precision.py. The bench scripts time or inspect that step on
+The training step is the loop's own: `TrainingStep` (training/step/training_step.py: `NetworkUpdater.run` on a
+`GANLoss`, replayed as a CUDA graph where asked), with the networks, optimizers and loss kwargs of an
+`Experiment` (training/experiment.py) and the arithmetic of training/step/precision.py. The bench scripts time or inspect that step on
 random data; none of them has a training step of its own. `count_host_work` counts what a step costs the
 host: ATen operators dispatched and Python function calls, the same on a CPU as on a GPU.
 """
@@ -27,7 +27,7 @@ from torch_utils import devices  # noqa: E402
 from training.experiment import Experiment  # noqa: E402
 from training.recipes import configs  # noqa: E402
 from training.step.precision import Precision  # noqa: E402
-from training.step.updater import NetworkUpdater  # noqa: E402
+from training.step.training_step import TrainingStep  # noqa: E402
 
 #----------------------------------------------------------------------------
 
@@ -115,37 +115,19 @@ def build_network(kwargs: dict, device: torch.device, seed: int = 0) -> torch.nn
     return dnnlib.util.construct_class_by_name(**kwargs).train().requires_grad_(False).to(device)
 
 
-class TrainingStep:
-    """The training loop's D step and G step (NetworkUpdater.step on GANLoss) for given networks and optimizers."""
+def training_step(G: torch.nn.Module, D: torch.nn.Module, G_opt: torch.optim.Optimizer, D_opt: torch.optim.Optimizer,
+                  loss_kwargs: dict, precision: str = 'fp32', group_size: int = 1, cuda_graphs: str = 'off') -> TrainingStep:
+    """The training loop's D and G steps (training/step/training_step.py) for given networks, optimizers (which
+    TrainingSteps may share), GANLoss kwargs (class_name included, as an Experiment gives them) and precision;
+    replayed as CUDA graphs as `cuda_graphs` says (off by default: the bench scripts that compare steps by value)."""
+    loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=Precision(precision))
+    return TrainingStep(G, D, G_opt, D_opt, loss, group_size=group_size, cuda_graphs=cuda_graphs)
 
-    def __init__(self,
-        G: torch.nn.Module,                     # Generator.
-        D: torch.nn.Module,                     # Discriminator.
-        G_opt: torch.optim.Optimizer,           # Their optimizers (may be shared between TrainingSteps).
-        D_opt: torch.optim.Optimizer,
-        loss_kwargs: dict,                      # GANLoss kwargs (class_name included), as an Experiment gives them.
-        precision: str = 'fp32',                # training/step/precision.py.
-        group_size: int = 1,                    # D's minibatch-stddev groups (kept whole by accumulation rounds).
-        deterministic: bool = False,            # Repeatable GPU arithmetic, as train.py --deterministic.
-    ) -> None:
-        self.precision, self.deterministic = Precision(precision), deterministic
-        self.loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=self.precision)
-        self.device = next(D.parameters()).device
-        self.updaters = {'D': NetworkUpdater('D', D, D_opt, self.precision.grad_scaler(self.device.type), group_size=group_size),
-                         'G': NetworkUpdater('G', G, G_opt, self.precision.grad_scaler(self.device.type), group_size=group_size)}
 
-    def step(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
-        """One optimizer step of `net` ('D' or 'G') on [real_img, real_c, gen_z, gen_c], in this step's precision."""
-        with self.switches():  # Restored after the step.
-            self.run(net, batch, rounds)
-
-    def switches(self) -> contextlib.AbstractContextManager:
-        """The process-wide switches of this step's precision and device (torch_utils/devices.run_switches)."""
-        return devices.run_switches(self.device, self.precision.allow_tf32, self.deterministic)
-
-    def run(self, net: str, batch: list[torch.Tensor | None], rounds: int = 1) -> None:
-        """`step` under switches already set, as in the training loop, which sets them once per run."""
-        self.updaters[net].step(self.loss, batch, rounds=rounds, step=0)
+def step_switches(training: TrainingStep, deterministic: bool = False) -> contextlib.AbstractContextManager:
+    """The process-wide switches of a step's precision and device (torch_utils/devices.run_switches), which the
+    training loop sets once per run; `deterministic` as train.py --deterministic."""
+    return devices.run_switches(training.device, training.loss.precision.allow_tf32, deterministic)
 
 
 def random_batch(G: torch.nn.Module, n: int, resolution: int, device: torch.device) -> list[torch.Tensor]:

@@ -43,10 +43,10 @@ set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
 
 import torch  # noqa: E402
 
-from bench.common import TrainingStep, build_network, parse_list, preset_experiment, random_batch, write_json_atomic  # noqa: E402
+from bench.common import (build_network, parse_list, preset_experiment, random_batch, step_switches, training_step,  # noqa: E402
+                          write_json_atomic)
 from training.recipes import configs  # noqa: E402
 from training.step import loss as loss_lib  # noqa: E402
-from torch_utils import devices  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
 
 #----------------------------------------------------------------------------
@@ -62,8 +62,8 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precisi
     (halves its scale) and the step is computed again, as training skips such steps."""
     loss_kwargs = dict(loss_kwargs, channels_last=False)
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.0) for net in (G, D)]  # Never stepped: for the scaler.
-    training = TrainingStep(G, D, *optimizers, loss_kwargs, precision=precision)
-    with devices.run_switches(training.device, training.precision.allow_tf32):  # Restored afterwards.
+    training = training_step(G, D, *optimizers, loss_kwargs, precision=precision)
+    with step_switches(training):  # Restored afterwards.
         dtype = next(D.parameters()).dtype
         real, real_c, z_D, z_G, c_G = (t.to(dtype) for t in batch.values())
         out = {}

@@ -36,7 +36,8 @@ set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
 import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
-from bench.common import TrainingStep, build_network, preset_experiment, random_batch, write_json_atomic  # noqa: E402
+from bench.common import (build_network, preset_experiment, random_batch, step_switches, training_step,  # noqa: E402
+                          write_json_atomic)
 from ops import bias_act, conv2d_gradfix, upfirdn2d  # noqa: E402
 from training.recipes import progressive  # noqa: E402
 
@@ -78,12 +79,13 @@ def bench_one(resolution: int, max_resolution: int, impl: str, steps: int, warmu
         net.set_lod(lod)
     G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **dict(opts.G_opt_kwargs, lr=progressive.LR[resolution]))
     D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **dict(opts.D_opt_kwargs, lr=progressive.LR[resolution]))
-    training = TrainingStep(G, D, G_opt, D_opt, opts.loss_kwargs, precision='fp32', group_size=opts.schedule_kwargs.group_size)
-    reals = random_batch(G, batch, resolution, device)[:2]
+    training = training_step(G, D, G_opt, D_opt, opts.loss_kwargs, precision='fp32', group_size=opts.schedule_kwargs.group_size)
+    real_img, labels = random_batch(G, batch, resolution, device)[:2]
 
     def step() -> None:
-        for net in ('D', 'G'):
-            training.step(net, [*reals, torch.randn([batch, G.z_dim], device=device), reals[1]])
+        with step_switches(training):
+            training.discriminator(real_img, labels, labels, rounds=1, step=0)
+            training.generator(labels, rounds=1, step=0)
 
     with op_implementation(impl):
         for _ in range(warmup):

@@ -50,11 +50,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
-from bench.common import (HostWork, TrainingStep, build_network, count_host_work, parse_list, preset_experiment,  # noqa: E402
-                          random_batch, write_json_atomic)
-from torch_utils import devices  # noqa: E402
+from bench.common import (HostWork, build_network, count_host_work, parse_list, preset_experiment,  # noqa: E402
+                          random_batch, step_switches, training_step, write_json_atomic)
+from torch_utils import devices, kernel_choice  # noqa: E402
 from training.recipes import configs  # noqa: E402
-from training.step import loss as loss_lib, precision as precision_lib  # noqa: E402
+from training.step import graphs, loss as loss_lib, precision as precision_lib  # noqa: E402
 
 #----------------------------------------------------------------------------
 
@@ -84,72 +84,113 @@ def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution:
 
 
 class Configuration:
-    """One (preset, norm, fast_g, linear_d, fuse, precision): the training loop's step for it, timed."""
+    """One (preset, norm, fast_g, linear_d, fuse, precision, CUDA graphs): the training loop's step for it, timed."""
 
     def __init__(self, preset: dict, norm: str, fast_g: bool | None, linear_d: bool | None, fuse: bool | None,
-                 precision: str, device: torch.device, clock: Callable[[], float], deterministic: bool = False) -> None:
+                 precision: str, device: torch.device, clock: Callable[[], float], deterministic: bool = False,
+                 cuda_graphs: str = 'off') -> None:
         self.preset, self.norm, self.precision, self.device, self.clock = preset, norm, precision, device, clock
+        self.deterministic, self.cuda_graphs = deterministic, cuda_graphs
         sn = loss_lib.CONSTRAINTS[norm].spectral_norm
         loss_kwargs = dnnlib.EasyDict(preset['opts'][norm].loss_kwargs)
         for key, value in [('fast_g', fast_g), ('fuse_d_calls', fuse), ('linear_d', linear_d)]:
             if value is not None:
                 loss_kwargs[key] = value
-        self.training = TrainingStep(preset['G'], preset['Ds'][sn], preset['G_opt'], preset['D_opts'][sn], loss_kwargs,
-                                     precision=precision, group_size=preset['group_size'], deterministic=deterministic)
+        self.training = training_step(preset['G'], preset['Ds'][sn], preset['G_opt'], preset['D_opts'][sn], loss_kwargs,
+                                      precision=precision, group_size=preset['group_size'], cuda_graphs=cuda_graphs)
         self.gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
-        self.times: dict[str, list[float]] = {'D': [], 'G': []}
+        # Per step: wall time from an idle GPU to its end; the host's part (until the call returns); the device's
+        # part (CUDA events around the step queued behind a spin kernel, so they time the GPU's work alone).
+        self.times: dict[str, dict[str, list[float]]] = {net: {'wall': [], 'host': [], 'device': []} for net in ('D', 'G')}
         self.host_work: dict[str, HostWork] = {}
-        self.peak_memory = 0  # Most bytes the process had allocated on the GPU during one of this configuration's timed steps.
+        self.peak_memory = self.peak_reserved = 0  # Most bytes allocated / held by PyTorch (graph pools included) on the GPU
+                                                   # during one of this configuration's timed steps.
 
-    def batch(self, net: str) -> list[torch.Tensor | None]:
+    def batch(self, net: str) -> list[torch.Tensor]:
         p = self.preset
-        batch = random_batch(p['G'], p['batch_D'] if net == 'D' else p['batch_G'], p['resolution'], self.device)
-        if net == 'G':
-            batch[:2] = [None, None]
-        return batch
+        real_img, real_c, _, gen_c = random_batch(p['G'], p['batch_D'] if net == 'D' else p['batch_G'], p['resolution'],
+                                                  self.device)
+        return [real_img, real_c, gen_c] if net == 'D' else [gen_c]
+
+    def call(self, net: str, batch: list[torch.Tensor]) -> None:
+        """One step of `net` on `batch`, as the training loop calls it."""
+        if net == 'D':
+            self.training.discriminator(*batch, rounds=1, step=0)
+        else:
+            self.training.generator(*batch, rounds=1, step=0)
 
     def step(self, net: str, record: bool) -> None:
-        """One step, its switches set outside the timing (the training loop sets them once per run); with `record`,
-        its time and its peak memory count. The peak statistics are reset before every step, so that a row's peak is
-        the most its own timed steps had allocated (networks and optimizer states included), not an earlier
-        configuration's, nor a warm-up's (cuDNN's autotuning tries algorithms with large workspaces)."""
+        """One timed step (and on a GPU a second one, its device time), its switches set outside the timing (the
+        training loop sets them once per run); with `record`, its times and its peak memory count. The peak statistics
+        are reset before every step, so that a row's peak is the most its own timed steps had allocated (networks,
+        optimizer states and graph pools included), not an earlier configuration's, nor a warm-up's (cuDNN's
+        autotuning tries algorithms with large workspaces)."""
         batch = self.batch(net)
-        with self.training.switches():
+        with step_switches(self.training, self.deterministic):
             if self.device.type == 'cuda':
                 torch.cuda.reset_peak_memory_stats(self.device)
             self._sync()
             start = self.clock()
-            self.training.run(net, batch)
+            self.call(net, batch)
+            host = self.clock() - start
             self._sync()
-            if record:
-                self.times[net].append(self.clock() - start)
-                if self.device.type == 'cuda':
-                    self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(self.device))
+            wall = self.clock() - start
+            if not record:
+                return
+            if self.device.type == 'cuda':
+                self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(self.device))
+                self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved(self.device))
+            self.times[net]['wall'].append(wall)
+            self.times[net]['host'].append(host)
+            if self.device.type == 'cuda':
+                self.times[net]['device'].append(self._device_time(net, batch, host))
+
+    def _device_time(self, net: str, batch: list[torch.Tensor], host: float) -> float:
+        """Seconds of GPU work in one step: queued behind a spin kernel long enough for the host to queue all of it."""
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        kernel_choice.hold_stream(self.device, 2e3 * host + 1)
+        start.record()
+        self.call(net, batch)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    def replaying(self) -> bool:
+        """Whether both steps replay CUDA graphs (after the warm-up)."""
+        return all(self.training.captured[net].last_replayed for net in ('D', 'G'))
 
     def count_host_work(self) -> None:
         """Ops and Python calls of one D step and one G step (each run twice, see count_host_work), under switches
         set around them as the training loop sets them once per run."""
         for net in ('D', 'G'):
             batch = self.batch(net)
-            with self.training.switches():
-                self.host_work[net] = count_host_work(lambda: self.training.run(net, batch))
+            with step_switches(self.training, self.deterministic):
+                self.host_work[net] = count_host_work(lambda: self.call(net, batch))
 
     def _sync(self) -> None:
         if self.device.type == 'cuda':
             torch.cuda.synchronize(self.device)
 
     def result(self) -> dict:
-        d, g = statistics.median(self.times['D']), statistics.median(self.times['G'])
+        median = lambda net, part: statistics.median(self.times[net][part]) if self.times[net][part] else None
+        d, g = median('D', 'wall'), median('G', 'wall')
         loss = self.training.loss
-        return dict(cfg=self.preset['cfg'].name, norm=self.norm, fast_g=loss.fast_g if self.gn else None,
-                    linear_d=loss.bias_layers is not None if self.gn else None, fuse_d_calls=loss.fuse_d_calls,
-                    precision=self.precision, batch_D=self.preset['batch_D'], batch_G=self.preset['batch_G'],
-                    resolution=self.preset['resolution'], n_dis=self.preset['n_dis'], sec_per_D_step=d, sec_per_G_step=g,
-                    sec_per_iteration=self.preset['n_dis'] * d + g, rounds=len(self.times['D']),
-                    ops_per_D_step=self.host_work['D'].ops, python_calls_per_D_step=self.host_work['D'].python_calls,
-                    ops_per_G_step=self.host_work['G'].ops, python_calls_per_G_step=self.host_work['G'].python_calls,
-                    deterministic=self.training.deterministic,
-                    peak_memory_gib=self.peak_memory / 2 ** 30 if self.device.type == 'cuda' else None)
+        row = dict(cfg=self.preset['cfg'].name, norm=self.norm, fast_g=loss.fast_g if self.gn else None,
+                   linear_d=loss.bias_layers is not None if self.gn else None, fuse_d_calls=loss.fuse_d_calls,
+                   precision=self.precision, cuda_graphs=self.cuda_graphs, replayed=self.replaying(),
+                   batch_D=self.preset['batch_D'], batch_G=self.preset['batch_G'],
+                   resolution=self.preset['resolution'], n_dis=self.preset['n_dis'], sec_per_D_step=d, sec_per_G_step=g,
+                   sec_per_iteration=self.preset['n_dis'] * d + g, rounds=len(self.times['D']['wall']))
+        for net in ('D', 'G'):
+            host, device = median(net, 'host'), median(net, 'device')
+            row.update({f'host_sec_per_{net}_step': host, f'device_sec_per_{net}_step': device,
+                        f'{net}_bound_by': None if device is None else 'host' if host > device else 'device'})
+        row.update(ops_per_D_step=self.host_work['D'].ops, python_calls_per_D_step=self.host_work['D'].python_calls,
+                   ops_per_G_step=self.host_work['G'].ops, python_calls_per_G_step=self.host_work['G'].python_calls,
+                   deterministic=self.deterministic,
+                   peak_memory_gib=self.peak_memory / 2 ** 30 if self.device.type == 'cuda' else None,
+                   peak_reserved_gib=self.peak_reserved / 2 ** 30 if self.device.type == 'cuda' else None)
+        return row
 
 #----------------------------------------------------------------------------
 
@@ -160,14 +201,27 @@ def ratios(rows: list[dict]) -> list[dict]:
     for row in rows:
         if row['norm'] != 'gn':
             continue
-        base = next((r for r in rows if r['norm'] == 'none' and r['cfg'] == row['cfg']
-                     and r['precision'] == row['precision'] and r['fuse_d_calls'] == row['fuse_d_calls']), None)
+        base = next((r for r in rows if r['norm'] == 'none' and r['cfg'] == row['cfg'] and r['precision'] == row['precision']
+                     and r['fuse_d_calls'] == row['fuse_d_calls'] and r['cuda_graphs'] == row['cuda_graphs']), None)
         if base is not None:
             out.append(dict(cfg=row['cfg'], precision=row['precision'], fast_g=row['fast_g'], linear_d=row['linear_d'],
-                            fuse_d_calls=row['fuse_d_calls'],
+                            fuse_d_calls=row['fuse_d_calls'], cuda_graphs=row['cuda_graphs'],
                             D=row['sec_per_D_step'] / base['sec_per_D_step'],
                             G=row['sec_per_G_step'] / base['sec_per_G_step'],
                             iteration=row['sec_per_iteration'] / base['sec_per_iteration']))
+    return out
+
+
+def graph_speedups(rows: list[dict]) -> list[dict]:
+    """Eager / graph time of the D step, the G step and the iteration, for each configuration run both ways."""
+    out = []
+    same = lambda a, b: all(a[k] == b[k] for k in ('cfg', 'norm', 'fast_g', 'linear_d', 'fuse_d_calls', 'precision'))
+    for row in rows:
+        eager = next((r for r in rows if r['cuda_graphs'] == 'off' and same(r, row)), None) if row['cuda_graphs'] == 'on' else None
+        if eager is not None:
+            out.append(dict(cfg=row['cfg'], norm=row['norm'], precision=row['precision'], replayed=row['replayed'],
+                            D=eager['sec_per_D_step'] / row['sec_per_D_step'], G=eager['sec_per_G_step'] / row['sec_per_G_step'],
+                            iteration=eager['sec_per_iteration'] / row['sec_per_iteration']))
     return out
 
 
@@ -195,15 +249,22 @@ def ratios(rows: list[dict]) -> list[dict]:
               'with --threads=1)', type=click.Choice(['wall', 'process']), default='wall', show_default=True)
 @click.option('--device',               help='cpu, cuda or cuda:N  [default: cuda if torch sees a GPU, else cpu]', metavar='DEVICE')
 @click.option('--deterministic',        help='Repeatable GPU arithmetic, as train.py --deterministic (what it costs)', is_flag=True)
+@click.option('--cuda-graphs', 'cuda_graphs', help='Steps replayed as CUDA graphs: auto (as train.py), on, off, or both (on and off '
+              'side by side)', type=click.Choice(['auto', 'on', 'off', 'both']), default='auto', show_default=True)
 @click.option('--out',                  help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, precisions: list[str], batch: int | None,
          resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
-         device: str | None, deterministic: bool, out: str | None) -> None:
-    """Seconds per D step and per G step of the presets, for each norm, fast-G setting and precision."""
+         device: str | None, deterministic: bool, cuda_graphs: str, out: str | None) -> None:
+    """Seconds per D step and per G step of the presets, for each norm, fast-G setting, precision and CUDA-graph setting."""
     try:
         device = devices.parse_device(device)
     except ValueError as e:
         raise click.ClickException(f'--device: {e}')
+    if cuda_graphs in ('on', 'both') and device.type != 'cuda':
+        raise click.ClickException(f'--cuda-graphs={cuda_graphs} needs a CUDA device')
+    graph_settings = ['on', 'off'] if cuda_graphs == 'both' else [cuda_graphs]
+    if device.type == 'cuda' and cuda_graphs != 'off':
+        warmup = max(warmup, graphs.WARMUP_STEPS + 1)  # The graph's eager warm-up steps, then its capture.
     if threads is not None:
         torch.set_num_threads(threads)
     if clock == 'process' and device.type == 'cuda':
@@ -221,8 +282,9 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
                 for linear in (linear_settings if gn else [None]):
                     for fuse in fuse_settings:
                         for precision in precisions:
-                            runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn,
-                                                      deterministic))
+                            for graph_setting in graph_settings:
+                                runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn,
+                                                          deterministic, graph_setting))
     for round_idx in range(warmup + rounds):
         for run in runs:
             for net in ('D', 'G'):
@@ -232,19 +294,30 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
 
     rows = [run.result() for run in runs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')
-    print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"prec":<5} {"batch":>7} {"s/D step":>9} {"s/G step":>9} '
-          f'{"s/iter":>8} {"ops/D":>6} {"calls/D":>7} {"ops/G":>6} {"calls/G":>7} {"GiB":>6}')
+    seconds = lambda value: '' if value is None else f'{value:.4f}'
+    print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"prec":<5} {"graph":<5} {"batch":>7} {"s/D step":>9} '
+          f'{"s/G step":>9} {"s/iter":>8} {"host/D":>7} {"dev/D":>7} {"host/G":>7} {"dev/G":>7} {"ops/D":>6} {"calls/D":>7} '
+          f'{"ops/G":>6} {"calls/G":>7} {"GiB":>6}')
     for r in rows:
         print(f'{r["cfg"]:<20} {r["norm"]:<5} {on_off(r["fast_g"]):<6} {on_off(r["linear_d"]):<6} {on_off(r["fuse_d_calls"]):<6} {r["precision"]:<5} '
-              f'{r["batch_D"]:>3}/{r["batch_G"]:<3} '
+              f'{on_off(r["replayed"]):<5} {r["batch_D"]:>3}/{r["batch_G"]:<3} '
               f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f} '
+              f'{seconds(r["host_sec_per_D_step"]):>7} {seconds(r["device_sec_per_D_step"]):>7} '
+              f'{seconds(r["host_sec_per_G_step"]):>7} {seconds(r["device_sec_per_G_step"]):>7} '
               f'{r["ops_per_D_step"]:>6} {r["python_calls_per_D_step"]:>7} {r["ops_per_G_step"]:>6} {r["python_calls_per_G_step"]:>7} '
-              f'{"" if r["peak_memory_gib"] is None else format(r["peak_memory_gib"], ".2f"):>6}')
+              f'{"" if r["peak_reserved_gib"] is None else format(r["peak_reserved_gib"], ".2f"):>6}')
     gn_ratios = ratios(rows)
     if gn_ratios:
         print('\nGN / vanilla (norm none):')
         for r in gn_ratios:
-            print(f'{r["cfg"]:<20} {r["precision"]:<5} fast_g {on_off(r["fast_g"]):<4} lin_d {on_off(r["linear_d"]):<4} fuse_d {on_off(r["fuse_d_calls"]):<4} '
+            print(f'{r["cfg"]:<20} {r["precision"]:<5} graph {r["cuda_graphs"]:<4} fast_g {on_off(r["fast_g"]):<4} lin_d {on_off(r["linear_d"]):<4} fuse_d {on_off(r["fuse_d_calls"]):<4} '
+                  f'D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
+
+    speedups = graph_speedups(rows)
+    if speedups:
+        print('\nEager / CUDA graph:')
+        for r in speedups:
+            print(f'{r["cfg"]:<20} {r["norm"]:<5} {r["precision"]:<5} replayed {on_off(r["replayed"]):<4} '
                   f'D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
 
     if out is not None:
@@ -256,7 +329,7 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
             load_average=os.getloadavg(),
             torch=torch.__version__,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            rounds=rounds, warmup=warmup, results=rows, gn_over_vanilla=gn_ratios))
+            rounds=rounds, warmup=warmup, results=rows, gn_over_vanilla=gn_ratios, eager_over_graph=speedups))
         print(f'Results written to {out}')
 
 

@@ -54,14 +54,15 @@ def test_train_speed_peak_memory_is_each_configurations_own_over_its_timed_steps
     peak = [0]
     monkeypatch.setattr(torch.cuda, 'reset_peak_memory_stats', lambda device: peak.__setitem__(0, 0))
     monkeypatch.setattr(torch.cuda, 'max_memory_allocated', lambda device: peak[0])
+    monkeypatch.setattr(torch.cuda, 'max_memory_reserved', lambda device: peak[0] + 2 ** 30)  # Pools hold 1 GiB more.
     monkeypatch.setattr(torch.cuda, 'synchronize', lambda device: None)
     preset = train_speed.build_preset('quickstart', ['none', 'gn'], 2, None, None, torch.device('cpu'))
     runs = [train_speed.Configuration(preset, norm, None, None, None, 'fp32', torch.device('cpu'), time.perf_counter)
             for norm in ('none', 'gn')]
     allocations = iter([10, 3, 4, 5,   1, 2, 0.5, 0.25])  # GiB of each step: the warm-up round, then the timed one.
     for run in runs:
-        run.device, run.batch = types.SimpleNamespace(type='cuda'), lambda net: []
-        run.training.run = lambda net, batch: peak.__setitem__(0, max(peak[0], next(allocations, 0) * 2 ** 30))
+        run.device, run.batch, run._device_time = types.SimpleNamespace(type='cuda'), lambda net: [], lambda *args: 0.0
+        run.call = lambda net, batch: peak.__setitem__(0, max(peak[0], next(allocations, 0) * 2 ** 30))
     for record in (False, True):
         for run in runs:
             for net in ('D', 'G'):
@@ -69,3 +70,4 @@ def test_train_speed_peak_memory_is_each_configurations_own_over_its_timed_steps
     for run in runs:
         run.count_host_work()
     assert [run.result()['peak_memory_gib'] for run in runs] == [2, 0.5]
+    assert [run.result()['peak_reserved_gib'] for run in runs] == [3, 1.5]

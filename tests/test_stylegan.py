@@ -475,3 +475,25 @@ def test_minibatch_stddev_statistics_in_float32_for_bfloat16_features():
     v = x.double().numpy().reshape(4, 2, 4, 2, 2)
     expected = np.sqrt(v.var(axis=0) + 1e-8).mean(axis=(1, 2, 3))  # One value per subgroup of 4.
     np.testing.assert_allclose(out[:2, 4, 0, 0].double().numpy(), expected, rtol=2 ** -8)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize('lod', [0.75, 2 / 3, 1.1, 0.001, 0.999])
+def test_fade_in_from_the_lod_buffer_is_lerp_by_a_python_float(lod, dtype):
+    """fade_in reads the fade-in's progress from the lod buffer (so that a captured step follows it) and must give
+    what torch.lerp with the progress as a Python float gives, bit for bit: values, gradients of both inputs and a
+    second derivative (GN's D step differentiates twice)."""
+    module = stylegan.Discriminator(c_dim=0, img_resolution=16, img_channels=3, fmap_max=4)
+    module.set_lod(lod)
+    frac = lod - math.floor(lod)
+    torch.manual_seed(0)
+    x0, lower0 = torch.randn(2, 3, 4, 4, dtype=torch.float64).to(dtype), torch.randn(2, 3, 4, 4, dtype=torch.float64).to(dtype)
+    results = []
+    for fade in (lambda x, lower: stylegan.fade_in(module, x, lower), lambda x, lower: torch.lerp(x, lower, frac)):
+        x, lower = x0.clone().requires_grad_(True), lower0.clone().requires_grad_(True)
+        out = fade(x, lower)
+        grad_x, grad_lower = torch.autograd.grad((out.float() ** 2).sum(), [x, lower], create_graph=True)
+        second, = torch.autograd.grad((grad_x.float() ** 3).sum() + grad_lower.float().sum(), x)
+        results.append([out, grad_x, grad_lower, second])
+    for got, expected in zip(*results):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)

@@ -174,9 +174,9 @@ def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch):
     from training.step.updater import NetworkUpdater
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     seen = []
-    step = NetworkUpdater.step
-    monkeypatch.setattr(NetworkUpdater, 'step', lambda self, *a, **kw: (seen.append(devices.read_switches()),
-                                                                        step(self, *a, **kw))[1])
+    run = NetworkUpdater.run
+    monkeypatch.setattr(NetworkUpdater, 'run', lambda self, *a, **kw: (seen.append(devices.read_switches()),
+                                                                      run(self, *a, **kw))[1])
     monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', True)
     monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', True)
     monkeypatch.setattr(torch.backends.cudnn, 'benchmark', True)

@@ -124,6 +124,12 @@ def _spin_rate(device: torch.device) -> float:
     return _spin_cycles_per_ms[device]
 
 
+def hold_stream(device: torch.device, ms: float) -> None:
+    """Queue a spin kernel that keeps `device`'s current stream busy for about `ms` milliseconds, so that the host can
+    queue work behind it and CUDA events around that work time the device alone."""
+    torch.cuda._sleep(int(ms * _spin_rate(device)))  # pylint: disable=protected-access
+
+
 def time_call(fn: Callable[[], Any], device: torch.device, calls: int = 20, rounds: int = 3) -> float:
     """Milliseconds of device work per fn() call: the median of `rounds` of `calls` back-to-back calls, after a warm-up.
 
@@ -154,7 +160,7 @@ def time_call(fn: Callable[[], Any], device: torch.device, calls: int = 20, roun
         times = []
         for _ in range(rounds):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(int((2 * host_ms + 1) * _spin_rate(device)))  # pylint: disable=protected-access
+            hold_stream(device, 2 * host_ms + 1)
             start.record()
             for _ in range(calls):
                 fn()

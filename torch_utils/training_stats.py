@@ -11,14 +11,20 @@ the flush, so it must not be modified in place after `report` (the losses' are n
 index_add_ adds in no fixed order unless deterministic algorithms are on, so the float64 sums may
 differ in their last bits between runs (the training itself does not read them).
 
+A training step replayed as a CUDA graph (training/step/graphs.py) runs its reports' Python once, at
+capture: it adds them inside the graph with `flush_into`, to an accumulator of its own (`new_accumulator`),
+row by row with in-place adds and no host-to-device copy, so that every replay adds its step's moments.
+
 A `Collector` owned by the training loop periodically calls `update()`, which sums the moments
 gathered since its last update over all processes (torch.distributed) and exposes mean and std.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
-from typing import Any
+from typing import Any, Hashable, Iterator
 
 import numpy as np
 import torch
@@ -30,8 +36,9 @@ import dnnlib
 MAX_PENDING = 1024  # Reports that may wait for a flush (a bound on memory where nothing calls update()).
 
 _rows: dict[str, int] = {}  # name -> its row in every device's accumulator.
-# device -> float64 [len(_rows), 4]: count, sum, sum of squares, non-finite count.
-_accumulators: dict[torch.device, torch.Tensor] = {}
+# device (or a captured step's own key) -> float64 [rows, 4]: count, sum, sum of squares, non-finite count.
+_accumulators: dict[Hashable, torch.Tensor] = {}
+_captured_keys = itertools.count()
 _pending: list[tuple[int, torch.Tensor]] = []  # (row, values) reported since the last flush.
 
 
@@ -59,10 +66,43 @@ def flush() -> None:
         elems = torch.cat([values.reshape(-1) for _row, values in reports]).to(torch.float64)  # cat promotes dtypes.
         rows = torch.tensor([row for row, _values in reports]).repeat_interleave(
             torch.tensor([values.numel() for _row, values in reports])).to(device, non_blocking=True)
-        finite = elems.isfinite()
-        elems = elems.where(finite, 0.0)
-        moments = torch.stack([finite.to(torch.float64), elems, elems.square(), (~finite).to(torch.float64)], dim=1)
-        _accumulator(device).index_add_(0, rows, moments)
+        _accumulator(device).index_add_(0, rows, _moments(elems))
+
+
+def _moments(values: torch.Tensor) -> torch.Tensor:
+    """[count of finite values, their sum, their sum of squares, count of non-finite values] of a float64 vector,
+    per element: [numel, 4]."""
+    finite = values.isfinite()
+    values = values.where(finite, 0.0)
+    return torch.stack([finite.to(torch.float64), values, values.square(), (~finite).to(torch.float64)], dim=1)
+
+
+def new_accumulator(device: torch.device) -> torch.Tensor:
+    """A zeroed accumulator of every name known so far, counted in the statistics from now on, for `flush_into`."""
+    accumulator = torch.zeros([len(_rows), 4], dtype=torch.float64, device=device)
+    _accumulators[('captured', next(_captured_keys))] = accumulator
+    return accumulator
+
+
+def flush_into(accumulator: torch.Tensor) -> None:
+    """Add the moments of every pending report to `accumulator` (from `new_accumulator`), one in-place row add per
+    report: no index built on the host, so a CUDA graph can capture it. A name it has no row for is a ValueError."""
+    reports = list(_pending)
+    _pending.clear()
+    for row, values in reports:
+        if row >= accumulator.shape[0]:
+            raise ValueError(f'statistic {list(_rows)[row]} was first reported after its accumulator was made')
+        accumulator[row].add_(_moments(values.reshape(-1).to(torch.float64)).sum(dim=0))
+
+
+@contextlib.contextmanager
+def discarded() -> Iterator[None]:
+    """Drop the reports made inside (a step computed only to be compared, whose statistics count elsewhere)."""
+    flush()
+    try:
+        yield
+    finally:
+        _pending.clear()
 
 
 def _accumulator(device: torch.device) -> torch.Tensor:

@@ -28,6 +28,7 @@ import dnnlib
 from training.recipes import configs, progressive
 from training.step.loss import LOSSES, NORMS
 from training.step.precision import PRECISIONS, Precision
+from training.step.training_step import CUDA_GRAPHS
 
 #----------------------------------------------------------------------------
 
@@ -90,6 +91,7 @@ class Experiment:
     gpus: int = 1                       # Processes (one per GPU, or gloo processes on a CPU).
     device: str = 'cpu'                 # 'cpu', 'cuda' or 'cuda:N' (torch_utils/devices.py).
     deterministic: bool = False         # Repeatable GPU arithmetic.
+    cuda_graphs: str = 'auto'           # Steps replayed as CUDA graphs: auto, on, off (training/step/training_step.py).
     workers: int | None = None          # DataLoader worker processes per process (None: 3 on CUDA, where they feed the
                                         # GPU, 0 on a CPU, where they would compete with training for the cores).
 
@@ -125,6 +127,9 @@ class Experiment:
         dnnlib.util.check_choice('norm', values.get('norm', cls.norm), NORMS)
         dnnlib.util.check_choice('loss', values['loss'], LOSSES)
         dnnlib.util.check_choice('precision', values.get('precision', cls.precision), PRECISIONS)
+        dnnlib.util.check_choice('cuda_graphs', values.get('cuda_graphs', cls.cuda_graphs), CUDA_GRAPHS)
+        if values.get('cuda_graphs') == 'on' and not values.get('device', cls.device).startswith('cuda'):
+            raise ValueError('--cuda-graphs=on needs a CUDA device')
         if values['cr'] < 0:
             raise ValueError(f'cr must be non-negative, got {values["cr"]}')
         if 'steps' in given and 'kimg' in given:

@@ -23,8 +23,8 @@ when the share exceeds --batch-gpu, and the processes average their gradients be
 
 The run is described by an Experiment (training/experiment.py), from which the loop builds
 networks, optimizers, loss and schedule. The parts, one concept each: the real-image stream and
-fake labels (training/data/data_stream.py), the updaters that run one network's training step
-(training/step/updater.py), the run state and its snapshots (training/run/run_state.py), progress
+fake labels (training/data/data_stream.py), the D and G steps (training/step/training_step.py: one
+network's update each, replayed as CUDA graphs on a GPU), the run state and its snapshots (training/run/run_state.py), progress
 lines, statistics, grids and the divergence stop (training/run/reporter.py), metrics at snapshots
 (training/run/evaluation.py), the stop on a signal (training/run/stop_signal.py), out of GPU memory in
 one line (training/run/out_of_memory.py), and the arithmetic (training/step/precision.py).
@@ -47,7 +47,7 @@ from training.run.out_of_memory import explain_out_of_memory
 from training.run.reporter import ImageGrids, TickReporter
 from training.run.run_state import RunState, snapshot_label
 from training.run.stop_signal import RunStopped, StopSignal
-from training.step.updater import NetworkUpdater
+from training.step.training_step import TrainingStep
 
 #----------------------------------------------------------------------------
 
@@ -91,9 +91,9 @@ def training_loop(
         for module in nets.values():
             misc.broadcast_module(module)
 
-        # The parts: updaters, data, outputs.
-        updater_D = NetworkUpdater('D', D, D_opt, precision.grad_scaler(device.type), group_size=schedule.group_size)
-        updater_G = NetworkUpdater('G', G, G_opt, precision.grad_scaler(device.type), group_size=schedule.group_size, ema=G_ema)
+        # The parts: steps, data, outputs.
+        steps = TrainingStep(G, D, G_opt, D_opt, loss, G_ema=G_ema, group_size=schedule.group_size,
+                             cuda_graphs=experiment.cuda_graphs, num_gpus=num_gpus, log=log)
         reals = RealImageStream(training_set, chunk=schedule.min_share(), rank=rank, num_replicas=num_gpus, seed=seed,
                                 device=device, num_workers=experiment.workers, consumed=state.resume_position, xflip=experiment.xflip,
                                 max_resolution=G.img_resolution)
@@ -117,30 +117,23 @@ def training_loop(
 
             # Plan of this G step: learning rates, Adam resets, level of detail.
             plan = schedule.plan(state.step, state.cur_nimg)
-            updater_G.set_plan(plan.lr_G, plan.optimizer_state_id)
-            updater_D.set_plan(plan.lr_D, plan.optimizer_state_id)
-            if plan.lod is not None:
-                for module in nets.values():
-                    module.set_lod(plan.lod)
+            steps.set_plan(plan)
 
-            # Discriminator steps: reals and fakes G(z, c).
+            # Discriminator steps: reals and fakes G(z, c), z drawn in the step.
             for _ in range(plan.n_dis):
                 real_img, real_c = reals.next(plan.share_D, plan.lod)
-                gen_z = torch.randn(plan.share_D, G.z_dim, device=device)
-                updater_D.step(loss, [real_img, real_c, gen_z, fake_labels.sample(plan.share_D)], plan.rounds_D, state.step)
+                steps.discriminator(real_img, real_c, fake_labels.sample(plan.share_D), plan.rounds_D, state.step)
                 state.cur_nimg += plan.batch_D
 
             # Generator step, then its moving average.
-            gen_z = torch.randn(plan.share_G, G.z_dim, device=device)
-            updater_G.step(loss, [None, None, gen_z, fake_labels.sample(plan.share_G)], plan.rounds_G, state.step)
-            updater_G.update_ema(plan.ema_beta)
+            steps.generator(fake_labels.sample(plan.share_G), plan.rounds_G, state.step, plan.ema_beta)
             state.step += 1
 
             # Tick: divergence stop and progress line; image grid, metrics and snapshot when due.
             done = schedule.done(state.step, state.cur_nimg)
             if not done and not reporter.tick_due(state):
                 continue
-            stats = reporter.tick([updater_D, updater_G], state, done)
+            stats = reporter.tick([steps.updaters['D'], steps.updaters['G']], state, done)
             state.cur_tick += 1
             label = snapshot_label(state.cur_nimg)
             snapshot_due = done or (experiment.snap is not None and state.cur_tick % experiment.snap == 0)

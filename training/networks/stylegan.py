@@ -29,7 +29,9 @@ During a fade-in (fractional L, frac = L - floor(L)) G outputs
 and D mirrors it, mixing its first block at R with the fromRGB of the 2x2-averaged input:
 lerp(block_R(fromRGB_R(img)), fromRGB_R/2(downsample(img)), frac). So at the start of a fade-in
 (frac -> 1) the output is the nearest-upsampled output of the previous level, exactly as in the
-release. `training.data.data_stream.process_reals` brings full-resolution reals to what D sees.
+release. Which layers run depends on floor(L) and on whether frac > 0, read on the host; frac itself
+is read from the `lod` buffer on the device (`fade_in`), so that a training step captured as a CUDA
+graph (training/step/graphs.py) follows the fade-in as `set_lod` moves the buffer. `training.data.data_stream.process_reals` brings full-resolution reals to what D sees.
 
 Output range. v1's images are the linear toRGB output (the blend above during a fade-in); with
 output_tanh (train.py --tanh, not in v1) they are tanh of it, bounded to (-1, 1) as the data is.
@@ -90,6 +92,32 @@ def host_lod(module: nn.Module) -> float:
     if cached is None or cached[1] != module.lod._version:
         cached = module._host_lod = (float(module.lod), module.lod._version)
     return cached[0]
+
+
+class _Lerp(torch.autograd.Function):
+    """lerp(x, lower, w) for a weight w held in a tensor, computed as torch.lerp computes it for a Python float w, bit
+    for bit: in float32 for bfloat16/float16 inputs (float64 for float64) with one rounding to x's dtype, and
+    differentiated as torch differentiates that lerp: grad * (1 - w) with 1 - w from float64 (`one_minus_weight`),
+    grad * w, each with one rounding. Its backward is made of differentiable operations (double backward)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, lower: torch.Tensor, weight: torch.Tensor, one_minus_weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(weight, one_minus_weight)
+        return torch.lerp(x.to(weight.dtype), lower.to(weight.dtype), weight).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        weight, one_minus_weight = ctx.saved_tensors
+        scaled = lambda factor: (grad.to(factor.dtype) * factor).to(grad.dtype)
+        return scaled(one_minus_weight), scaled(weight), None, None
+
+
+def fade_in(module: nn.Module, x: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
+    """lerp(x, lower, frac) with frac = lod - floor(lod) read from module's lod buffer (float64) on the device, so that
+    no host value is baked into a captured step; the same values and gradients as with frac a Python float."""
+    dtype = torch.promote_types(x.dtype, torch.float32)  # The arithmetic of lerp and of its gradient for x's dtype.
+    frac = module.lod - math.floor(host_lod(module))
+    return _Lerp.apply(x, lower, frac.to(dtype), (1 - frac).to(dtype))
 
 
 def _set_lod(module: nn.Module, lod: float) -> None:
@@ -374,7 +402,7 @@ class SynthesisNetwork(nn.Module):
                 img = block.torgb(x)
         top_img = getattr(self, f'b{2 ** top_log2}').torgb(x)
         if frac > 0:
-            top_img = torch.lerp(top_img, upfirdn2d.upsample2d(img, self.box_filter), frac)
+            top_img = fade_in(self, top_img, upfirdn2d.upsample2d(img, self.box_filter))
         return torch.tanh(top_img) if self.output_tanh else top_img
 
 #----------------------------------------------------------------------------
@@ -597,5 +625,5 @@ class Discriminator(nn.Module):
             x = getattr(self, f'b{2 ** res_log2}')(x)
             if res_log2 == top_log2 and frac > 0:
                 lower = getattr(self, f'b{2 ** (res_log2 - 1)}').fromrgb
-                x = torch.lerp(x, lower(upfirdn2d.downsample2d(img, self.box_filter)), frac)
+                x = fade_in(self, x, lower(upfirdn2d.downsample2d(img, self.box_filter)))
         return self.b4(x, c)

@@ -30,6 +30,7 @@ import torch
 
 import dnnlib
 from torch_utils import misc, persistence
+from training.step.updater import portable_state_dict
 
 #----------------------------------------------------------------------------
 
@@ -97,7 +98,7 @@ class RunState:
         if self.num_gpus > 1:
             torch.distributed.all_gather_object(rng_states, rng_states[0])
         return dict(**{name: nets[name] for name in NETWORKS},
-                    **{f'{name}_state': optimizers[name].state_dict() for name in OPTIMIZERS},
+                    **{f'{name}_state': portable_state_dict(optimizers[name]) for name in OPTIMIZERS},
                     training_set_kwargs=dnnlib.util.to_plain(training_set_kwargs), rng_states=rng_states,
                     experiment=dnnlib.util.to_plain(experiment or {}),
                     progress=dict(step=self.step, cur_nimg=self.cur_nimg, cur_tick=self.cur_tick,

@@ -1,0 +1,200 @@
+"""training/step/training_step.py: the run's D and G steps. On a CPU they train bit for bit as the eager step of the
+loop before CUDA graphs did (restated here); replayed as graphs (the CPU emulation of tests/graph_emulator.py) they
+train bit for bit as the same steps run eagerly, for every preset, through learning-rate decay, Adam resets and
+StyleGAN's fade-ins; on a GPU, train.py with and without graphs writes the same snapshots."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dnnlib
+from tests.graph_emulator import EmulatedGraphs, capturable_on_cpu
+from torch_utils import persistence, training_stats
+from training.experiment import Experiment
+from training.recipes import configs
+from training.step import graphs, training_step
+from training.step.updater import make_capturable, portable_state_dict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every preset at its defaults, and every other constraint's steps (penalties, SN) on the quick start's networks and
+# StyleGAN's R1.
+PRESET_NORMS = [(name, 'gn') for name in configs.PRESETS] + [
+    ('quickstart', norm) for norm in configs.NORMS if norm != 'gn'] + [('gn-stylegan', 'r1')]
+
+
+class Run:
+    """A preset's narrow networks, optimizers and loss, as the training loop builds them, and the plans of a short
+    schedule: 3 G steps of linear lr decay (SN-GAN and BigGAN presets; D batch 4, 2 from 128x128 up), or
+    gn-stylegan at 16x16 from 8x8 in phases of 4 G steps of batch 4 (8x8, fade-in, 16x16: Adam resets, a fade-in)."""
+
+    def __init__(self, cfg_name: str, norm: str) -> None:
+        cfg = configs.get_config(cfg_name, norm=norm)
+        self.stylegan = cfg.arch == 'stylegan'
+        self.resolution = cfg.get('resolution', 16)
+        options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4) if self.stylegan else dict(
+            steps=3, batch=4 if self.resolution < 128 else 2)
+        self.experiment = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=self.resolution, img_channels=3,
+                                           label_dim=10 if cfg.conditional else 0, precision='fp32', **options)
+        width = {} if self.stylegan else dict(ch=2)
+        torch.manual_seed(0)
+        e = self.experiment
+        self.G = dnnlib.util.construct_class_by_name(**dict(e.G_kwargs, **width)).train().requires_grad_(False)
+        self.D = dnnlib.util.construct_class_by_name(**dict(e.D_kwargs, **width)).train().requires_grad_(False)
+        self.G_ema = copy.deepcopy(self.G).eval()
+        self.G_opt = dnnlib.util.construct_class_by_name(params=self.G.parameters(), **e.G_opt_kwargs)
+        self.D_opt = dnnlib.util.construct_class_by_name(params=self.D.parameters(), **e.D_opt_kwargs)
+        self.loss = dnnlib.util.construct_class_by_name(**e.loss_kwargs, G=self.G, D=self.D, precision=e.arithmetic)
+        self.plans, nimg, step = [], 0, 0
+        while not e.schedule.done(step, nimg):
+            plan = e.schedule.plan(step, nimg)
+            self.plans.append(plan)
+            nimg, step = nimg + plan.n_dis * plan.batch_D, step + 1
+
+    def batches(self, plan, seed):
+        """The reals and labels of the plan's D steps and the labels of its G step, drawn apart from the steps' own
+        random stream."""
+        generator = torch.Generator().manual_seed(seed)
+        size = self.resolution >> (0 if plan.lod is None else int(plan.lod))
+        labels = lambda n: (torch.eye(self.G.c_dim)[torch.randint(self.G.c_dim, [n], generator=generator)] if self.G.c_dim
+                            else torch.zeros(n, 0))
+        d = [(torch.rand(plan.share_D, 3, size, size, generator=generator) * 2 - 1, labels(plan.share_D), labels(plan.share_D))
+             for _ in range(plan.n_dis)]
+        return d, labels(plan.share_G)
+
+    def tensors(self):
+        state = {f'{name}.{key}': value for name, net in [('G', self.G), ('D', self.D), ('G_ema', self.G_ema)]
+                 for key, value in net.state_dict().items()}
+        for name, opt in [('G_opt', self.G_opt), ('D_opt', self.D_opt)]:
+            for index, param_state in portable_state_dict(opt)['state'].items():
+                state.update({f'{name}.{index}.{key}': value for key, value in param_state.items()})
+        return state
+
+
+def train_with_training_step(run: Run, engine=None) -> training_step.TrainingStep:
+    steps = training_step.TrainingStep(run.G, run.D, run.G_opt, run.D_opt, run.loss, G_ema=run.G_ema,
+                                       group_size=run.experiment.schedule.group_size, graph_engine=engine,
+                                       log=pytest.fail)
+    torch.manual_seed(1)
+    for index, plan in enumerate(run.plans):
+        d_batches, g_labels = run.batches(plan, seed=index)
+        steps.set_plan(plan)
+        for real_img, real_c, gen_c in d_batches:
+            steps.discriminator(real_img, real_c, gen_c, plan.rounds_D, index)
+        steps.generator(g_labels, plan.rounds_G, index, plan.ema_beta)
+    return steps
+
+
+def train_as_before_graphs(run: Run) -> None:
+    """The training loop's step before CUDA graphs: z drawn by the loop before each step, the updater's zero_grad,
+    loss.accumulate_gradients and Adam step, the moving average after the G step, Adam's state dropped on a reset."""
+    torch.manual_seed(1)
+    state_id = None
+    for index, plan in enumerate(run.plans):
+        d_batches, g_labels = run.batches(plan, seed=index)
+        for opt, lr in [(run.G_opt, plan.lr_G), (run.D_opt, plan.lr_D)]:
+            if state_id is not None and plan.optimizer_state_id != state_id:
+                opt.state.clear()
+            for group in opt.param_groups:
+                group['lr'] = lr
+        state_id = plan.optimizer_state_id
+        if plan.lod is not None:
+            for net in (run.G, run.D, run.G_ema):
+                net.set_lod(plan.lod)
+        for net, module, opt, batches in [('D', run.D, run.D_opt, d_batches), ('G', run.G, run.G_opt, [(None, None, g_labels)])]:
+            for real_img, real_c, gen_c in batches:
+                gen_z = torch.randn(gen_c.shape[0], run.G.z_dim)
+                module.requires_grad_(True)
+                opt.zero_grad(set_to_none=True)
+                run.loss.accumulate_gradients(net, real_img, real_c, gen_z, gen_c, gain=1.0)
+                module.requires_grad_(False)
+                opt.step()
+        with torch.no_grad():
+            for p_ema, p in zip(run.G_ema.parameters(), run.G.parameters()):
+                p_ema.lerp_(p, 1 - plan.ema_beta)
+            for b_ema, b in zip(run.G_ema.buffers(), run.G.buffers()):
+                b_ema.copy_(b)
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    different = [key for key in a if not torch.equal(a[key], b[key])]
+    assert different == [], f'{len(different)} of {len(a)} tensors differ: {different[:5]}'
+
+
+@pytest.mark.parametrize('cfg_name', configs.PRESETS)
+def test_cpu_steps_train_as_the_eager_steps_before_graphs(cfg_name):
+    reference, run = Run(cfg_name, 'gn'), Run(cfg_name, 'gn')
+    train_as_before_graphs(reference)
+    train_with_training_step(run)
+    assert_same(run.tensors(), reference.tensors())
+    training_stats._pending.clear()
+
+
+@pytest.mark.parametrize('cfg_name,norm', PRESET_NORMS)
+def test_steps_replayed_as_graphs_train_as_the_eager_steps(cfg_name, norm, monkeypatch):
+    """Graphs captured under the CPU emulation replay bit for bit what the same (capturable) steps compute eagerly,
+    through learning-rate decay, Adam resets and fade-ins: nothing of a step is baked in at capture."""
+    capturable_on_cpu(monkeypatch)
+    monkeypatch.setattr(graphs, 'WARMUP_STEPS', 1)
+    eager, replayed = Run(cfg_name, norm), Run(cfg_name, norm)
+    for opt in (eager.G_opt, eager.D_opt):
+        make_capturable(opt)  # The optimizer arithmetic that graphs capture, run eagerly.
+    train_with_training_step(eager)
+    engine = EmulatedGraphs()
+    steps = train_with_training_step(replayed, engine)
+    assert_same(replayed.tensors(), eager.tensors())
+    assert all(graph.replays > 0 for graph in engine.captures)  # Each capture replayed, none stayed eager.
+    keys = {net: captured.eager_keys for net, captured in steps.captured.items()}
+    assert keys == {'D': set(), 'G': set()}
+    if replayed.stylegan:  # A graph per phase (8x8, fade-in, 16x16) and step, all but the last freed.
+        assert len(engine.captures) == 6 and sum(graph.ops != [] for graph in engine.captures) == 2
+    training_stats._pending.clear()
+
+
+def test_graphs_are_used_where_they_pay_and_pass():
+    cuda, cpu = torch.device('cuda'), torch.device('cpu')
+    use = training_step.use_cuda_graphs
+    assert use('auto', cuda, 1, 'tf32') and use('auto', cuda, 1, 'bf16') and not use('auto', cuda, 1, 'fp16')
+    assert not use('auto', cuda, 2, 'tf32') and use('on', cuda, 2, 'fp16') and not use('off', cuda, 1, 'tf32')
+    assert not use('auto', cpu, 1, 'tf32') and not use('on', cpu, 1, 'tf32')
+    with pytest.raises(ValueError, match='cuda_graphs'):
+        use('yes', cuda, 1, 'tf32')
+
+#----------------------------------------------------------------------------
+# On a GPU.
+
+
+def _train(outdir, *args):
+    command = [sys.executable, 'train.py', f'--outdir={outdir}', '--deterministic', '--device=cuda', *args]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    return result.stdout
+
+
+def _snapshot_tensors(path):
+    snapshot = persistence.load_snapshot(path)
+    tensors = {f'{name}.{key}': value for name in ('G', 'D', 'G_ema') for key, value in snapshot[name].state_dict().items()}
+    for name in ('G_opt_state', 'D_opt_state'):
+        for index, state in snapshot[name]['state'].items():
+            tensors.update({f'{name}.{index}.{key}': value for key, value in state.items()})
+    return tensors
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('args', [
+    ['--steps=24', '--batch=16', '--tick=0.064', '--snap=3'],
+    ['--cfg=gn-stylegan', '--cmax=16', '--batch=16', '--lod-kimg=0.2', '--kimg=0.6', '--tick=0.1', '--snap=2', '--xflip=0']])
+def test_graph_and_eager_runs_write_identical_snapshots(tmp_path, args):
+    """With --deterministic, train.py replaying its steps as CUDA graphs writes the snapshots the eager run writes."""
+    graph_log = _train(tmp_path / 'graphs', '--cuda-graphs=on', *args)
+    _train(tmp_path / 'eager', '--cuda-graphs=off', *args)
+    assert 'runs eagerly' not in graph_log
+    runs = {mode: sorted((tmp_path / mode).glob('*/network-snapshot-*.pkl')) for mode in ('graphs', 'eager')}
+    assert len(runs['graphs']) == len(runs['eager']) >= 2
+    for a, b in zip(runs['graphs'], runs['eager']):
+        assert a.name == b.name
+        assert_same(_snapshot_tensors(str(a)), _snapshot_tensors(str(b)))
