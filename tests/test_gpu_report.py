@@ -313,12 +313,13 @@ def test_suite_results_name_each_failure(tmp_path, monkeypatch):
 
 
 def test_digits_run_is_stopped_by_its_time_box_and_its_last_snapshot_scored(tmp_path, monkeypatch):
-    """A run far longer than its time box (20 s of training) is stopped; its last (whole) snapshot goes to the
+    """A run far longer than its time box (20 s of training; yet short enough to end by itself, should the test be
+    killed and leave it running) is stopped; its last (whole) snapshot goes to the
     scoring (next test) and its grid is kept; every log goes into one archive. Narrow networks with a snapshot at
     every step, so that the box holds several on a loaded CPU."""
     monkeypatch.setattr(gpu_report, 'DIGITS_COMMAND', [
         'train.py', '--cfg=gn-stylegan', '--data=data/digits32.zip', '--cmax=4', '--map-dim=16', '--batch=4',
-        '--lod-kimg=0.02', '--kimg=100', '--xflip=0', '--tick=0.004', '--snap=1', '--workers=0'])
+        '--lod-kimg=0.02', '--kimg=4', '--xflip=0', '--tick=0.004', '--snap=1', '--workers=0'])  # Ends by itself if orphaned.
     scored = []
 
     def score_digits(ctx, snapshot, device):
