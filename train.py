@@ -7,9 +7,9 @@ Examples:
   python train.py --outdir=training-runs
 
 \b
-  # The paper's CIFAR-10 ResNet with GN and hinge loss, FID and IS at every snapshot.
+  # The paper's CIFAR-10 ResNet with GN and hinge loss, FID and IS at each of 40 snapshots.
   python dataset_tool.py --source=cifar-10-python.tar.gz --dest=cifar10.zip
-  python train.py --outdir=training-runs --cfg=cifar10-resnet --data=cifar10.zip --metrics=fid50k_full,is50k
+  python train.py --outdir=training-runs --cfg=cifar10-resnet --data=cifar10.zip --tick=32 --snap=50 --metrics=fid50k_full,is50k
 
 \b
   # GN-StyleGAN on CelebA-HQ 1024x1024 with 8 GPUs, progressive growing from 8x8.
@@ -340,7 +340,7 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--resume',       help='Continue a snapshot\'s run, or latest: this experiment\'s newest run in --outdir', metavar='PKL|latest', type=str, callback=dnnlib.util.expand_user)
 @click.option('--resume-override', help='With --resume=PKL: accept experiment options that differ from the snapshot\'s', is_flag=True)
 @click.option('--deterministic', help='Repeatable GPU arithmetic (slower)',                                     is_flag=True)
-@click.option('--cuda-graphs',  help='Replay the training steps as CUDA graphs: auto (one GPU, not fp16), on, off (docs/precision.md)', type=click.Choice(CUDA_GRAPHS), default='auto', show_default=True)
+@click.option('--cuda-graphs',  help='Replay the training steps as CUDA graphs: auto (one GPU, not fp16), on, off (docs/ops.md)', type=click.Choice(CUDA_GRAPHS), default='auto', show_default=True)
 @click.option('--threads',      help='CPU threads per process  [default: the cores, shared out]', metavar='INT', type=click.IntRange(min=1))
 @click.option('--workers',      help='DataLoader workers per process  [default: 3 on CUDA, 0 on a CPU]', metavar='INT', type=click.IntRange(min=0))
 @click.option('--dry-run',      help='Print the options and the schedule, and exit',                            is_flag=True)

@@ -38,32 +38,42 @@ Steps, in order of value, with their planned seconds (--quick / full run):
                                 upfirdn2d) in float32, float16 and bfloat16: measured error against the
                                 float64 reference (per element, see kernel_choice), tolerance, milliseconds,
                                 cause of a failure. Correctness on the device before any speed.
-  choices          15 /   60    the chooser's decision, kernel or reference, with both timings, for the
+  choices          10 /   60    the chooser's decision, kernel or reference, with both timings, for the
                                 activation and resampling StyleGAN runs at 8x8 ... 1024x1024 with its
                                 channel counts, in each dtype: what the kernels are worth, in seconds.
   test suite      120 /  900    python -m pytest on the whole suite with the GPU visible (pytest-xdist, one
                                 worker per core, at most 16): counts, failures by name, wall time. The tests
                                 marked gpu run only here; a failure weighs more than any timing below.
-  ops              20 /  300    bench/ops.py: kernels against references, each case checked before timing,
+  ops              15 /  300    bench/ops.py: kernels against references, each case checked before timing,
                                 GB/s against the kernels' targets (--quick: the network cases at 8 and 32 px).
-  training speed   25 /  400    bench/train_speed.py, cifar10-resnet, GN and no constraint (the paper's speed
-                                comparison) at tf32 and bf16 (full run: also fp32, both GN D-step forms, one
-                                or two D calls), with each configuration's peak GPU memory.
+  training speed   30 /  400    bench/train_speed.py, cifar10-resnet, GN and no constraint (the paper's speed
+                                comparison) at tf32 and bf16, each replayed as CUDA graphs and eager (full run:
+                                also fp32, both GN D-step forms, one or two D calls), with each configuration's
+                                peak GPU memory and its host and device time per step; with --authors-code, the
+                                authors' steps in the same rounds.
   (full run only)   - /  120    the same with --deterministic: what repeatable GPU arithmetic costs.
-  presets          35 /  300    every SN-GAN and BigGAN preset with GN at tf32 (--quick: one round): the GPU
-                                time of docs/reproduce.md.
-  gn-stylegan      35 /  300    bench/stylegan.py: GN-StyleGAN D+G steps at 256x256 and at 1024x1024 with v1's
+  digits step      15 /   60    bench/train_speed.py, gn-stylegan on the digits' 32x32 at --cmax=32 and batch
+                                32, graphs and eager: the CPU-scale quick start's step on a GPU.
+  presets          45 /  300    every SN-GAN and BigGAN preset with GN at tf32 and bf16, as train.py runs them
+                                (CUDA graphs where they pass; --quick: one round): the GPU time of
+                                docs/reproduce.md.
+  gn-stylegan      25 /  300    bench/stylegan.py: GN-StyleGAN D+G steps at 256x256 and at 1024x1024 with v1's
                                 per-GPU batch of 4, each with the kernels and with the reference ops (what the
                                 chooser's choices are worth in a real step), each with its own peak memory.
   (full run only)   - /  600    bench/train_speed.py for gn-stylegan at 256x256: GN and no constraint, every
                                 precision;
   (full run only)   - /  300    and at 1024x1024 with batch 4, tf32 and bf16.
-  digits           35 /  750    train.py's GN-StyleGAN command for the embedded digits at full width, stopped
+  digits           25 /  750    train.py's GN-StyleGAN command for the embedded digits at full width, stopped
                                 after a time box (what the step's box leaves after 15 s kept for scoring, at
                                 most 60 s with --quick and 600 s in the full run), its last snapshot scored by
                                 bench/quickstart_quality.py on the GPU, and its last image grid. The whole
                                 training pipeline on the GPU, but the least precise figure in a short box: last.
-  total           360 / 4365
+  total           360 / 4425
+
+The report ends with the targets of the training step (CUDA graphs) on one H100/H200, each measured value
+against its bound: the cifar10-resnet iteration with graphs at most 0.45x the authors' code with GN and 0.5x
+without a constraint (needs --authors-code), GN's cost over no constraint at most 1.4x, bf16 faster than tf32
+for every SN-GAN and BigGAN preset, the --cmax=32 digits step at most 20 ms.
 
 Without a GPU the report says "no GPU" for the steps after the build and still records the environment and
 the build (with a CUDA build of torch, the real build). --outdir receives at most four files: report.md
@@ -94,10 +104,15 @@ from unittest import mock
 
 import click
 import psutil
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from torch_utils.threads import set_wait_policy  # noqa: E402  pylint: disable=wrong-import-position
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402  pylint: disable=wrong-import-position
+
 import dnnlib  # noqa: E402  pylint: disable=wrong-import-position
 from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
 from torch_utils import custom_ops, kernel_choice  # noqa: E402  pylint: disable=wrong-import-position
@@ -205,6 +220,7 @@ class Context:
     workdir: str
     outdir: str
     quick: bool
+    authors_code: Optional[str] = None  # A checkout of the authors' code (bench/authors.py), or None.
     key: str = ''
     deadline: float = 0.0  # time.monotonic() at which the running step's box ends
 
@@ -404,10 +420,13 @@ def score_digits(ctx: Context, snapshot: str, device: str, score_args: Sequence[
                        ctx.workdir, 'digits-quality', ctx.deadline - time.monotonic())
 
 
-def bench_step(script: str, args: Dict[bool, List[str]]) -> Callable[[Context], dict]:
-    """A step that runs a bench/ script writing --out=JSON, with args[quick]."""
+def bench_step(script: str, args: Dict[bool, List[str]], authors: bool = False) -> Callable[[Context], dict]:
+    """A step that runs a bench/ script writing --out=JSON, with args[quick] (and `authors`: the authors' code, when
+    given, as --authors-code)."""
     def run(ctx: Context) -> dict:
-        return _json_bench(script, args[ctx.quick], ctx.workdir, ctx.key.replace('_', '-'), ctx.deadline - time.monotonic())
+        extra = [f'--authors-code={ctx.authors_code}'] if authors and ctx.authors_code else []
+        return _json_bench(script, args[ctx.quick] + extra, ctx.workdir, ctx.key.replace('_', '-'),
+                           ctx.deadline - time.monotonic())
     return run
 
 
@@ -427,28 +446,35 @@ STEPS = [
     Step('build', 'Build (torch_utils/custom_ops.py)', build, {True: 60, False: 300}, ('cuda',)),
     Step('self_check', 'Self-check (first use of each configuration)', self_check, {True: 10, False: 30},
          ('gpu', 'built')),
-    Step('choices', 'Kernel or reference (the chooser, first use of each shape)', op_choices, {True: 15, False: 60},
+    Step('choices', 'Kernel or reference (the chooser, first use of each shape)', op_choices, {True: 10, False: 60},
          ('gpu', 'built')),
     Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: 120, False: 900}, ('gpu',)),
     Step('bench_ops', 'Ops (bench/ops.py)', bench_step('bench/ops.py', {
-        True: ['--repeats=5', '--warmup=2', '--sizes=8,32'], False: []}), {True: 20, False: 300}, ('gpu',)),
-    Step('train_speed', 'Training speed, cifar10-resnet (bench/train_speed.py)', bench_step('bench/train_speed.py', {
-        True: ['--norms=gn,none', '--precisions=tf32,bf16', '--rounds=3'],
-        False: ['--norms=gn,none', '--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16']}),
-         {True: 25, False: 400}, ('gpu',)),
+        True: ['--repeats=5', '--warmup=2', '--sizes=8,32'], False: []}), {True: 15, False: 300}, ('gpu',)),
+    Step('train_speed', 'Training speed, cifar10-resnet, CUDA graphs and eager (bench/train_speed.py)',
+         bench_step('bench/train_speed.py', {
+             True: ['--norms=gn,none', '--precisions=tf32,bf16', '--cuda-graphs=both', '--rounds=3'],
+             False: ['--norms=gn,none', '--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16',
+                     '--cuda-graphs=both']}, authors=True),
+         {True: 30, False: 400}, ('gpu',)),
     Step('train_speed_deterministic', 'Training speed, cifar10-resnet with --deterministic (bench/train_speed.py)',
          bench_step('bench/train_speed.py', {False: ['--norms=gn,none', '--precisions=tf32', '--deterministic']}),
          {True: None, False: 120}, ('gpu',)),
-    Step('train_speed_presets', 'Training speed of the paper\'s SN-GAN and BigGAN presets with GN, tf32: the time '
-         'column of docs/reproduce.md (bench/train_speed.py)', bench_step('bench/train_speed.py', {
-             quick: [f'--cfg={SNGAN_PRESETS}', '--norms=gn', '--fast-g=default', '--precisions=tf32']
+    Step('train_speed_digits', 'Training speed, gn-stylegan on the digits at --cmax=32, batch 32, CUDA graphs and eager '
+         '(bench/train_speed.py)', bench_step('bench/train_speed.py', {
+             quick: ['--cfg=gn-stylegan', '--resolution=32', '--cmax=32', '--batch=32', '--norms=gn', '--precisions=tf32',
+                     '--cuda-graphs=both', f'--rounds={3 if quick else 10}'] for quick in (True, False)}),
+         {True: 15, False: 60}, ('gpu',)),
+    Step('train_speed_presets', 'Training speed of the paper\'s SN-GAN and BigGAN presets with GN, tf32 and bf16, as train.py '
+         'runs them: the time column of docs/reproduce.md (bench/train_speed.py)', bench_step('bench/train_speed.py', {
+             quick: [f'--cfg={SNGAN_PRESETS}', '--norms=gn', '--fast-g=default', '--precisions=tf32,bf16']
              + (['--rounds=1'] if quick else []) for quick in (True, False)}),
-         {True: 35, False: 300}, ('gpu',)),
+         {True: 45, False: 300}, ('gpu',)),
     Step('stylegan', 'GN-StyleGAN steps at 256x256 and 1024x1024, batch 4, kernels against reference ops '
          '(bench/stylegan.py)', bench_step('bench/stylegan.py', {
              quick: ['--resolutions=256,1024', '--max-resolution=1024', '--impl=both']
              + (['--steps=5', '--warmup=2'] if quick else []) for quick in (True, False)}),
-         {True: 35, False: 300}, ('gpu',)),
+         {True: 25, False: 300}, ('gpu',)),
     Step('train_speed_stylegan', 'Training speed, gn-stylegan at 256x256 by precision (bench/train_speed.py)',
          bench_step('bench/train_speed.py', {False: ['--cfg=gn-stylegan', '--resolution=256', '--batch=16',
                                                      '--norms=gn,none', '--precisions=fp32,tf32,bf16,fp16']}),
@@ -458,7 +484,7 @@ STEPS = [
                                                      '--norms=gn,none', '--precisions=tf32,bf16']}),
          {True: None, False: 300}, ('gpu',)),
     Step('digits', 'GN-StyleGAN on the embedded digits, time-boxed, scored (bench/quickstart_quality.py)', digits_run,
-         {True: 35, False: 750}, ('gpu',)),
+         {True: 25, False: 750}, ('gpu',)),
 ]
 
 
@@ -489,6 +515,7 @@ class Report:
 
     def write(self) -> None:
         self.data['seconds'] = time.monotonic() - self.start
+        self.data['targets'] = targets(self.data)
         logs = sorted(glob.glob(os.path.join(self.workdir, '*.log')))
         if logs:
             with dnnlib.util.atomic_path(os.path.join(self.outdir, 'logs.tar.gz')) as tmp, tarfile.open(tmp, 'w:gz') as tar:
@@ -654,6 +681,41 @@ def _digits_lines(result: dict) -> List[str]:
     return lines
 
 
+def targets(data: dict) -> List[dict]:
+    """The training step's targets (module docstring), each with the value the report measured (None: not measured)
+    and whether it is met."""
+    measured = {entry['key']: ((entry['result'] or {}).get('data') or {}) for entry in data['steps']}
+    speed = measured.get('train_speed', {})
+    rows = []
+
+    def target(what: str, bound: str, value: Optional[float], met: Callable[[float], bool]) -> None:
+        rows.append(dict(target=what, bound=bound, measured=value, met=None if value is None else met(value)))
+    for norm, label, bound in (('gn', 'GN', 0.45), ('none', 'no constraint', 0.5)):
+        row = next((r for r in speed.get('ours_over_authors', []) if (r['cfg'], r['norm'], r['precision'], r['cuda_graphs'])
+                    == ('cifar10-resnet', norm, 'tf32', 'on')), None)
+        target(f'cifar10-resnet iteration, {label}, CUDA graphs, tf32: ours / the authors\' code', f'<= {bound}',
+               None if row is None else row['iteration'], lambda v, bound=bound: v <= bound)
+    row = next((r for r in speed.get('gn_over_vanilla', []) if (r['cfg'], r['precision'], r['cuda_graphs'])
+                == ('cifar10-resnet', 'tf32', 'on')), None)
+    target('cifar10-resnet iteration, CUDA graphs, tf32: GN / no constraint', '<= 1.4',
+           None if row is None else row['iteration'], lambda v: v <= 1.4)
+    presets = measured.get('train_speed_presets', {}).get('results', [])
+    for cfg in SNGAN_PRESETS.split(','):
+        by_precision = {r['precision']: r['sec_per_iteration'] for r in presets if r['cfg'] == cfg}
+        ratio = by_precision['bf16'] / by_precision['tf32'] if {'bf16', 'tf32'} <= set(by_precision) else None
+        target(f'{cfg} iteration: bf16 / tf32', '< 1', ratio, lambda v: v < 1)
+    row = next((r for r in measured.get('train_speed_digits', {}).get('results', []) if r['cuda_graphs'] == 'on'), None)
+    target('gn-stylegan --cmax=32 digits step (D + G, batch 32), CUDA graphs, tf32, seconds', '<= 0.020',
+           None if row is None else row['sec_per_iteration'], lambda v: v <= 0.020)
+    return rows
+
+
+def _target_lines(data: dict) -> List[str]:
+    rows = [dict(row, measured='not measured' if row['measured'] is None else row['measured'],
+                 met='' if row['met'] is None else 'yes' if row['met'] else '**no**') for row in targets(data)]
+    return ['', '### Targets of the training step', ''] + _table(rows, ['target', 'bound', 'measured', 'met'])
+
+
 RENDER = dict(build=_build_lines, self_check=_self_check_lines, choices=_choices_lines, test_suite=_suite_lines,
               bench_ops=_ops_lines, digits=_digits_lines)
 
@@ -692,6 +754,7 @@ def markdown(data: dict) -> str:
             lines += [''] + RENDER.get(entry['key'], _bench_lines)(entry['result'])
             if entry['result'].get('note'):
                 lines += ['', entry['result']['note'] + '.']
+    lines += _target_lines(data)
     return '\n'.join(lines) + '\n'
 
 
@@ -728,7 +791,10 @@ def _signals_stop() -> Iterator[None]:
               help='Most seconds for the whole run, from its start; steps that no longer fit are not started, a '
               'running step is stopped at its time box  [default: the sum of the planned steps: 360 with --quick, '
               f'{sum(s.seconds[False] or 0 for s in STEPS):.0f} without]')
-def main(outdir: str, quick: bool, budget: Optional[float]) -> None:
+@click.option('--authors-code', type=click.Path(exists=True, file_okay=False), metavar='DIR',
+              help='A checkout of the GN-GAN authors\' code (github.com/basiclab/GNGAN-PyTorch): their cifar10-resnet '
+              'steps timed beside ours, for the targets against it (bench/authors.py)')
+def main(outdir: str, quick: bool, budget: Optional[float], authors_code: Optional[str]) -> None:
     """Build, self-check, test and benchmark on this GPU within a time budget; a Markdown + JSON report, written
     as each step ends."""
     if os.path.exists(outdir) and not os.path.isdir(outdir):
@@ -741,7 +807,8 @@ def main(outdir: str, quick: bool, budget: Optional[float]) -> None:
             os.remove(os.path.join(outdir, name))
     workdir = tempfile.mkdtemp(prefix='gpu-report-')
     report = Report(outdir, workdir, quick, budget, steps, process_start())
-    ctx = Context(workdir=workdir, outdir=outdir, quick=quick)
+    ctx = Context(workdir=workdir, outdir=outdir, quick=quick,
+                  authors_code=None if authors_code is None else os.path.abspath(authors_code))
     try:
         with _signals_stop():
             try:

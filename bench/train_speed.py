@@ -45,11 +45,17 @@ import time
 from typing import Callable
 
 import click
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402
+
 import dnnlib  # noqa: E402
+from bench import authors  # noqa: E402
 from bench.common import (HostWork, build_network, count_host_work, parse_list, preset_experiment,  # noqa: E402
                           random_batch, step_switches, training_step, write_json_atomic)
 from torch_utils import devices, kernel_choice  # noqa: E402
@@ -251,10 +257,13 @@ def graph_speedups(rows: list[dict]) -> list[dict]:
 @click.option('--deterministic',        help='Repeatable GPU arithmetic, as train.py --deterministic (what it costs)', is_flag=True)
 @click.option('--cuda-graphs', 'cuda_graphs', help='Steps replayed as CUDA graphs: auto (as train.py), on, off, or both (on and off '
               'side by side)', type=click.Choice(['auto', 'on', 'off', 'both']), default='auto', show_default=True)
+@click.option('--authors-code', 'authors_code', help='A checkout of the GN-GAN authors\' code (basiclab/GNGAN-PyTorch): their '
+              'steps of the same presets, norms gn/none and precisions fp32/tf32, timed in the same rounds (bench/authors.py)',
+              metavar='DIR', type=click.Path(exists=True, file_okay=False))
 @click.option('--out',                  help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, precisions: list[str], batch: int | None,
          resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
-         device: str | None, deterministic: bool, cuda_graphs: str, out: str | None) -> None:
+         device: str | None, deterministic: bool, cuda_graphs: str, authors_code: str | None, out: str | None) -> None:
     """Seconds per D step and per G step of the presets, for each norm, fast-G setting, precision and CUDA-graph setting."""
     try:
         device = devices.parse_device(device)
@@ -285,14 +294,23 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
                             for graph_setting in graph_settings:
                                 runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn,
                                                           deterministic, graph_setting))
-    for round_idx in range(warmup + rounds):
+    theirs = []
+    if authors_code is not None:
+        gradnorm, losses = authors.import_authors_code(authors_code)
         for run in runs:
+            key = (run.preset['cfg'].name, run.norm, run.precision if run.precision in authors.PRECISIONS else 'tf32')
+            if key[0] in authors.ARCHITECTURES and key[1] in authors.NORMS and key not in [(t.cfg, t.norm, t.precision) for t in theirs]:
+                theirs.append(authors.AuthorsConfiguration(*key, run.preset['batch_D'], run.preset['batch_G'], run.preset['n_dis'],
+                                                           device, clock_fn, gradnorm, losses))
+    for round_idx in range(warmup + rounds):
+        for run in runs + theirs:
             for net in ('D', 'G'):
                 run.step(net, record=round_idx >= warmup)
     for run in runs:
         run.count_host_work()
 
     rows = [run.result() for run in runs]
+    authors_rows = [run.result() for run in theirs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')
     seconds = lambda value: '' if value is None else f'{value:.4f}'
     print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"prec":<5} {"graph":<5} {"batch":>7} {"s/D step":>9} '
@@ -306,6 +324,9 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
               f'{seconds(r["host_sec_per_G_step"]):>7} {seconds(r["device_sec_per_G_step"]):>7} '
               f'{r["ops_per_D_step"]:>6} {r["python_calls_per_D_step"]:>7} {r["ops_per_G_step"]:>6} {r["python_calls_per_G_step"]:>7} '
               f'{"" if r["peak_reserved_gib"] is None else format(r["peak_reserved_gib"], ".2f"):>6}')
+    for r in authors_rows:
+        print(f'{r["cfg"]:<20} {r["norm"]:<5} {"(authors)":<20} {r["precision"]:<5} {"":<5} {r["batch_D"]:>3}/{r["batch_G"]:<3} '
+              f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f}')
     gn_ratios = ratios(rows)
     if gn_ratios:
         print('\nGN / vanilla (norm none):')
@@ -313,6 +334,12 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
             print(f'{r["cfg"]:<20} {r["precision"]:<5} graph {r["cuda_graphs"]:<4} fast_g {on_off(r["fast_g"]):<4} lin_d {on_off(r["linear_d"]):<4} fuse_d {on_off(r["fuse_d_calls"]):<4} '
                   f'D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
 
+    versus_authors = authors.ours_over_authors(rows, authors_rows)
+    if versus_authors:
+        print('\nOurs / the authors\' code:')
+        for r in versus_authors:
+            print(f'{r["cfg"]:<20} {r["norm"]:<5} {r["precision"]:<5} (theirs at {r["against"]}) graphs {r["cuda_graphs"]:<4} '
+                  f'replayed {on_off(r["replayed"]):<4} D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
     speedups = graph_speedups(rows)
     if speedups:
         print('\nEager / CUDA graph:')
@@ -329,7 +356,8 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
             load_average=os.getloadavg(),
             torch=torch.__version__,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            rounds=rounds, warmup=warmup, results=rows, gn_over_vanilla=gn_ratios, eager_over_graph=speedups))
+            rounds=rounds, warmup=warmup, results=rows, gn_over_vanilla=gn_ratios, eager_over_graph=speedups,
+            authors=authors_rows, ours_over_authors=versus_authors))
         print(f'Results written to {out}')
 
 

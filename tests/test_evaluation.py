@@ -72,9 +72,9 @@ def test_metrics_of_a_tf32_training_run_run_at_full_precision(tmp_path, monkeypa
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     make_detector(str(tmp_path / 'detector.pt'))
     seen_by_steps = []
-    step = NetworkUpdater.step
-    monkeypatch.setattr(NetworkUpdater, 'step', lambda self, *a, **kw: (seen_by_steps.append(devices.read_switches()),
-                                                                        step(self, *a, **kw))[1])
+    run = NetworkUpdater.run
+    monkeypatch.setattr(NetworkUpdater, 'run', lambda self, *a, **kw: (seen_by_steps.append(devices.read_switches()),
+                                                                      run(self, *a, **kw))[1])
     seen_by_detectors = spy_on_detectors(monkeypatch)
     before = devices.read_switches()
     experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=2, batch=2, tick=0.002, snap=1, precision='tf32',

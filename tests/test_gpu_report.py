@@ -364,3 +364,35 @@ def test_digits_snapshot_is_scored(tmp_path):
     rows = result['data']['rows']
     assert rows[0]['name'].startswith('real digits') and rows[1]['name'] == str(tmp_path / 'network-snapshot-000001.pkl')
     assert rows[1]['num'] == 20 and 0 <= rows[1]['confident'] <= 1
+
+
+def test_targets_read_what_the_steps_measured_and_say_what_was_not():
+    """Each target of the training step (module docstring) is taken from its step's JSON, compared with its bound, or
+    listed as not measured (no authors' code given, a step that did not run)."""
+    def entry(key, data):
+        return dict(key=key, result=None if data is None else dict(ok=True, data=data))
+    speed = dict(gn_over_vanilla=[dict(cfg='cifar10-resnet', precision='tf32', cuda_graphs='on', iteration=1.3),
+                                  dict(cfg='cifar10-resnet', precision='tf32', cuda_graphs='off', iteration=1.7)],
+                 ours_over_authors=[dict(cfg='cifar10-resnet', norm='gn', precision='tf32', cuda_graphs='on', iteration=0.5),
+                                    dict(cfg='cifar10-resnet', norm='gn', precision='tf32', cuda_graphs='off', iteration=0.9)])
+    presets = dict(results=[dict(cfg='cifar10-cnn', precision='tf32', sec_per_iteration=0.02),
+                            dict(cfg='cifar10-cnn', precision='bf16', sec_per_iteration=0.015),
+                            dict(cfg='cifar10-resnet', precision='tf32', sec_per_iteration=0.04),
+                            dict(cfg='cifar10-resnet', precision='bf16', sec_per_iteration=0.05)])
+    digits = dict(results=[dict(cuda_graphs='off', sec_per_iteration=0.05), dict(cuda_graphs='on', sec_per_iteration=0.012)])
+    data = dict(steps=[entry('train_speed', speed), entry('train_speed_presets', presets),
+                       entry('train_speed_digits', digits), entry('stylegan', None)])
+    rows = {row['target']: row for row in gpu_report.targets(data)}
+    gn = rows["cifar10-resnet iteration, GN, CUDA graphs, tf32: ours / the authors' code"]
+    assert (gn['measured'], gn['met']) == (0.5, False)  # The graph row, not the eager one (0.9).
+    assert rows["cifar10-resnet iteration, no constraint, CUDA graphs, tf32: ours / the authors' code"]['measured'] is None
+    assert (rows['cifar10-resnet iteration, CUDA graphs, tf32: GN / no constraint']['met'],
+            rows['cifar10-cnn iteration: bf16 / tf32']['met'], rows['cifar10-resnet iteration: bf16 / tf32']['met']) == (
+        True, True, False)
+    assert rows['cifar10-cnn iteration: bf16 / tf32']['measured'] == pytest.approx(0.75)
+    assert rows['stl10-cnn iteration: bf16 / tf32']['measured'] is None
+    digit = rows['gn-stylegan --cmax=32 digits step (D + G, batch 32), CUDA graphs, tf32, seconds']
+    assert (digit['measured'], digit['met']) == (0.012, True)
+    lines = gpu_report._target_lines(dict(data, steps=data['steps']))
+    assert any('no constraint' in line and 'not measured' in line for line in lines)
+    assert any('cifar10-resnet iteration: bf16 / tf32' in line and '**no**' in line for line in lines)

@@ -24,14 +24,14 @@ def test_out_of_memory_in_a_training_step_is_one_line(tmp_path, monkeypatch):
     from click.testing import CliRunner
     import train
     calls = []
-    step = NetworkUpdater.step
+    run = NetworkUpdater.run
 
     def out_of_memory(self, *args, **kwargs):
         calls.append(1)
         if len(calls) == 5:
             raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')
-        return step(self, *args, **kwargs)
-    monkeypatch.setattr(NetworkUpdater, 'step', out_of_memory)
+        return run(self, *args, **kwargs)
+    monkeypatch.setattr(NetworkUpdater, 'run', out_of_memory)
     result = CliRunner().invoke(train.main, [f'--outdir={tmp_path}', '--steps=6', '--batch=4', '--tick=0.004', '--snap=1',
                                              '--workers=0'])
     assert result.exit_code == 1 and 'Traceback' not in result.output

@@ -18,9 +18,10 @@ implementation from then on; other configurations keep the kernel.
 GNGAN_OPS_SELFCHECK=0 switches the check off (for benchmarking).
 
 Choice. LazyPlugin.faster() times a trusted kernel against the reference, forward
-and backward, the first time each configuration and shape appears, and lets the
-faster one serve it for the rest of the process, so a kernel never makes training
-slower. time_call() times the device's work: 20 back-to-back calls queued behind a
+and first-order backward, the first time each configuration and shape appears, and
+lets the faster one serve it for the rest of the process. The double backward of
+GN's D step and of the gradient penalties is not timed, so a kernel kept by this
+choice can still be the slower path there. time_call() times the device's work: 20 back-to-back calls queued behind a
 spin kernel, so that CUDA events around them see the kernels and not the host's
 Python (which, below a few MB, would otherwise decide, and equally for both paths);
 median of three rounds after a warm-up. GNGAN_OPS_AUTOTUNE=0 always uses the
