@@ -81,13 +81,17 @@ def _print_table(results: list[dnnlib.EasyDict]) -> None:
 
 def _fail(rank: int, args: dnnlib.EasyDict, message: str) -> None:
     """End this process with exit code 1 after saying why: on stderr when it is the only process, else
-    in <error_dir>/<rank> for the parent to print (the others may be killed before they could)."""
+    in <error_dir>/<rank> for the parent to print (the others may be killed before they could). One of
+    several processes ends at once (os._exit): tearing its process group down while the others still wait
+    in a collective could abort it with a C++ runtime message on stderr, beside the one line."""
     if args.num_gpus == 1:
         print(f'Error: {message}', file=sys.stderr, flush=True)
-    else:
-        with open(os.path.join(args.error_dir, str(rank)), 'w') as f:
-            f.write(message)
-    raise SystemExit(1)
+        raise SystemExit(1)
+    with open(os.path.join(args.error_dir, str(rank)), 'w') as f:
+        f.write(message)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _run(rank: int, args: dnnlib.EasyDict, device: torch.device) -> None:

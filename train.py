@@ -109,10 +109,21 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
     (run.continue_args, with --resume of that snapshot or 'latest'), and exits with EXIT_STOPPED.
     """
     stop = StopSignal(run.get('stop_shared')) if stop is None else stop
-    with stop:
-        if init_method is not None:  # Spawned by --gpus=N.
-            _end_with_parent()
-        _train_process(rank, run, init_method, num_threads, stop)
+    try:
+        with stop:
+            if init_method is not None:  # Spawned by --gpus=N.
+                _end_with_parent()
+            _train_process(rank, run, init_method, num_threads, stop)
+    except SystemExit as e:
+        if init_method is None:
+            raise
+        code = e.code if isinstance(e.code, int) else 1
+    else:
+        code = 0
+    if init_method is not None:  # Spawned: its work is done (process group down, files closed), so it ends at once; the
+        sys.stdout.flush()       # interpreter's own teardown of gloo's threads could abort it with a C++ runtime message.
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None,
