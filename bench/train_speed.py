@@ -231,6 +231,14 @@ def graph_speedups(rows: list[dict]) -> list[dict]:
     return out
 
 
+def print_ratios(title: str, rows: list[dict], label: Callable[[dict], str]) -> None:
+    """A table of D step, G step and iteration ratios, one labelled line per row."""
+    if rows:
+        print(f'\n{title}:')
+        for r in rows:
+            print(f'{label(r)} D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
+
+
 @click.command()
 @click.option('--cfg', 'cfg_names',     help='Presets, comma-separated', default='cifar10-resnet', show_default=True,
               callback=parse_list(tuple(configs.PRESETS)))
@@ -327,25 +335,13 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     for r in authors_rows:
         print(f'{r["cfg"]:<20} {r["norm"]:<5} {"(authors)":<20} {r["precision"]:<5} {"":<5} {r["batch_D"]:>3}/{r["batch_G"]:<3} '
               f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f}')
-    gn_ratios = ratios(rows)
-    if gn_ratios:
-        print('\nGN / vanilla (norm none):')
-        for r in gn_ratios:
-            print(f'{r["cfg"]:<20} {r["precision"]:<5} graph {r["cuda_graphs"]:<4} fast_g {on_off(r["fast_g"]):<4} lin_d {on_off(r["linear_d"]):<4} fuse_d {on_off(r["fuse_d_calls"]):<4} '
-                  f'D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
-
-    versus_authors = authors.ours_over_authors(rows, authors_rows)
-    if versus_authors:
-        print('\nOurs / the authors\' code:')
-        for r in versus_authors:
-            print(f'{r["cfg"]:<20} {r["norm"]:<5} {r["precision"]:<5} (theirs at {r["against"]}) graphs {r["cuda_graphs"]:<4} '
-                  f'replayed {on_off(r["replayed"]):<4} D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
-    speedups = graph_speedups(rows)
-    if speedups:
-        print('\nEager / CUDA graph:')
-        for r in speedups:
-            print(f'{r["cfg"]:<20} {r["norm"]:<5} {r["precision"]:<5} replayed {on_off(r["replayed"]):<4} '
-                  f'D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
+    gn_ratios, versus_authors, speedups = ratios(rows), authors.ours_over_authors(rows, authors_rows), graph_speedups(rows)
+    print_ratios('GN / vanilla (norm none)', gn_ratios, lambda r: f'{r["cfg"]:<20} {r["precision"]:<5} graph {r["cuda_graphs"]:<4} '
+                 f'fast_g {on_off(r["fast_g"]):<4} lin_d {on_off(r["linear_d"]):<4} fuse_d {on_off(r["fuse_d_calls"]):<4}')
+    print_ratios('Ours / the authors\' code', versus_authors, lambda r: f'{r["cfg"]:<20} {r["norm"]:<5} {r["precision"]:<5} '
+                 f'(theirs at {r["against"]}) graphs {r["cuda_graphs"]:<4} replayed {on_off(r["replayed"]):<4}')
+    print_ratios('Eager / CUDA graph', speedups,
+                 lambda r: f'{r["cfg"]:<20} {r["norm"]:<5} {r["precision"]:<5} replayed {on_off(r["replayed"]):<4}')
 
     if out is not None:
         write_json_atomic(out, dict(
