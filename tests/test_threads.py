@@ -15,19 +15,28 @@ TOOLS = ('train.py', 'generate.py', 'calc_metrics.py', 'dataset_tool.py', 'legac
          'bench/train_speed.py')
 
 
-def _tool_environment(tool: str, env: dict) -> str:
-    """OMP_WAIT_POLICY as torch's process sees it after `tool` (a module of the repository) is imported."""
-    code = f'import {tool}, os; print(os.environ.get("OMP_WAIT_POLICY"))'
-    result = subprocess.run([sys.executable, '-c', code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            check=True, timeout=120)
-    return result.stdout.strip()
+def _tool_environments(tools: list[str], env: dict) -> list[str]:
+    """OMP_WAIT_POLICY as each tool (a module of the repository) leaves it when imported into `env`. One process
+    imports them all in turn, each afresh (one tool may import another), with `env`'s value put back before each;
+    that each tool sets it before torch loads is test_wait_policy_set_before_torch_in_every_tool's to show."""
+    code = ('import importlib, os, sys\n'
+            'given = os.environ.get("OMP_WAIT_POLICY")\n'
+            'for tool in sys.argv[1:]:\n'
+            '    os.environ.pop("OMP_WAIT_POLICY", None)\n'
+            '    os.environ.update({} if given is None else {"OMP_WAIT_POLICY": given})\n'
+            '    sys.modules.pop(tool, None)\n'
+            '    importlib.import_module(tool)\n'
+            '    print(os.environ.get("OMP_WAIT_POLICY"))\n')
+    result = subprocess.run([sys.executable, '-c', code, *tools], cwd=REPO_ROOT, env=env, capture_output=True,
+                            text=True, check=True, timeout=300)
+    return result.stdout.split()
 
 
 def test_every_tool_sets_a_passive_wait_policy_before_torch_unless_told_otherwise():
     env = {k: v for k, v in os.environ.items() if k != 'OMP_WAIT_POLICY'}
-    for tool in TOOLS:
-        assert _tool_environment(tool[:-3].replace('/', '.'), env) == 'PASSIVE', tool
-    assert _tool_environment('train', dict(env, OMP_WAIT_POLICY='ACTIVE')) == 'ACTIVE'
+    modules = [tool[:-3].replace('/', '.') for tool in TOOLS]
+    assert dict(zip(TOOLS, _tool_environments(modules, env))) == {tool: 'PASSIVE' for tool in TOOLS}
+    assert _tool_environments(modules, dict(env, OMP_WAIT_POLICY='ACTIVE')) == ['ACTIVE'] * len(TOOLS)
 
 
 def test_wait_policy_set_before_torch_in_every_tool():
