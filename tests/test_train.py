@@ -1,6 +1,7 @@
 """End to end on a CPU: PNG folder -> dataset_tool.py -> zip -> train.py -> snapshot -> generate.py,
 resume, a 2-process gloo run, progressive GN-StyleGAN through two phases and a fade-in, and the
-one-line errors of train.py. Every command runs as a real process, as a user would start it."""
+one-line errors of train.py. Every command runs as a real process, as a user would start it, but dry runs, which
+are read in-process."""
 
 import json
 import os
@@ -349,13 +350,16 @@ def test_dry_run_says_when_gpus_shrink_the_minibatch_stddev_groups(tmp_path):
     """StyleGAN's D groups min(4, samples of its call) samples for the minibatch stddev; on N GPUs a call holds
     batch / N samples, so where that is below 4 the groups shrink (the README's 16-process run: 2 from 64x64 up)."""
     import re
+    from click.testing import CliRunner
+    import train
     from tests.test_metric_main import write_dataset_zip
     write_dataset_zip(str(tmp_path / 'data64.zip'), num_images=2, resolution=64)
     v1_batch = {8: 256, 16: 128, 32: 64, 64: 32}  # StyleGAN v1's global minibatch by resolution (the paper's run).
     for gpus, batch in [(1, None), (8, None), (16, None), (32, None), (16, 16)]:
         args = [f'--gpus={gpus}'] + ([] if batch is None else [f'--batch={batch}'])
-        result = run_cli('train.py', '--cfg=gn-stylegan', f'--data={tmp_path / "data64.zip"}', *args, '--dry-run')
-        notes = [line for line in result.stdout.splitlines() if 'minibatch-stddev' in line]
+        result = CliRunner().invoke(train.main, ['--cfg=gn-stylegan', f'--data={tmp_path / "data64.zip"}', *args, '--dry-run'])
+        assert result.exit_code == 0, result.output
+        notes = [line for line in result.output.splitlines() if 'minibatch-stddev' in line]
         expected = {}
         for r, global_batch in v1_batch.items():
             global_batch = min(global_batch, batch or global_batch)

@@ -20,9 +20,30 @@ from training.step import graphs, training_step
 from training.step.updater import make_capturable, portable_state_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_STEPS = 3  # G steps of a Run of an SN-GAN or BigGAN preset.
+
+
+def _what_a_run_sees(cfg_name: str) -> str:
+    """A preset's configuration but its name, its description and an EMA start beyond a Run's last step."""
+    cfg = {k: v for k, v in configs.get_config(cfg_name, norm='gn').items() if k not in ('name', 'description')}
+    if cfg.get('ema_start') is not None:
+        cfg['ema_start'] = min(cfg['ema_start'], RUN_STEPS)
+    return repr(sorted(cfg.items()))
+
+
+def _presets_a_run_tells_apart() -> list[str]:
+    """Every preset, less those a Run cannot tell from an earlier one (church256-resnet is celebahq256-resnet with a
+    later EMA start)."""
+    first = {}
+    for name in configs.PRESETS:
+        first.setdefault(_what_a_run_sees(name), name)
+    return list(first.values())
+
+
 # Every preset at its defaults, and every other constraint's steps (penalties, SN) on the quick start's networks and
 # StyleGAN's R1.
-PRESET_NORMS = [(name, 'gn') for name in configs.PRESETS] + [
+PRESETS = _presets_a_run_tells_apart()
+PRESET_NORMS = [(name, 'gn') for name in PRESETS] + [
     ('quickstart', norm) for norm in configs.NORMS if norm != 'gn'] + [('gn-stylegan', 'r1')]
 
 
@@ -36,7 +57,7 @@ class Run:
         self.stylegan = cfg.arch == 'stylegan'
         self.resolution = cfg.get('resolution', 16)
         options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4) if self.stylegan else dict(
-            steps=3, batch=4 if self.resolution < 128 else 2)
+            steps=RUN_STEPS, batch=4 if self.resolution < 128 else 2)
         self.experiment = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=self.resolution, img_channels=3,
                                            label_dim=10 if cfg.conditional else 0, precision='fp32', **options)
         width = {} if self.stylegan else dict(ch=2)
@@ -125,7 +146,7 @@ def assert_same(a: dict, b: dict) -> None:
     assert different == [], f'{len(different)} of {len(a)} tensors differ: {different[:5]}'
 
 
-@pytest.mark.parametrize('cfg_name', configs.PRESETS)
+@pytest.mark.parametrize('cfg_name', PRESETS)
 def test_cpu_steps_train_as_the_eager_steps_before_graphs(cfg_name):
     reference, run = Run(cfg_name, 'gn'), Run(cfg_name, 'gn')
     train_as_before_graphs(reference)
