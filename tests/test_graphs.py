@@ -55,7 +55,7 @@ def test_replays_after_warmup_equal_the_eager_steps_and_count_their_statistics_o
     run_steps(captured, counter, inputs)
     # 2 warm-up steps, then one capture whose first replay is checked against an eager step, then 5 replays.
     assert len(engine.captures) == 1 and engine.captures[0].replays == 6 and counter.calls == 2 + 1 + 1
-    assert captured.replaying('k') and captured.last_replayed and lines == []
+    assert captured.last_replayed and lines == []
     assert torch.equal(counter.w, reference.w) and int(counter.n) == 8  # Inputs through the static buffer, draws inside.
     collector.update()  # Each step's w counted once, whether reported eagerly or added by a replay.
     assert collector.num('Test/graphs/w') == 8 * 3
@@ -96,7 +96,7 @@ def test_a_replay_that_differs_from_the_eager_step_is_undone_and_the_key_stays_e
     # kernels never ran), then 5, 6, 7 eagerly; the replay, which would have added 3x again, was undone.
     assert torch.equal(w, torch.full([3], float(1 + 2 + 4 + 5 + 6 + 7)))
     assert len(lines) == 1 and 'the D step replayed differently from the eager step' in lines[0]
-    assert not captured.replaying('k') and 'k' in captured.eager_keys
+    assert not captured.last_replayed and 'k' in captured.eager_keys and 'k' not in captured.graphs
 
 
 def test_a_new_key_frees_the_graphs_of_the_others():
@@ -144,7 +144,7 @@ def test_cuda_graph_replays_equal_the_eager_steps_and_refuse_a_host_read():
     counter, lines = Counter(device), []
     captured = graphs.CapturedStep('D', counter.state, graphs.CudaGraphs(device), log=lines.append, warmup=2)
     run_steps(captured, counter, inputs)
-    assert captured.replaying('k') and lines == [] and counter.calls == 4
+    assert captured.last_replayed and lines == [] and counter.calls == 4
     assert torch.equal(counter.w, eager.w) and int(counter.n) == 6
 
     def step_with_read(x):

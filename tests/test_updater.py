@@ -11,6 +11,12 @@ from training.recipes import configs
 from training.step.updater import NEVER, NetworkUpdater, split_round, update_ema
 
 
+def train_step(updater: NetworkUpdater, loss, batch: list, rounds: int, step: int) -> None:
+    """One training step of G step `step` (counted from 0), as TrainingStep runs it."""
+    updater.set_step(step)
+    updater.run(loss, batch, rounds)
+
+
 def test_update_ema_matches_formula():
     G, G_ema = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
     with torch.no_grad():
@@ -54,7 +60,7 @@ def test_step_is_sgd_on_the_batch_mean_in_any_number_of_rounds():
         updater, loss = _updater()
         w = updater.module.weight.detach().clone()[0]
         expected = w - 0.1 * ((x @ w - y[:, 0])[:, None] * x).mean(0)  # By hand: one SGD step on the mean.
-        updater.step(loss, batch, rounds=rounds, step=0)
+        train_step(updater, loss, batch, rounds, 0)
         torch.testing.assert_close(updater.module.weight.detach()[0], expected, rtol=1e-12, atol=0)
         assert loss.gains == [1 / rounds] * rounds
         assert not updater.module.weight.requires_grad  # Frozen outside its own step.
@@ -64,7 +70,7 @@ def test_fp16_scaler_scales_the_loss_and_unscales_before_the_step():
     x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 1, dtype=torch.float64)
     updater, loss = _updater(precision_scaler=True)
     w = updater.module.weight.detach().clone()[0]
-    updater.step(loss, [x, None, y, None], rounds=2, step=0)
+    train_step(updater, loss, [x, None, y, None], 2, 0)
     assert loss.gains == [2.0 ** 16 / 2] * 2  # GradScaler's initial scale, split over the rounds.
     expected = w - 0.1 * ((x @ w - y[:, 0])[:, None] * x).mean(0)
     torch.testing.assert_close(updater.module.weight.detach()[0], expected, rtol=1e-10, atol=0)
@@ -79,7 +85,7 @@ def test_set_plan_sets_lr_and_resets_adam_only_when_the_state_id_changes():
     for i, state_id in enumerate([(0, 0), (0, 0), (0, 1), (0, 1), (0, 1), (1, 1)]):
         updater.set_plan(lr=0.01 * (i + 1), optimizer_state_id=state_id)
         assert updater.optimizer.param_groups[0]['lr'] == 0.01 * (i + 1)
-        updater.step(loss, batch, rounds=1, step=i)
+        train_step(updater, loss, batch, 1, i)
         steps.append(int(updater.optimizer.state[module.weight]['step']))
     assert steps == [1, 2, 1, 2, 3, 1]
 
@@ -91,7 +97,7 @@ def test_first_nonfinite_gradient_step_is_remembered():
         bad = y.clone()
         if step in (2, 3):
             bad[0] = float('inf')
-        updater.step(loss, [x, None, bad, None], rounds=1, step=step)
+        train_step(updater, loss, [x, None, bad, None], 1, step)
     assert int(updater.first_bad_step) == 3  # G step 2, counted from 1 in the progress lines.
     assert NEVER == np.iinfo(np.int64).max
 
@@ -253,12 +259,12 @@ def test_training_step_reads_nothing_back_to_the_host(cfg_name, norm, monkeypatc
     no synchronization inside a step. StyleGAN's style mixing included (its generator mixes with probability 0.9)."""
     loss, updaters, batch = _preset_step(cfg_name, norm)
     for net in ['D', 'G']:  # First steps: Adam's state and GN's one-time check of the affine form (a host read).
-        updaters[net].step(loss, batch if net == 'D' else [None, None] + batch[2:], rounds=1, step=0)
+        train_step(updaters[net], loss, batch if net == 'D' else [None, None] + batch[2:], 1, 0)
     reads = HostReads([u.optimizer for u in updaters.values()])
     reads.watch(monkeypatch)
     with reads:
         for net in ['D', 'G']:
             torch.manual_seed(1)
-            updaters[net].step(loss, batch if net == 'D' else [None, None] + batch[2:], rounds=1, step=1)
+            train_step(updaters[net], loss, batch if net == 'D' else [None, None] + batch[2:], 1, 1)
     monkeypatch.undo()
     assert reads.reads == []

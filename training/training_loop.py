@@ -104,6 +104,8 @@ def training_loop(
         grids = ImageGrids(run_dir, training_set, G.z_dim, seed, device) if rank == 0 else None
         if grids is not None and resume is None:
             grids.save(G_ema, '_init')
+        snapshot = lambda: state.snapshot(nets, optimizers, reals.consumed, training_set_kwargs, experiment.record())
+        snapshot_path = lambda label: os.path.join(run_dir, f'network-snapshot-{label}.pkl')
         last_grid = None
         log(f'Training: {schedule.describe()[0]}')
 
@@ -111,8 +113,7 @@ def training_loop(
             # Stop signal, seen by every process at this G step boundary: a snapshot (unless this step has one), and out.
             if stop.agreed():
                 if state.saved_step != state.step:
-                    state.save([os.path.join(run_dir, f'network-snapshot-{snapshot_label(state.cur_nimg)}.pkl')],
-                               state.snapshot(nets, optimizers, reals.consumed, training_set_kwargs, experiment.record()))
+                    state.save([snapshot_path(snapshot_label(state.cur_nimg))], snapshot())
                 raise RunStopped(stop.signal_name, state.step, state.last_snapshot)
 
             # Plan of this G step: learning rates, Adam resets, level of detail.
@@ -142,12 +143,11 @@ def training_loop(
             if snapshot_due:
                 for module in nets.values():
                     misc.check_ddp_consistency(module)  # Every process must hold the same networks.
-                snapshot_pkl = os.path.join(run_dir, f'network-snapshot-{label}.pkl')
+                snapshot_pkl = snapshot_path(label)
                 metric_stats, results = evaluator.evaluate(G_ema, snapshot_pkl)  # Before the snapshot, which records them.
                 stats.update(metric_stats)
                 new_best = state.record_metric(results)
-                state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []),
-                           state.snapshot(nets, optimizers, reals.consumed, training_set_kwargs, experiment.record()))
+                state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []), snapshot())
                 if new_best:
                     log(f'New best {experiment.best_metric}: {state.best:.4g} -> network-best.pkl')
             reporter.end_tick(stats, state, chart=snapshot_due)

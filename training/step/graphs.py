@@ -126,11 +126,6 @@ class CapturedStep:
         self.eager_keys: set[Hashable] = set()  # Keys whose capture failed or disagreed.
         self.last_replayed = False  # Whether the last call replayed a graph.
 
-    def replaying(self, key: Hashable) -> bool:
-        """Whether calls with `key` replay a checked graph."""
-        entry = self.graphs.get(key)
-        return entry is not None and entry.checked
-
     def __call__(self, key: Hashable, step: Callable[..., None], inputs: dict[str, torch.Tensor]) -> None:
         """One step: step(**inputs), eagerly or by replaying the graph of `key` (whose step it must be)."""
         self.last_replayed = False

@@ -1,6 +1,6 @@
 """One network's optimizer steps: the training step that the loop and every bench script run.
 
-A `NetworkUpdater` owns a network (D or G), its optimizer and its loss scaler. One `step()` is
+A `NetworkUpdater` owns a network (D or G), its optimizer and its loss scaler. One `run()` is
 
     zero the gradients
     for each of `rounds` accumulation rounds:                 # the process's share, split (split_round)
@@ -175,11 +175,6 @@ class NetworkUpdater:
         """One training step, of the G step given to `set_step`: `accumulate` then `apply`."""
         self.accumulate(loss, batch, rounds)
         self.apply()
-
-    def step(self, loss: Any, batch: list[torch.Tensor | None], rounds: int, step: int) -> None:
-        """One training step of G step `step` (counted from 0): `set_step` then `run`."""
-        self.set_step(step)
-        self.run(loss, batch, rounds)
 
     def update_ema(self, beta: float) -> None:
         """ema <- beta * ema + (1 - beta) * module (the generator's updater)."""
