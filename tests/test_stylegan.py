@@ -477,17 +477,31 @@ def test_minibatch_stddev_statistics_in_float32_for_bfloat16_features():
     np.testing.assert_allclose(out[:2, 4, 0, 0].double().numpy(), expected, rtol=2 ** -8)
 
 
+# Layouts of (x, lower) a fade-in meets: G's toRGB output of a one-channel image (channels-last strides with a size-1
+# channel, so both contiguous and channels-last) beside the contiguous upsampled lower level; D's channels-last
+# features beside contiguous ones; and plain contiguous inputs.
+FADE_IN_LAYOUTS = {
+    'contiguous': lambda t: t,
+    'one-channel': lambda t: t[:, :1].contiguous(memory_format=torch.channels_last).as_strided(
+        (t.shape[0], 1, *t.shape[2:]), (t.shape[2] * t.shape[3], 1, t.shape[3], 1)),
+    'channels-last': lambda t: t.contiguous(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize('layout', list(FADE_IN_LAYOUTS))
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize('lod', [0.75, 2 / 3, 1.1, 0.001, 0.999])
-def test_fade_in_from_the_lod_buffer_is_lerp_by_a_python_float(lod, dtype):
+def test_fade_in_from_the_lod_buffer_is_lerp_by_a_python_float(lod, dtype, layout):
     """fade_in reads the fade-in's progress from the lod buffer (so that a captured step follows it) and must give
-    what torch.lerp with the progress as a Python float gives, bit for bit: values, gradients of both inputs and a
-    second derivative (GN's D step differentiates twice)."""
+    what torch.lerp with the progress as a Python float gives, bit for bit: values, their layout in memory (the
+    convolutions after it round by it), gradients of both inputs and a second derivative (GN's D step differentiates
+    twice)."""
     module = stylegan.Discriminator(c_dim=0, img_resolution=16, img_channels=3, fmap_max=4)
     module.set_lod(lod)
     frac = lod - math.floor(lod)
     torch.manual_seed(0)
-    x0, lower0 = torch.randn(2, 3, 4, 4, dtype=torch.float64).to(dtype), torch.randn(2, 3, 4, 4, dtype=torch.float64).to(dtype)
+    x0 = FADE_IN_LAYOUTS[layout](torch.randn(2, 3, 4, 4, dtype=torch.float64).to(dtype))
+    lower0 = torch.randn(*x0.shape, dtype=torch.float64).to(dtype)
     results = []
     for fade in (lambda x, lower: stylegan.fade_in(module, x, lower), lambda x, lower: torch.lerp(x, lower, frac)):
         x, lower = x0.clone().requires_grad_(True), lower0.clone().requires_grad_(True)
@@ -496,4 +510,4 @@ def test_fade_in_from_the_lod_buffer_is_lerp_by_a_python_float(lod, dtype):
         second, = torch.autograd.grad((grad_x.float() ** 3).sum() + grad_lower.float().sum(), x)
         results.append([out, grad_x, grad_lower, second])
     for got, expected in zip(*results):
-        assert got.dtype == expected.dtype and torch.equal(got, expected)
+        assert got.dtype == expected.dtype and got.stride() == expected.stride() and torch.equal(got, expected)

@@ -96,20 +96,38 @@ def host_lod(module: nn.Module) -> float:
 
 class _Lerp(torch.autograd.Function):
     """lerp(x, lower, w) for a weight w held in a tensor, computed as torch.lerp computes it for a Python float w, bit
-    for bit: in float32 for bfloat16/float16 inputs (float64 for float64) with one rounding to x's dtype, and
-    differentiated as torch differentiates that lerp: grad * (1 - w) with 1 - w from float64 (`one_minus_weight`),
-    grad * w, each with one rounding. Its backward is made of differentiable operations (double backward)."""
+    for bit: in float32 for bfloat16/float16 inputs (float64 for float64) with one rounding to x's dtype, into a
+    result laid out as that lerp lays it out (`_two_input_layout`), and differentiated as torch differentiates that
+    lerp: grad * w, then grad * (1 - w) with 1 - w from float64 (`one_minus_weight`), each with one rounding. Its
+    backward is made of differentiable operations (double backward)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, lower: torch.Tensor, weight: torch.Tensor, one_minus_weight: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(weight, one_minus_weight)
-        return torch.lerp(x.to(weight.dtype), lower.to(weight.dtype), weight).to(x.dtype)
+        dtype, x, lower = x.dtype, x.to(weight.dtype), lower.to(weight.dtype)
+        return torch.lerp(x, lower, weight, out=_two_input_layout(x, lower)).to(dtype)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         weight, one_minus_weight = ctx.saved_tensors
         scaled = lambda factor: (grad.to(factor.dtype) * factor).to(grad.dtype)
-        return scaled(one_minus_weight), scaled(weight), None, None
+        grad_lower = scaled(weight)  # Before x's, as torch's lerp: the order in which a second backward sums into a
+        return scaled(one_minus_weight), grad_lower, None, None  # tensor decides the layout of its gradient.
+
+
+def _two_input_layout(x: torch.Tensor, lower: torch.Tensor) -> torch.Tensor | None:
+    """An empty result laid out as torch lays out an elementwise op of x and lower alone (lerp with a Python weight),
+    or None where a tensor weight gets that layout anyway. The two differ where the inputs agree on a memory format
+    that the weight's extra operand hides from torch's fast path: both contiguous or both channels-last, one of them
+    ambiguous (a size-1 channel, as the toRGB output of a one-channel image). The layout matters beyond the values:
+    the convolutions after a fade-in choose their algorithm, and so their rounding, by the input's strides."""
+    if x.shape != lower.shape:
+        return None
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        if x.dim() == 4 or memory_format == torch.contiguous_format:
+            if x.is_contiguous(memory_format=memory_format) and lower.is_contiguous(memory_format=memory_format):
+                return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=memory_format)
+    return None
 
 
 def fade_in(module: nn.Module, x: torch.Tensor, lower: torch.Tensor) -> torch.Tensor:
