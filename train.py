@@ -64,6 +64,7 @@ from training.run import run_dirs  # noqa: E402
 from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
+from training.step.graphs import CudaGraphsBroken  # noqa: E402
 from training.step.training_step import CUDA_GRAPHS  # noqa: E402
 
 # The command line's options that Experiment.build takes as they are.
@@ -160,7 +161,7 @@ def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # Leave together, once process 0 has written the snapshot.
         sys.exit(EXIT_STOPPED)
-    except (TrainingDiverged, DatasetError, OutOfMemory, OSError) as e:
+    except (TrainingDiverged, DatasetError, OutOfMemory, CudaGraphsBroken, OSError) as e:
         print(f'Error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
     finally:

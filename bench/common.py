@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dnnlib  # noqa: E402
-from torch_utils import devices  # noqa: E402
+from torch_utils import devices, misc  # noqa: E402
 from training.experiment import Experiment  # noqa: E402
 from training.recipes import configs  # noqa: E402
 from training.step.precision import Precision  # noqa: E402
@@ -57,6 +57,8 @@ class HostWork(NamedTuple):
     """What one call of a function costs the host, whatever the device."""
     ops: int           # ATen operators dispatched, forward and backward (on a GPU about one kernel launch each).
     python_calls: int  # Python function calls (sys.setprofile 'call' events; C functions not counted).
+    syncs: int | None  # Times the host waited for the GPU (CUDA's synchronisation watch); None on a CPU (what would
+                       # wait on a GPU is tests/test_updater.py's to find: a CPU optimizer reads its own step counts).
 
 
 class _OpCounter(TorchDispatchMode):
@@ -69,13 +71,15 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def count_host_work(fn: Callable[[], object]) -> HostWork:
+def count_host_work(fn: Callable[[], object], device: torch.device = torch.device('cpu')) -> HostWork:
     """Call `fn` twice: once counting the ATen ops it dispatches (a TorchDispatchMode, which also sees the backward
-    passes run by the autograd engine), once counting its Python calls (sys.setprofile); apart, so that neither
-    counter's own Python is counted by the other."""
+    passes run by the autograd engine) and its waits for the device, once counting its Python calls (sys.setprofile);
+    apart, so that neither counter's own Python is counted by the other."""
     counter = _OpCounter()
     with counter:
-        fn()
+        cuda_syncs = misc.cuda_syncs_of(fn) if device.type == 'cuda' else None
+        if cuda_syncs is None:
+            fn()
     python_calls = 0
 
     def profile(_frame, event: str, _arg) -> None:
@@ -88,7 +92,7 @@ def count_host_work(fn: Callable[[], object]) -> HostWork:
         fn()
     finally:
         sys.setprofile(previous)
-    return HostWork(ops=counter.ops, python_calls=python_calls)
+    return HostWork(ops=counter.ops, python_calls=python_calls, syncs=None if cuda_syncs is None else len(cuda_syncs))
 
 
 def preset_experiment(cfg_name: str, norm: str = 'gn', resolution: int | None = None, batch: int | None = None,

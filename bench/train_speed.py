@@ -15,19 +15,25 @@ is not part of the measurement). gn-stylegan's networks are built for --resoluti
 full resolution (lod 0), with --batch as the minibatch; the third example above (narrow, 64x64) takes
 about 4 minutes on a 2-core CPU, bf16 included, while at full width (no --cmax: 512 maps) the same
 command with the default norms runs past 15 minutes. Runs alternate between the
-configurations, one D step and one G step of each per round, so that a change in the machine's
-load hits all of them alike; every figure is the median over --rounds rounds after --warmup
+configurations of a preset, one D step and one G step of each per round, so that a change in the
+machine's load hits all of them alike; every figure is the median over --rounds rounds after --warmup
 untimed ones. A full iteration of a preset is n_dis D steps plus one G step.
 
 Host work: after the timed rounds, one more D step and G step of every configuration are counted
 (bench/common.count_host_work): ATen ops dispatched (forward and backward; on a GPU about one kernel
-launch each) and Python function calls, so that a change in host work shows on a CPU too.
+launch each), Python function calls, so that a change in host work shows on a CPU too, and on a GPU
+the times the host waits for it (CUDA's synchronisation watch: 0 for a replayed step).
 
-Reported: sec/D step, sec/G step, sec/iteration, ops and Python calls per D and per G step, on a GPU
-the peak memory allocated during a step (GiB), and for each preset and precision the ratios GN /
+Memory (on a GPU): presets run one after another, and after a preset's timed rounds each of its
+configurations runs alone, every other configuration's graphs freed, from its warm-ups to replays:
+the peak memory allocated and held (graph pools included) of each row is its own.
+
+Reported: sec/D step, sec/G step, sec/iteration, ops, Python calls and syncs per D and per G step, on
+a GPU the peak memory held (GiB), and for each preset and precision the ratios GN /
 vanilla (norm 'none') of the D step and of the G step, the figures of the GN-GAN paper's speed
 table. --deterministic times the steps under train.py --deterministic's switches (what repeatable
-GPU arithmetic costs); --device picks the device (default: the GPU when torch sees one). fp16 runs use a GradScaler as the training loop does. Prints a table; --out writes
+GPU arithmetic costs); --device picks the device (default: the GPU when torch sees one). fp16 runs use
+a GradScaler as the training loop does, and are never replayed as graphs. Prints a table; --out writes
 the same numbers as JSON with the device, torch version, thread count, load average and date.
 
 On a CPU shared with other work, wall time measures the neighbours as much as the code;
@@ -63,6 +69,10 @@ from training.recipes import configs  # noqa: E402
 from training.step import graphs, loss as loss_lib, precision as precision_lib  # noqa: E402
 
 #----------------------------------------------------------------------------
+
+
+def _blank(value: object) -> str:
+    return '' if value is None else str(value)
 
 
 def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution: int | None, cmax: int | None,
@@ -127,14 +137,9 @@ class Configuration:
 
     def step(self, net: str, record: bool) -> None:
         """One timed step (and on a GPU a second one, its device time), its switches set outside the timing (the
-        training loop sets them once per run); with `record`, its times and its peak memory count. The peak statistics
-        are reset before every step, so that a row's peak is the most its own timed steps had allocated (networks,
-        optimizer states and graph pools included), not an earlier configuration's, nor a warm-up's (cuDNN's
-        autotuning tries algorithms with large workspaces)."""
+        training loop sets them once per run); with `record`, its times count."""
         batch = self.batch(net)
         with step_switches(self.training, self.deterministic):
-            if self.device.type == 'cuda':
-                torch.cuda.reset_peak_memory_stats(self.device)
             self._sync()
             start = self.clock()
             self.call(net, batch)
@@ -143,9 +148,6 @@ class Configuration:
             wall = self.clock() - start
             if not record:
                 return
-            if self.device.type == 'cuda':
-                self.peak_memory = max(self.peak_memory, torch.cuda.max_memory_allocated(self.device))
-                self.peak_reserved = max(self.peak_reserved, torch.cuda.max_memory_reserved(self.device))
             self.times[net]['wall'].append(wall)
             self.times[net]['host'].append(host)
             if self.device.type == 'cuda':
@@ -166,12 +168,32 @@ class Configuration:
         return all(self.training.captured[net].last_replayed for net in ('D', 'G'))
 
     def count_host_work(self) -> None:
-        """Ops and Python calls of one D step and one G step (each run twice, see count_host_work), under switches
-        set around them as the training loop sets them once per run."""
+        """Ops, Python calls and waits for the device of one D step and one G step (each run twice, see
+        count_host_work), under switches set around them as the training loop sets them once per run."""
         for net in ('D', 'G'):
             batch = self.batch(net)
             with step_switches(self.training, self.deterministic):
-                self.host_work[net] = count_host_work(lambda: self.call(net, batch))
+                self.host_work[net] = count_host_work(lambda: self.call(net, batch), self.device)
+
+    def measure_memory(self, others: list[Configuration]) -> None:
+        """On a GPU, the most memory this configuration's steps allocate and hold (graph pools included): with every
+        configuration's graphs freed first, from its warm-ups through its capture to replays; its graphs freed after,
+        so that the next configuration's figures are its own."""
+        if self.device.type != 'cuda':
+            return
+        for run in others:
+            run.training.release_graphs()
+        self._sync()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        with step_switches(self.training, self.deterministic):
+            for _ in range(graphs.WARMUP_STEPS + 4):  # Warm-ups, the capture's call, the checked replay, replays.
+                for net in ('D', 'G'):
+                    self.call(net, self.batch(net))
+        self._sync()
+        self.peak_memory = torch.cuda.max_memory_allocated(self.device)
+        self.peak_reserved = torch.cuda.max_memory_reserved(self.device)
+        self.training.release_graphs()
 
     def _sync(self) -> None:
         if self.device.type == 'cuda':
@@ -193,6 +215,7 @@ class Configuration:
                         f'{net}_bound_by': None if device is None else 'host' if host > device else 'device'})
         row.update(ops_per_D_step=self.host_work['D'].ops, python_calls_per_D_step=self.host_work['D'].python_calls,
                    ops_per_G_step=self.host_work['G'].ops, python_calls_per_G_step=self.host_work['G'].python_calls,
+                   syncs_per_D_step=self.host_work['D'].syncs, syncs_per_G_step=self.host_work['G'].syncs,
                    deterministic=self.deterministic,
                    peak_memory_gib=self.peak_memory / 2 ** 30 if self.device.type == 'cuda' else None,
                    peak_reserved_gib=self.peak_reserved / 2 ** 30 if self.device.type == 'cuda' else None)
@@ -281,7 +304,7 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
         raise click.ClickException(f'--cuda-graphs={cuda_graphs} needs a CUDA device')
     graph_settings = ['on', 'off'] if cuda_graphs == 'both' else [cuda_graphs]
     if device.type == 'cuda' and cuda_graphs != 'off':
-        warmup = max(warmup, graphs.WARMUP_STEPS + 1)  # The graph's eager warm-up steps, then its capture.
+        warmup = max(warmup, graphs.WARMUP_STEPS + 2)  # The graph's eager warm-up steps, its capture, its checked replay.
     if threads is not None:
         torch.set_num_threads(threads)
     if clock == 'process' and device.type == 'cuda':
@@ -290,9 +313,11 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     settings = {'both': [True, False], 'on': [True], 'off': [False], 'default': [None]}
     fast_settings, linear_settings, fuse_settings = settings[fast_g], settings[linear_d], settings[fuse_d]
 
-    runs = []
-    for name in cfg_names:
+    rows, authors_rows = [], []
+    gradnorm_losses = authors.import_authors_code(authors_code) if authors_code is not None else None
+    for name in cfg_names:  # One preset at a time: its networks, graphs and memory are its own.
         preset = build_preset(name, norms, batch, resolution, cmax, device)
+        runs = []
         for norm in norms:
             gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
             for fast in (fast_settings if gn else [None]):
@@ -300,30 +325,36 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
                     for fuse in fuse_settings:
                         for precision in precisions:
                             for graph_setting in graph_settings:
+                                if graph_setting == 'on' and precision == 'fp16':
+                                    continue  # fp16's loss scaling reads the GPU every step: never captured.
                                 runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn,
                                                           deterministic, graph_setting))
-    theirs = []
-    if authors_code is not None:
-        gradnorm, losses = authors.import_authors_code(authors_code)
+        theirs = []
+        if gradnorm_losses is not None:
+            for run in runs:
+                key = (run.preset['cfg'].name, run.norm, run.precision if run.precision in authors.PRECISIONS else 'tf32')
+                if key[0] in authors.ARCHITECTURES and key[1] in authors.NORMS and key not in [(t.cfg, t.norm, t.precision) for t in theirs]:
+                    theirs.append(authors.AuthorsConfiguration(*key, run.preset['batch_D'], run.preset['batch_G'], run.preset['n_dis'],
+                                                               device, clock_fn, *gradnorm_losses))
+        for round_idx in range(warmup + rounds):
+            for run in runs + theirs:
+                for net in ('D', 'G'):
+                    run.step(net, record=round_idx >= warmup)
         for run in runs:
-            key = (run.preset['cfg'].name, run.norm, run.precision if run.precision in authors.PRECISIONS else 'tf32')
-            if key[0] in authors.ARCHITECTURES and key[1] in authors.NORMS and key not in [(t.cfg, t.norm, t.precision) for t in theirs]:
-                theirs.append(authors.AuthorsConfiguration(*key, run.preset['batch_D'], run.preset['batch_G'], run.preset['n_dis'],
-                                                           device, clock_fn, gradnorm, losses))
-    for round_idx in range(warmup + rounds):
-        for run in runs + theirs:
-            for net in ('D', 'G'):
-                run.step(net, record=round_idx >= warmup)
-    for run in runs:
-        run.count_host_work()
+            run.count_host_work()
+        for run in runs:
+            run.measure_memory(runs)
+        rows += [run.result() for run in runs]
+        authors_rows += [run.result() for run in theirs]
+        del preset, runs, theirs
+        if device.type == 'cuda':
+            torch.cuda.empty_cache()
 
-    rows = [run.result() for run in runs]
-    authors_rows = [run.result() for run in theirs]
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')
     seconds = lambda value: '' if value is None else f'{value:.4f}'
     print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"prec":<5} {"graph":<5} {"batch":>7} {"s/D step":>9} '
           f'{"s/G step":>9} {"s/iter":>8} {"host/D":>7} {"dev/D":>7} {"host/G":>7} {"dev/G":>7} {"ops/D":>6} {"calls/D":>7} '
-          f'{"ops/G":>6} {"calls/G":>7} {"GiB":>6}')
+          f'{"ops/G":>6} {"calls/G":>7} {"sync/D":>6} {"sync/G":>6} {"GiB":>6}')
     for r in rows:
         print(f'{r["cfg"]:<20} {r["norm"]:<5} {on_off(r["fast_g"]):<6} {on_off(r["linear_d"]):<6} {on_off(r["fuse_d_calls"]):<6} {r["precision"]:<5} '
               f'{on_off(r["replayed"]):<5} {r["batch_D"]:>3}/{r["batch_G"]:<3} '
@@ -331,6 +362,7 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
               f'{seconds(r["host_sec_per_D_step"]):>7} {seconds(r["device_sec_per_D_step"]):>7} '
               f'{seconds(r["host_sec_per_G_step"]):>7} {seconds(r["device_sec_per_G_step"]):>7} '
               f'{r["ops_per_D_step"]:>6} {r["python_calls_per_D_step"]:>7} {r["ops_per_G_step"]:>6} {r["python_calls_per_G_step"]:>7} '
+              f'{_blank(r["syncs_per_D_step"]):>6} {_blank(r["syncs_per_G_step"]):>6} '
               f'{"" if r["peak_reserved_gib"] is None else format(r["peak_reserved_gib"], ".2f"):>6}')
     for r in authors_rows:
         print(f'{r["cfg"]:<20} {r["norm"]:<5} {"(authors)":<20} {r["precision"]:<5} {"":<5} {r["batch_D"]:>3}/{r["batch_G"]:<3} '

@@ -1,4 +1,6 @@
-"""CUDA graphs emulated on a CPU, for the tests of training/step/graphs.py and training/step/training_step.py.
+"""CUDA graphs emulated on a CPU, for the tests of training/step/graphs.py and training/step/training_step.py, with
+what a GPU does to them: host synchronisations, a capture that fails inside CUDA, kernels that round differently at
+every run, copies from pageable memory.
 
 A CUDA graph runs the Python of a step once, at capture, recording its kernels with the memory they read and
 write; a replay runs those kernels again on that memory, and nothing else. So a replayed step goes wrong where
@@ -9,31 +11,96 @@ gives the same semantics on a CPU: capture records every ATen operator of the st
 the autograd engine's backward operators too) with the tensors it used and made, then undoes what the
 recording did to tensors that existed before (and to the random generator); a replay runs the recorded
 operators again, writing each result into the tensor that the recording produced, so every later operator
-that read that tensor reads the new values. A host read during the capture is an error, as on a GPU.
+that read that tensor reads the new values.
+
+What CUDA does besides, emulated:
+- A host synchronisation (an operator of torch_utils.misc.HOST_READ_OPS, or a copy to the device from pageable
+  memory or a blocking one) is seen by CUDA's synchronisation watch in an eager step (`run_watching_syncs` says
+  where) and fails a capture inside CUDA, which leaves the process as CUDA leaves it: the capture mode still on,
+  so the next random draw fails as the generator of torch <= 2.12 fails ("Offset increment outside graph
+  capture") and every other operator as one on a stream still capturing; `recover()` puts it back, or, made
+  with `recoverable=False`, cannot (CudaGraphsBroken).
+- `kernel_noise()`: kernels that accumulate in a different order at every run (atomics), as a rounding change of
+  one unit in the last place at random positions of the inputs of every reduction, at every call, replays too.
+- `emulate_pinned_memory()`: Tensor.pin_memory and is_pinned on a CPU build, so that a copy to another device
+  (the tests use 'meta') can be told pinned and asynchronous from pageable or blocking.
 """
 
 from __future__ import annotations
 
+import os
+import traceback
 from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from torch_utils.misc import HOST_READ_OPS
+from training.step.graphs import CudaGraphsBroken
 
-# Operators that read a tensor's values on the host (a scalar read, a comparison to a bool) or whose output's size
-# depends on them: on a GPU each synchronises, which a capture refuses.
-HOST_READS = ('_local_scalar_dense', 'equal', 'is_nonzero', 'allclose', 'nonzero', 'masked_select', '_unique2', 'unique_dim',
-              'unique_consecutive', 'repeat_interleave.Tensor')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class CaptureError(RuntimeError):
-    """What a CUDA capture raises for an operation it cannot record (here: one that returns a host value)."""
+    """What a CUDA capture raises for an operation it cannot record (here: one that makes the host wait)."""
+
+
+def _op_name(func) -> str:
+    return func._schema.name.split('::')[-1]
+
+
+def _where() -> str:
+    """file:line of the innermost frame of the project's own code (not torch's, not this file's), as CUDA's
+    synchronisation watch names the Python line that called the operator."""
+    for frame in reversed(traceback.extract_stack()):
+        path = os.path.abspath(frame.filename)
+        if path.startswith(ROOT) and path != os.path.abspath(__file__):
+            return f'{os.path.relpath(path, ROOT)}:{frame.lineno}'
+    return '?'
+
+
+def host_sync(func, args: tuple, kwargs: dict) -> str | None:
+    """Why calling func(*args, **kwargs) makes the host wait for the device (None: it does not)."""
+    name = _op_name(func)
+    if name in HOST_READ_OPS or str(func).split('aten.')[-1] in HOST_READ_OPS:
+        return f'{func} reads tensor values on the host'
+    if name == '_to_copy' and isinstance(args[0], torch.Tensor) and args[0].device.type == 'cpu':
+        target = kwargs.get('device')
+        if target is not None and torch.device(target).type != 'cpu':
+            if not kwargs.get('non_blocking', False) or not args[0].is_pinned():
+                return f'a copy to {target} from pageable memory or a blocking one'
+    return None
+
+
+def _is_random(func) -> bool:
+    return torch.Tag.nondeterministic_seeded in func.tags
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.storage_offset() == b.storage_offset()
             and a.stride() == b.stride())
+
+
+class _SyncWatch(TorchDispatchMode):
+    """CUDA's synchronisation watch (torch.cuda.set_sync_debug_mode('warn')): where each host synchronisation happened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if host_sync(func, args, kwargs) is not None:
+            self.syncs.append(_where())
+        return func(*args, **kwargs)
+
+
+def count_syncs(fn: Callable[[], object]) -> int:
+    """How many times fn() makes the host wait for the device."""
+    with _SyncWatch() as watch:
+        fn()
+    return len(watch.syncs)
 
 
 class _Recorder(TorchDispatchMode):
@@ -45,8 +112,9 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func._schema.name.split('::')[-1] in HOST_READS or str(func).split('aten.')[-1] in HOST_READS:
-            raise CaptureError(f'{func} reads tensor values on the host: operation not permitted when stream is capturing')
+        why = host_sync(func, args, kwargs)
+        if why is not None:
+            raise CaptureError(f'{why}: operation not permitted when stream is capturing')
         # Every tensor from before the capture that an operator sees is saved once: some operators write tensors
         # their schema does not declare mutable (native_batch_norm's running statistics).
         for tensor in tree_flatten((args, kwargs))[0]:
@@ -59,6 +127,15 @@ class _Recorder(TorchDispatchMode):
         self.made.update(id(t) for t in outputs)
         self.ops.append((func, args, kwargs, outputs))
         return result
+
+
+class _StillCapturing(TorchDispatchMode):
+    """What a capture that failed inside CUDA leaves behind, until recover(): every operator fails."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _is_random(func):
+            raise RuntimeError('Offset increment outside graph capture encountered unexpectedly.')
+        raise RuntimeError(f'{func}: operation not permitted when stream is capturing')
 
 
 class EmulatedGraph:
@@ -85,32 +162,99 @@ class EmulatedGraphs:
 
     device = torch.device('cpu')
 
-    def __init__(self) -> None:
+    def __init__(self, recoverable: bool = True) -> None:
         self.captures: list[EmulatedGraph] = []
+        self.recoverable = recoverable          # Whether recover() can put the process back after a failed capture.
+        self.failed_inside_cuda = False
+        self.capturing = False                  # Whether a capture is under way (what a step's Python may look at).
+        self.recoveries = 0
+        self._still_capturing: _StillCapturing | None = None
+        self._rng_before_capture: torch.Tensor | None = None
 
     def run(self, fn: Callable[[], None]) -> None:
         fn()
 
+    def run_watching_syncs(self, fn: Callable[[], None]) -> list[str]:
+        with _SyncWatch() as watch:
+            fn()
+        return watch.syncs
+
     def capture(self, fn: Callable[[], None]) -> EmulatedGraph:
-        recorder, rng = _Recorder(), torch.get_rng_state()
+        recorder, self._rng_before_capture, self.failed_inside_cuda = _Recorder(), torch.get_rng_state(), False
+        self.capturing = True
         try:
             with recorder:
                 fn()
+        except CaptureError:
+            self.failed_inside_cuda = True
+            raise
         finally:
-            with torch.no_grad():
+            self.capturing = False
+            with torch.no_grad():  # The kernels never ran: whatever the recording changed is put back.
                 for tensor, values in recorder.saved.values():
                     if not torch.equal(tensor, values):  # Others keep their version counter, as a GPU leaves them.
                         tensor.copy_(values)
-            torch.set_rng_state(rng)
+            if self.failed_inside_cuda:
+                self._still_capturing = _StillCapturing()
+                self._still_capturing.__enter__()
+            else:
+                torch.set_rng_state(self._rng_before_capture)
         graph = EmulatedGraph(recorder.ops)
         self.captures.append(graph)
         return graph
+
+    def recover(self) -> None:
+        self.recoveries += 1
+        if self._still_capturing is not None:  # Also where it "cannot": the tests' own process goes on.
+            self._still_capturing.__exit__(None, None, None)
+            self._still_capturing = None
+        if not self.recoverable:
+            raise CudaGraphsBroken('CUDA could not be put back (the random generator: Offset increment outside graph '
+                                   'capture encountered unexpectedly.)')
+        torch.set_rng_state(self._rng_before_capture)
 
     def rng_state(self) -> torch.Tensor:
         return torch.get_rng_state()
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
+
+
+class kernel_noise(TorchDispatchMode):
+    """Kernels that round differently at every run, as those that accumulate with atomics do: at every call of a
+    reduction (a convolution's or BatchNorm's backward, a matrix product, a sum), half of the elements of its
+    floating-point inputs, drawn at random, move by one unit in the last place up or down (a copy: the tensors
+    themselves keep their values), which changes its result by about what another order of summation changes."""
+
+    REDUCTIONS = ('convolution_backward', 'native_batch_norm_backward', 'mm', 'addmm', 'bmm', 'sum')
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _op_name(func) in self.REDUCTIONS:
+            args = tuple(self._nudged(a) for a in args)
+        return func(*args, **kwargs)
+
+    def _nudged(self, x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.numel() == 0:
+            return x
+        pick = torch.rand(x.shape, generator=self.generator) < 0.5
+        up = torch.rand(x.shape, generator=self.generator) < 0.5
+        toward = torch.where(up, torch.full_like(x, float('inf')), torch.full_like(x, float('-inf')))
+        return torch.where(pick, torch.nextafter(x, toward), x)
+
+
+def emulate_pinned_memory(monkeypatch) -> None:
+    """Tensor.pin_memory (a copy, marked pinned) and Tensor.is_pinned on a CPU build, which has no pinned memory."""
+    def pin_memory(self, device=None):
+        copy = self.clone()
+        copy.emulated_pinned = True
+        return copy
+    monkeypatch.setattr(torch.Tensor, 'pin_memory', pin_memory)
+    monkeypatch.setattr(torch.Tensor, 'is_pinned', lambda self, device=None: getattr(self, 'emulated_pinned', False))
 
 
 def capturable_on_cpu(monkeypatch) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.graph_emulator import count_syncs, emulate_pinned_memory
 from training.data.data_stream import InfiniteSampler, LabelSampler, RealImageStream, process_reals, random_xflip
 
 
@@ -104,6 +105,21 @@ def test_label_sampler_follows_the_label_distribution():
     class Unlabelled(_ToyDataset):
         label_dim = 0
     assert LabelSampler(Unlabelled(), np.random.default_rng(0), torch.device('cpu')).sample(5).shape == (5, 0)
+
+
+def test_labels_and_reals_reach_a_device_without_the_host_waiting(monkeypatch):
+    """Labels of every sampled batch, and reals assembled from several DataLoader chunks (pageable memory, even where
+    the loader pins its chunks), are copied to a device asynchronously from pinned memory: a copy from pageable
+    memory, or a blocking one, waits for the GPU (tests/graph_emulator: pinned memory emulated, 'meta' as the
+    device)."""
+    emulate_pinned_memory(monkeypatch)
+    device = torch.device('meta')
+    sampler = LabelSampler(_ToyDataset(size=4), np.random.default_rng(0), device)
+    assert count_syncs(lambda: sampler.sample(8)) == 0
+    stream = _stream(_ToyDataset(size=8), chunk=2, device=device)
+    assert count_syncs(lambda: stream.next(4)) == 0
+    # What the watch counts: a copy of the same labels from pageable memory.
+    assert count_syncs(lambda: torch.zeros(8, 3).to(device)) == 1
 
 #----------------------------------------------------------------------------
 # Reals.

@@ -113,3 +113,13 @@ def test_unknown_record_fields_are_refused():
     record = build('quickstart').record()
     with pytest.raises(ValueError, match='unknown fields evil'):
         Experiment.from_snapshot(dict(experiment=dict(record, evil='os.system')))
+
+
+def test_cuda_graphs_on_refuses_what_cannot_be_captured():
+    """--cuda-graphs=on needs CUDA, and cannot capture fp16 steps (their loss scaling reads the GPU every step)."""
+    base = dict(cfg='quickstart', img_resolution=32, img_channels=1, label_dim=0, cuda_graphs='on')
+    with pytest.raises(ValueError, match='needs a CUDA device'):
+        Experiment.build(**base, device='cpu')
+    with pytest.raises(ValueError, match='cannot capture --precision=fp16'):
+        Experiment.build(**base, device='cuda', precision='fp16')
+    assert Experiment.build(**base, device='cuda', precision='bf16').cuda_graphs == 'on'

@@ -113,3 +113,27 @@ def test_all_reduce_mean_grads_two_gloo_processes(tmp_path):
         np.testing.assert_allclose(result['weight'], mean_weight, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(result['bias'], mean_bias, rtol=1e-12, atol=1e-12)
         assert result['unused_is_none']
+
+
+def test_all_reduce_mean_buffers_averages_running_statistics_only(monkeypatch):
+    """BatchNorm's running statistics and a mapping network's w_avg are averaged over processes; StyleGAN's level of
+    detail, constant noise and resampling filters are not touched (their version counters stay: a rewrite makes the
+    networks read them on the host again, a synchronisation inside a captured step). The other process is emulated:
+    its all_reduce adds 3 to every averaged value."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 1), torch.nn.BatchNorm2d(2))
+    net.register_buffer('w_avg', torch.tensor([1.0, 2.0]))
+    net.register_buffer('lod', torch.tensor(1.5, dtype=torch.float64))
+    net.register_buffer('noise_const', torch.randn(4, 4))
+    net.register_buffer('box_filter', torch.ones(2, 2), persistent=False)
+    net[1].running_mean.copy_(torch.tensor([0.5, -0.5]))
+    expected = {name: ((b.double() + 3) / 2).float() for name, b in net.named_buffers()
+                if name in ('1.running_mean', '1.running_var', 'w_avg')}
+    untouched = {name: (b.clone(), b._version) for name, b in net.named_buffers() if name not in expected}
+    monkeypatch.setattr(misc, 'world_size', lambda: 2)
+    monkeypatch.setattr(torch.distributed, 'all_reduce', lambda t: t.add_(3))
+    misc.all_reduce_mean_buffers(net)
+    buffers = dict(net.named_buffers())
+    for name, value in expected.items():
+        assert torch.equal(buffers[name], value), name
+    for name, (value, version) in untouched.items():
+        assert torch.equal(buffers[name], value) and buffers[name]._version == version, name

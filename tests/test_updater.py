@@ -1,5 +1,7 @@
 """training/step/updater.py: one network's training step: accumulation rounds, Adam resets, divergence flag, EMA."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dnnlib
 from training.experiment import Experiment
 from training.recipes import configs
-from training.step.updater import NEVER, NetworkUpdater, split_round, update_ema
+from tests.graph_emulator import capturable_on_cpu
+from training.step.updater import NEVER, NetworkUpdater, make_capturable, split_round, update_ema
 
 
 def train_step(updater: NetworkUpdater, loss, batch: list, rounds: int, step: int) -> None:
@@ -183,6 +186,36 @@ def test_split_round_keeps_minibatch_stddev_groups():
     rounds = [split_round(x, r, 2, group_size=4).tolist() for r in range(2)]
     assert rounds == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert [split_round(x, r, 4).tolist() for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+#----------------------------------------------------------------------------
+def test_a_reset_capturable_adam_steps_as_a_freshly_built_one(monkeypatch):
+    """On CUDA every optimizer is capturable (graphs or not), and StyleGAN v1 resets Adam at every level of detail by
+    zeroing its state in place (captured steps hold references to it): moments and step counts, so that the bias
+    correction starts again. After a reset the updates must be those of a freshly built Adam (betas 0, 0.99 as
+    gn-stylegan's: with the step counts kept, the first update would be about ten times too large)."""
+    capturable_on_cpu(monkeypatch)
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 2)
+    batches = [[torch.randn(8, 3), None, torch.randn(8, 2), None] for _ in range(6)]
+
+    def updater_of(net):
+        opt = torch.optim.Adam(net.parameters(), lr=0.01, betas=(0.0, 0.99))
+        make_capturable(opt)
+        return NetworkUpdater('D', net, opt, torch.amp.GradScaler('cpu', enabled=False))
+    reset = updater_of(module)
+    for i, batch in enumerate(batches):
+        reset.set_plan(0.01, optimizer_state_id=0 if i < 3 else 1)  # A new level after 3 steps: the reset.
+        train_step(reset, SquareLoss(module), batch, 1, i)
+        if i == 2:
+            fresh_module = copy.deepcopy(module)
+    fresh = updater_of(fresh_module)
+    for i, batch in enumerate(batches[3:]):
+        fresh.set_plan(0.01, optimizer_state_id=0)
+        train_step(fresh, SquareLoss(fresh_module), batch, 1, i)
+    for p, q in zip(module.parameters(), fresh_module.parameters()):
+        assert torch.equal(p, q)
+    for state, fresh_state in zip(reset.optimizer.state.values(), fresh.optimizer.state.values()):
+        assert all(torch.equal(state[k], fresh_state[k]) for k in ('step', 'exp_avg', 'exp_avg_sq'))
 
 #----------------------------------------------------------------------------
 # No host reads inside a training step, for every preset.

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from typing import Iterable, Sequence
+import warnings
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import PIL.Image
@@ -28,6 +29,45 @@ def set_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
+
+#----------------------------------------------------------------------------
+# The host and the device.
+
+# ATen operators that read a tensor's values on the host (a scalar read, a comparison to a bool) or whose output's size
+# depends on them: on a GPU each makes the host wait for the device, which a CUDA graph capture cannot hold.
+HOST_READ_OPS = ('_local_scalar_dense', 'equal', 'is_nonzero', 'allclose', 'nonzero', 'masked_select', '_unique2',
+                 'unique_dim', 'unique_consecutive', 'repeat_interleave.Tensor')
+
+
+def cuda_syncs_of(fn: Callable[[], object]) -> list[str]:
+    """fn() with CUDA's synchronisation watch on (torch.cuda.set_sync_debug_mode): where (file:line of the Python that
+    called it) each operation that made the host wait for the GPU happened. The watch reports them as warnings; the
+    others pass through."""
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        torch.cuda.set_sync_debug_mode('warn')
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    syncs = []
+    for w in caught:
+        if 'synchroniz' in str(w.message):
+            syncs.append(f'{w.filename}:{w.lineno}')
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return syncs
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`, without making the host wait: to a GPU it is copied asynchronously from pinned memory
+    (a copy from pageable memory waits until the stream reaches it). PyTorch's pinned-memory allocator reuses the
+    pinned block only once the copy is done."""
+    if device.type == 'cpu':
+        return x
+    return x.pin_memory().to(device, non_blocking=True)
+
 
 #----------------------------------------------------------------------------
 # torch.distributed helpers. All of them are no-ops in a single process.
@@ -70,14 +110,22 @@ def all_reduce_mean_grads(params: Iterable[torch.nn.Parameter]) -> None:
         offset += numel
 
 
+# Buffers that a training step changes: BatchNorm's running statistics and the mapping network's moving average of w.
+# The others (resampling filters, StyleGAN's level of detail and constant noise) are the same in every process.
+RUNNING_STATISTICS = ('running_mean', 'running_var', 'w_avg')
+
+
 def all_reduce_mean_buffers(module: torch.nn.Module) -> None:
-    """Average floating-point buffers across processes (BatchNorm running statistics, StyleGAN's w_avg).
+    """Average the running statistics (RUNNING_STATISTICS) across processes.
 
     Each process updates them from its own shard of the batch; averaging keeps the copies equal,
-    as DDP's buffer broadcast would, while using the statistics of every shard.
+    as DDP's buffer broadcast would, while using the statistics of every shard. The other buffers are
+    left alone: rewriting them would move their version counters, and the values that networks keep
+    on the host for them (a level of detail, a filter's taps) would be read from the device again at
+    every step, a synchronisation that a CUDA graph cannot hold.
     """
     n = world_size()
-    buffers = [b for b in module.buffers() if b.is_floating_point()]
+    buffers = [b for name, b in module.named_buffers() if name.rsplit('.', 1)[-1] in RUNNING_STATISTICS]
     if n == 1 or not buffers:
         return
     flat = torch.cat([b.flatten() for b in buffers])

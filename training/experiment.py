@@ -28,7 +28,7 @@ import dnnlib
 from training.recipes import configs, progressive
 from training.step.loss import LOSSES, NORMS
 from training.step.precision import PRECISIONS, Precision
-from training.step.training_step import CUDA_GRAPHS
+from training.step.training_step import CUDA_GRAPHS, FP16_NOT_CAPTURED
 
 #----------------------------------------------------------------------------
 
@@ -130,6 +130,8 @@ class Experiment:
         dnnlib.util.check_choice('cuda_graphs', values.get('cuda_graphs', cls.cuda_graphs), CUDA_GRAPHS)
         if values.get('cuda_graphs') == 'on' and not values.get('device', cls.device).startswith('cuda'):
             raise ValueError('--cuda-graphs=on needs a CUDA device')
+        if values.get('cuda_graphs') == 'on' and values.get('precision', cls.precision) == 'fp16':
+            raise ValueError(FP16_NOT_CAPTURED)
         if values['cr'] < 0:
             raise ValueError(f'cr must be non-negative, got {values["cr"]}')
         if 'steps' in given and 'kimg' in given:

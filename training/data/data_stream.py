@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from torch_utils import misc
+
 
 #----------------------------------------------------------------------------
 
@@ -118,8 +120,9 @@ class RealImageStream:
         return self._to_device(img[:batch], c[:batch])
 
     def _to_device(self, img: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        img = img.to(self._device, non_blocking=True).to(torch.float32) / 127.5 - 1
-        return img, c.to(self._device, non_blocking=True)
+        # A batch assembled from chunks (torch.cat) is in pageable memory even where the DataLoader pins its chunks.
+        img = misc.to_device(img, self._device).to(torch.float32) / 127.5 - 1
+        return img, misc.to_device(c, self._device)
 
 
 def random_xflip(img: torch.Tensor) -> torch.Tensor:
@@ -139,7 +142,7 @@ class LabelSampler:
         if self._dataset.label_dim == 0:
             return torch.zeros(n, 0, device=self._device)
         idx = self._rng.integers(len(self._dataset), size=n)
-        return torch.from_numpy(np.stack([self._dataset.get_label(int(i)) for i in idx])).to(self._device)
+        return misc.to_device(torch.from_numpy(np.stack([self._dataset.get_label(int(i)) for i in idx])), self._device)
 
 #----------------------------------------------------------------------------
 

@@ -32,13 +32,17 @@ from training.step.updater import NetworkUpdater, make_capturable
 #----------------------------------------------------------------------------
 
 CUDA_GRAPHS = ('auto', 'on', 'off')
+FP16_NOT_CAPTURED = ('--cuda-graphs=on cannot capture --precision=fp16: its dynamic loss scaling reads the overflow '
+                     'flag on the host at every step; use --precision=bf16, or --cuda-graphs=auto (eager fp16 steps)')
 
 
 def use_cuda_graphs(mode: str, device: torch.device, num_gpus: int, precision_name: str) -> bool:
-    """Whether steps are captured: 'on' wherever CUDA is (a failing capture still falls back); 'auto' on one CUDA
-    process without fp16, whose dynamic loss scaling reads the scaler's overflow flag on the host at every step;
-    'off' never. A CPU never captures."""
+    """Whether steps are captured: 'on' wherever CUDA is (a failing capture still falls back), but never with fp16,
+    whose dynamic loss scaling reads the scaler's overflow flag on the host at every step (ValueError); 'auto' on one
+    CUDA process without fp16; 'off' never. A CPU never captures."""
     dnnlib.util.check_choice('cuda_graphs', mode, CUDA_GRAPHS)
+    if mode == 'on' and precision_name == 'fp16':
+        raise ValueError(FP16_NOT_CAPTURED)
     if device.type != 'cuda' or mode == 'off':
         return False
     return mode == 'on' or (num_gpus == 1 and precision_name != 'fp16')
@@ -74,6 +78,11 @@ class TrainingStep:
                          'G': NetworkUpdater('G', G, G_opt, scaler(), group_size=group_size, ema=G_ema)}
         self.captured = {net: CapturedStep(net, self._state, graph_engine, log) for net in ('D', 'G')}
         self.lod: float | None = None  # The level of detail of progressive growing (None: none).
+
+    def release_graphs(self) -> None:
+        """Free the graphs of both steps (they are captured again when next used)."""
+        for captured in self.captured.values():
+            captured.release()
 
     def set_plan(self, plan: Any) -> None:
         """The schedule's plan for this G step (training/recipes/schedule.py): learning rates, optimizer state
