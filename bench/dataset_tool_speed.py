@@ -7,8 +7,9 @@ Synthetic sources (a folder of photo-like images: smooth color fields with noise
 photos do rather than as noise or flat color) are converted to --resolution (default 256x256, as for CelebA-HQ
 and LSUN Church) with each number of workers, in this process, as `python dataset_tool.py` converts them
 (the interpreter's start is left out). Each archive is checked to be byte-identical to the one-worker archive.
-Prints a Markdown table of images per second and the speed-up over one worker; --out writes JSON, with the
-machine and the load of the machine while it ran (the other processes' CPU use).
+Prints a Markdown table of images per second, the speed-up over one worker, and the CPU time of the main process
+(reading, writing) and of the workers (decoding, resizing, encoding): the main process's share bounds the speed-up
+on any number of cores. --out writes JSON, with the machine and its load while it ran (the other processes' CPU use).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import datetime
 import hashlib
 import os
 import platform
+import resource
 import shutil
 import sys
 import tempfile
@@ -64,12 +66,20 @@ def write_source(folder: str, size: int, fmt: str, count: int) -> int:
     return sum(len(encoded[idx % DISTINCT_IMAGES]) for idx in range(count))
 
 
-def convert(source: str, dest: str, resolution: int, workers: int) -> float:
-    """Seconds that dataset_tool.py takes to convert `source` with `workers` processes."""
-    start = time.perf_counter()
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def convert(source: str, dest: str, resolution: int, workers: int) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds of this process, CPU seconds of the workers) that dataset_tool.py takes to convert
+    `source` with `workers` processes. This process's share bounds the speed-up whatever the cores: at most
+    (main + workers) / main."""
+    start, main, children = time.perf_counter(), cpu_seconds(resource.RUSAGE_SELF), cpu_seconds(resource.RUSAGE_CHILDREN)
     dataset_tool.main.main([f'--source={source}', f'--dest={dest}', f'--resolution={resolution}x{resolution}',
                             f'--workers={workers}'], standalone_mode=False)
-    return time.perf_counter() - start
+    return (time.perf_counter() - start, cpu_seconds(resource.RUSAGE_SELF) - main,
+            cpu_seconds(resource.RUSAGE_CHILDREN) - children)
 
 
 def sha256(path: str) -> str:
@@ -122,8 +132,8 @@ def main(sizes: list[str], formats: list[str], images: int, resolution: int, wor
     machine = dict(cpu=cpu_model(), cores=cores, python=platform.python_version(), pillow=PIL.__version__)
     busy_before = other_processes()
     print(f'{cores} cores; other processes before: {", ".join(busy_before) or "none"}')
-    print('| source | images | workers | seconds | images/s | speed-up | same bytes |')
-    print('|---|---|---|---|---|---|---|')
+    print('| source | images | workers | seconds | images/s | speed-up | CPU s: main / workers | same bytes |')
+    print('|---|---|---|---|---|---|---|---|')
     rows = []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
@@ -136,15 +146,17 @@ def main(sizes: list[str], formats: list[str], images: int, resolution: int, wor
                 baseline, reference = None, None
                 for num in counts:
                     dest = os.path.join(folder, f'out-{num}.zip')
-                    seconds = convert(source, dest, resolution, num)
+                    seconds, main_cpu, worker_cpu = convert(source, dest, resolution, num)
                     digest = sha256(dest)
                     os.remove(dest)
                     baseline = baseline or seconds
                     reference = reference or digest
                     rows.append(dict(size=size, format=fmt, images=count, source_bytes=source_bytes, resolution=resolution, workers=num,
-                                     seconds=seconds, images_per_second=count / seconds, speedup=baseline / seconds, identical=digest == reference))
+                                     seconds=seconds, images_per_second=count / seconds, speedup=baseline / seconds,
+                                     main_cpu_seconds=main_cpu, worker_cpu_seconds=worker_cpu, identical=digest == reference))
                     print(f'| {size}x{size} {fmt.upper()} to {resolution}x{resolution} | {count} | {num} | {seconds:.1f} | '
-                          f'{count / seconds:.1f} | {baseline / seconds:.2f}x | {"yes" if digest == reference else "NO"} |', flush=True)
+                          f'{count / seconds:.1f} | {baseline / seconds:.2f}x | {main_cpu:.1f} / {worker_cpu:.1f} | '
+                          f'{"yes" if digest == reference else "NO"} |', flush=True)
                 shutil.rmtree(source)
     load_after = os.getloadavg()
     busy_after = other_processes()
