@@ -18,6 +18,7 @@ import sys
 import tarfile
 import time
 import zipfile
+import zlib
 
 import numpy as np
 import PIL.Image
@@ -725,3 +726,21 @@ def test_ctrl_c_stops_every_worker(tmp_path, slowed):
     assert os.listdir(tmp_path / 'out') == []
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # Nothing of the group runs any more.
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height RGB pixels (a decompression bomb's header), with no pixels after it."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, 'big') + kind + data + zlib.crc32(kind + data).to_bytes(4, 'big')
+    header = width.to_bytes(4, 'big') + height.to_bytes(4, 'big') + bytes([8, 2, 0, 0, 0])
+    return b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(b'')) + chunk(b'IEND', b'')
+
+def test_image_bomb_inside_a_worker(tmp_path):
+    """An image claiming 10^10 pixels, met by a worker: refused by Pillow's pixel limit in one line, nothing written,
+    and no worker left."""
+    rng = np.random.default_rng(15)
+    make_image_folder(str(tmp_path / 'src'), {f'{idx:02d}.png': random_pixels(rng, 8, 8, 3) for idx in range(6)})
+    write_file(str(tmp_path / 'src' / '02.png'), png_claiming(100_000, 100_000))
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--workers=2')
+    assert_clean_failure(result, f'cannot read image {tmp_path / "src" / "02.png"}: Image size (10000000000 pixels) exceeds limit', tmp_path / 'out')
+    assert_no_workers_left()
