@@ -2,7 +2,7 @@
 
     python tests/full_disk.py <train.py options>
 
-runs train.py's command line with `fill()` applied from the environment (nothing fails when FULL_DISK_FILES is not
+runs train.py's command line with `fill()` applied from the environment, in every process of the run (nothing fails when FULL_DISK_FILES is not
 set, so that the command a failed run prints, which names this script, continues it as train.py would):
 
     FULL_DISK_FILES     a regular expression: writes to a file whose name matches it (searched in the base name, so
@@ -99,8 +99,10 @@ def fill(patch_setattr, pattern: str, after: int = 0) -> FullDisk:
     return disk
 
 
+# At the top level, so that the processes that train.py --gpus=N spawns (which import this module as their main) fill up too.
+if os.environ.get('FULL_DISK_FILES') and __name__ in ('__main__', '__mp_main__'):
+    fill(setattr, os.environ['FULL_DISK_FILES'], int(os.environ.get('FULL_DISK_AFTER', 0)))
+
 if __name__ == '__main__':
     import train
-    if os.environ.get('FULL_DISK_FILES'):
-        fill(setattr, os.environ['FULL_DISK_FILES'], int(os.environ.get('FULL_DISK_AFTER', 0)))
     train.main()

@@ -169,3 +169,15 @@ def test_training_options_json_full(tmp_path):
     line = error_line(result)
     assert line.startswith('Error: cannot write ') and line.split(': ', 2)[1].endswith('/training_options.json')
     assert 'there is no complete snapshot yet' in line and os.listdir(outdir) == []
+
+
+def test_two_processes_end_in_one_line(tmp_path):
+    """--gpus=2 (gloo on a CPU): process 0 cannot write the second snapshot; the run ends, both processes, in one line."""
+    outdir = tmp_path / 'runs'
+    result = run_train(f'--outdir={outdir}', *QUICK, '--gpus=2', env=dict(FULL_DISK_FILES='network-snapshot-000000.016'))
+    (run_dir,) = [os.path.join(outdir, name) for name in os.listdir(outdir)]
+    line = error_line(result)
+    assert line.startswith(f'Error: cannot write {run_dir}/network-snapshot-000000.016.pkl: No space left on device; the newest '
+                           f'complete snapshot is {run_dir}/network-snapshot-000000.008.pkl; once there is space, continue with: ')
+    assert line.endswith(' --gpus=2 --resume=latest')
+    assert_nothing_partial(run_dir)
