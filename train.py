@@ -106,9 +106,10 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
 
     A run that diverges, meets a bad image, runs out of GPU memory or cannot write its results ends with one line
     on stderr and exit status 1; its run directory keeps the log and the last complete snapshot (a file that cannot
-    be written, a full disk: the line names the file and that snapshot, training/run/write_failure.py). A run stopped by
-    a signal (training/run/stop_signal.py) says in one line where its snapshot is and which command continues it
-    (run.continue_args, with --resume of that snapshot or 'latest'), and exits with EXIT_STOPPED.
+    be written, a full disk: the line names the file, that snapshot and the command that continues the run,
+    training/run/write_failure.py). A run stopped by a signal (training/run/stop_signal.py) says in one line where
+    its snapshot is and which command continues it (run.continue_args, with --resume of that snapshot or 'latest'),
+    and exits with EXIT_STOPPED.
     """
     stop = StopSignal(run.get('stop_shared')) if stop is None else stop
     try:

@@ -213,13 +213,6 @@ class WriteError(OSError):
     def __str__(self) -> str:
         return f'cannot write {self.filename}: {self.strerror}'
 
-    def __reduce__(self) -> tuple:
-        return _write_error, (self.errno, self.strerror, self.filename)
-
-
-def _write_error(errno: int | None, strerror: str, path: str) -> WriteError:
-    return WriteError(path, OSError(errno, strerror))
-
 
 def _os_error(error: BaseException) -> OSError | None:
     """`error` if it is an OSError; the OSError that a RuntimeError was raised in handling, if any (torch.save

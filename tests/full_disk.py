@@ -2,8 +2,9 @@
 
     python tests/full_disk.py <train.py options>
 
-runs train.py's command line with `fill()` applied from the environment, in every process of the run (nothing fails when FULL_DISK_FILES is not
-set, so that the command a failed run prints, which names this script, continues it as train.py would):
+runs train.py's command line with `fill()` applied from the environment in every process of the run (nothing fails
+when FULL_DISK_FILES is not set, so that the command a failed run prints, which names this script, continues it as
+train.py would):
 
     FULL_DISK_FILES     a regular expression: writes to a file whose name matches it (searched in the base name, so
                         that a snapshot's temporary file '.network-snapshot-000000.016.pkl.<pid>.<hex>.tmp' matches

@@ -68,7 +68,8 @@ class MetricEvaluator:
             except torch.OutOfMemoryError:
                 raise MetricOutOfMemory(metric) from None
             if self.rank == 0:
-                with self.deferred.guard() if self.deferred else contextlib.nullcontext(), dnnlib.util.writing(os.path.join(self.run_dir, f'metric-{metric}.jsonl')):
+                path = os.path.join(self.run_dir, f'metric-{metric}.jsonl')
+                with self.deferred.guard() if self.deferred else contextlib.nullcontext(), dnnlib.util.writing(path):
                     metric_main.report_metric(result, run_dir=self.run_dir, snapshot_pkl=snapshot_pkl)
             results.update(result.results)
         for name, value in results.items():
