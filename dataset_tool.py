@@ -12,23 +12,33 @@ which --resolution and --transform arrange for sources that are not.
 The archive is written under a temporary name next to the destination and
 renamed at the end, so an error or an interrupt never leaves a half-written
 dataset behind.
+
+The main process reads the source and writes the dataset; worker processes (--workers) decode,
+crop, resize and encode. At most IMAGES_IN_FLIGHT_PER_WORKER images per worker are read ahead of
+the writer, and results are written in source order, so the dataset is the same, byte for byte, as
+a one-process run's, and so is the first error met.
 """
 
+import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import io
 import json
 import math
+import multiprocessing
 import os
 import pickle
 import posixpath
 import re
 import shutil
+import signal
+import sys
 import tarfile
 import tempfile
 import zipfile
 import zlib
-from typing import BinaryIO, Callable, Iterator, Optional
+from typing import BinaryIO, Callable, Iterator, Optional, Union
 
 from torch_utils.threads import set_threads, set_wait_policy
 
@@ -56,14 +66,14 @@ ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)
 
 @dataclasses.dataclass
 class SourceImage:
-    name: str               # Where the image came from, for error messages.
-    pixels: np.ndarray      # uint8 [height, width, channels], channels 1 or 3.
-    label: Optional[int]    # Class index, or None for an unlabeled source.
+    name: str                       # Where the image came from, for error messages.
+    data: Union[bytes, np.ndarray]  # The encoded file (decoded by convert(), in a worker), or pixels: uint8 [height, width, channels 1 or 3].
+    label: Optional[int]            # Class index, or None for an unlabeled source.
 
 @dataclasses.dataclass
 class Source:
     num_images: int                 # How many images `images` yields (after --max-images).
-    images: Iterator[SourceImage]   # Decoded lazily, one at a time.
+    images: Iterator[SourceImage]   # Read lazily, one at a time.
 
 def limit(count: int, max_images: Optional[int]) -> int:
     return count if max_images is None else min(count, max_images)
@@ -142,8 +152,7 @@ def open_image_collection(fnames: list[str], read: Callable[[str], bytes], size:
 
     def iterate() -> Iterator[SourceImage]:
         for fname in image_fnames:
-            data = read(fname)
-            yield SourceImage(name=describe(fname), pixels=decode_image(data, describe(fname)), label=None if labels is None else labels[fname])
+            yield SourceImage(name=describe(fname), data=read(fname), label=None if labels is None else labels[fname])
     return Source(num_images=len(image_fnames), images=iterate())
 
 def open_image_folder(root: str, max_images: Optional[int]) -> Source:
@@ -266,7 +275,7 @@ def open_cifar10(archive: bounded_read.TarArchive, path: str, subset: str, max_i
 
     def iterate() -> Iterator[SourceImage]:
         for idx in range(num_images):
-            yield SourceImage(name=f'{path} ({subset} image {idx})', pixels=images[idx], label=int(labels[idx]))
+            yield SourceImage(name=f'{path} ({subset} image {idx})', data=images[idx], label=int(labels[idx]))
     return Source(num_images=num_images, images=iterate())
 
 #----------------------------------------------------------------------------
@@ -298,7 +307,7 @@ def open_stl10(open_file: Callable[[str], tuple[int, BinaryIO]], path: str, subs
         for idx in range(num_images):
             name = f'{path} ({subset} image {idx})'
             data = np.frombuffer(read_exactly(images_file, image_bytes, name), dtype=np.uint8)
-            yield SourceImage(name=name, pixels=data.reshape(3, STL10_SIZE, STL10_SIZE).transpose(2, 1, 0), label=None if labels is None else int(labels[idx]))
+            yield SourceImage(name=name, data=data.reshape(3, STL10_SIZE, STL10_SIZE).transpose(2, 1, 0), label=None if labels is None else int(labels[idx]))
     return Source(num_images=num_images, images=iterate())
 
 def read_exactly(f: BinaryIO, num_bytes: int, name: str) -> bytes:
@@ -395,8 +404,7 @@ def open_lmdb(path: str, max_images: Optional[int]) -> Source:
         with database:
             try:
                 for key, value in database.entries(num_images):
-                    name = f'{path} (key {key.decode(errors="replace")})'
-                    yield SourceImage(name=name, pixels=decode_image(value, name), label=None)
+                    yield SourceImage(name=f'{path} (key {key.decode(errors="replace")})', data=value, label=None)
             except bounded_read.RefusedFileError as err:
                 raise click.ClickException(str(err)) from err
     return Source(num_images=num_images, images=iterate())
@@ -452,34 +460,28 @@ def resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     resized = np.asarray(image.resize((width, height), PIL.Image.Resampling.LANCZOS))
     return resized.reshape(height, width, pixels.shape[2])
 
-def make_transform(transform: Optional[str], resolution: Optional[tuple[int, int]]) -> Callable[[np.ndarray], np.ndarray]:
-    """The map from source pixels [H, W, C] to output pixels.
+@dataclasses.dataclass(frozen=True)
+class Transform:
+    """The map from source pixels [H, W, C] to output pixels (plain data, so that worker processes get it too).
 
     - no --transform: resize to --resolution when given, else leave the image as it is;
     - center-crop: the largest centered square, resized to --resolution (which must be square);
     - center-crop-wide: the largest centered region of aspect W:H, resized to WxH and placed in
       the middle of a black WxW square (for wide scenes such as LSUN cars).
     """
-    if transform is None:
-        if resolution is None:
-            return lambda pixels: pixels
-        return lambda pixels: resize(pixels, *resolution)
-    if resolution is None:
-        raise click.ClickException(f'--transform={transform} needs --resolution')
-    width, height = resolution
-    if transform == 'center-crop':
-        if width != height:
-            raise click.ClickException(f'--transform=center-crop needs a square --resolution, not {width}x{height}')
+    kind: Optional[str]                         # None, 'center-crop' or 'center-crop-wide'.
+    resolution: Optional[tuple[int, int]]       # (W, H), or None: keep the size.
 
-        def center_crop(pixels: np.ndarray) -> np.ndarray:
+    def __call__(self, pixels: np.ndarray) -> np.ndarray:
+        if self.resolution is None:
+            return pixels
+        width, height = self.resolution
+        if self.kind is None:
+            return resize(pixels, width, height)
+        if self.kind == 'center-crop':
             crop = min(pixels.shape[:2])
             top, left = (pixels.shape[0] - crop) // 2, (pixels.shape[1] - crop) // 2
             return resize(pixels[top : top + crop, left : left + crop], width, height)
-        return center_crop
-    if height > width:
-        raise click.ClickException(f'--transform=center-crop-wide needs a --resolution at least as wide as tall, not {width}x{height}')
-
-    def center_crop_wide(pixels: np.ndarray) -> np.ndarray:
         src_height, src_width = pixels.shape[:2]
         crop_height, crop_width = src_height, src_width
         if src_height * width > src_width * height:
@@ -491,7 +493,16 @@ def make_transform(transform: Optional[str], resolution: Optional[tuple[int, int
         canvas = np.zeros([width, width, pixels.shape[2]], dtype=np.uint8)
         canvas[(width - height) // 2 : (width - height) // 2 + height] = cropped
         return canvas
-    return center_crop_wide
+
+def make_transform(transform: Optional[str], resolution: Optional[tuple[int, int]]) -> Transform:
+    """--transform and --resolution as a Transform, or a one-line refusal of a combination that cannot work."""
+    if transform is not None and resolution is None:
+        raise click.ClickException(f'--transform={transform} needs --resolution')
+    if transform == 'center-crop' and resolution[0] != resolution[1]:
+        raise click.ClickException(f'--transform=center-crop needs a square --resolution, not {resolution[0]}x{resolution[1]}')
+    if transform == 'center-crop-wide' and resolution[1] > resolution[0]:
+        raise click.ClickException(f'--transform=center-crop-wide needs a --resolution at least as wide as tall, not {resolution[0]}x{resolution[1]}')
+    return Transform(transform, resolution)
 
 def parse_resolution(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[tuple[int, int]]:
     """'WxH' -> (W, H); a single number N means NxN."""
@@ -602,6 +613,68 @@ def encode_png(pixels: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 #----------------------------------------------------------------------------
+# Conversion: decoding, cropping, resizing and encoding, in worker processes, written in source order.
+
+IMAGES_IN_FLIGHT_PER_WORKER = 2  # Read ahead of the writer: keeps every worker busy, bounds memory whatever the dataset's size.
+
+def convert(item: SourceImage, transform: Transform) -> tuple[bytes, tuple[int, ...]]:
+    """(PNG, shape [H, W, C]) of the output image of one source image; a one-line ClickException when it cannot be read."""
+    pixels = transform(decode_image(item.data, item.name) if isinstance(item.data, bytes) else item.data)
+    return encode_png(pixels), pixels.shape
+
+Converted = Iterator[tuple[str, Optional[int], bytes, tuple[int, ...]]]  # (source name, label, PNG, shape), in source order.
+
+def default_workers() -> int:
+    """One per core this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
+def start_worker() -> None:
+    """A worker leaves Ctrl-C to the main process, which stops the workers and removes what was written."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+@contextlib.contextmanager
+def conversion(transform: Transform, workers: int) -> Iterator[Callable[[Iterator[SourceImage]], Converted]]:
+    """A function that converts source images in order: in this process for one worker, else in a pool of
+    `workers` processes that is shut down (its workers ended) however the conversion ends."""
+    if workers == 1:
+        yield lambda images: ((item.name, item.label, *convert(item, transform)) for item in images)
+        return
+    fork = 'fork' in multiprocessing.get_all_start_methods() and sys.platform != 'darwin'  # macOS: fork is unsafe.
+    executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context('fork' if fork else 'spawn'),
+                                                      initializer=start_worker)
+    try:
+        executor.submit(int).result()  # Forks every worker now, before the progress bar starts a thread.
+        yield lambda images: in_source_order(executor, images, transform, workers * IMAGES_IN_FLIGHT_PER_WORKER)
+    except concurrent.futures.process.BrokenProcessPool as err:
+        raise click.ClickException('a worker process ended unexpectedly (out of memory?); try fewer --workers') from err
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+def in_source_order(executor: concurrent.futures.Executor, images: Iterator[SourceImage], transform: Transform, max_in_flight: int) -> Converted:
+    """The images converted by `executor`, at most `max_in_flight` at a time, yielded in source order. An error
+    reading the source is raised in its turn, after the images before it, as in one process."""
+    pending = collections.deque()  # (name, label, future), oldest first.
+    source: Optional[Iterator[SourceImage]] = iter(images)
+    while True:
+        while source is not None and len(pending) < max_in_flight:
+            try:
+                item = next(source)
+            except StopIteration:
+                source = None
+                break
+            except Exception as err:  # noqa: BLE001 (raised again below, in its turn)
+                failed = concurrent.futures.Future()
+                failed.set_exception(err)
+                pending.append((None, None, failed))
+                source = None
+                break
+            pending.append((item.name, item.label, executor.submit(convert, item, transform)))
+        if not pending:
+            return
+        name, label, future = pending.popleft()
+        yield name, label, *future.result()
+
+#----------------------------------------------------------------------------
 
 @click.command()
 @click.option('--source',       help='Images: folder, zip, CIFAR-10 or STL-10 archive, LSUN lmdb folder', metavar='PATH', type=str, required=True, callback=dnnlib.util.expand_user)
@@ -611,9 +684,10 @@ def encode_png(pixels: np.ndarray) -> bytes:
 @click.option('--transform',    help='Crop before resizing to --resolution',                                          type=click.Choice(['center-crop', 'center-crop-wide']))
 @click.option('--subset',       help='CIFAR-10: train or test; STL-10: unlabeled, train or test  [default: train; unlabeled]', type=click.Choice(['train', 'test', 'unlabeled']))
 @click.option('--drop-labels',  help='Write the images without their labels (dataset.json: null)',                    is_flag=True)
+@click.option('--workers',      help='Processes that decode, resize and encode  [default: one per core]', metavar='INT', type=click.IntRange(min=1))
 @click.option('--threads',      help='CPU threads of torch  [default: one per core]', metavar='INT',                  type=click.IntRange(min=1))
 def main(source: str, dest: str, max_images: Optional[int], resolution: Optional[tuple[int, int]], transform: Optional[str], subset: Optional[str],
-         drop_labels: bool, threads: Optional[int]) -> None:
+         drop_labels: bool, workers: Optional[int], threads: Optional[int]) -> None:
     """Convert an image dataset into the zip format that training reads.
 
     \b
@@ -635,6 +709,10 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
     one size; --resolution (with --transform for non-square sources) sees to it.
     Without labels, class-conditional presets refuse the data and 'quickstart'
     trains unconditionally.
+
+    \b
+    Images are converted by --workers processes and written in source order:
+    the dataset is byte-identical whatever the number of workers.
     """
     set_threads(threads)
     transform_pixels = make_transform(transform, resolution)
@@ -642,24 +720,25 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
     src = open_source(source, subset, max_images)
     if src.num_images == 0:
         raise click.ClickException(f'no images in {source}')
-    with open_dest(dest) as write, tqdm(total=src.num_images, unit='img', disable=None) as progress:
+    workers = min(workers or default_workers(), src.num_images)
+    with open_dest(dest) as write, conversion(transform_pixels, workers) as convert_all, \
+            tqdm(total=src.num_images, unit='img', disable=None) as progress:
         labels = []
         first = None  # (name, shape) of the first output image; all others must match it.
-        for idx, item in enumerate(src.images):
-            pixels = transform_pixels(item.pixels)
-            height, width, channels = pixels.shape
+        for idx, (item_name, label, png, shape) in enumerate(convert_all(src.images)):
+            height, width, channels = shape
             if first is None:
-                first = (item.name, pixels.shape)
+                first = (item_name, shape)
                 if width != height:
                     hint = '--resolution=NxN with --transform=center-crop' if resolution is None else 'a square --resolution or --transform=center-crop-wide'
-                    raise click.ClickException(f'{item.name} is {width}x{height} but images must be square; use {hint}')
+                    raise click.ClickException(f'{item_name} is {width}x{height} but images must be square; use {hint}')
             elif channels != first[1][2]:
-                raise click.ClickException(f'{item.name} has {channels} channel(s) but {first[0]} has {first[1][2]}; make all images grayscale or all RGB')
-            elif pixels.shape != first[1]:
-                raise click.ClickException(f'{item.name} is {width}x{height} but {first[0]} is {first[1][1]}x{first[1][0]}; use --resolution to make them one size')
+                raise click.ClickException(f'{item_name} has {channels} channel(s) but {first[0]} has {first[1][2]}; make all images grayscale or all RGB')
+            elif shape != first[1]:
+                raise click.ClickException(f'{item_name} is {width}x{height} but {first[0]} is {first[1][1]}x{first[1][0]}; use --resolution to make them one size')
             name = f'{idx // 1000:05d}/img{idx:08d}.png'
-            write(name, encode_png(pixels))
-            labels.append([name, item.label])
+            write(name, png)
+            labels.append([name, label])
             progress.update()
         has_labels = len(labels) > 0 and labels[0][1] is not None and not drop_labels
         write('dataset.json', json.dumps({'labels': labels if has_labels else None}).encode())

@@ -37,6 +37,7 @@ Out of GPU memory ends it with one line naming a --batch-gpu that lowers the mem
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import multiprocessing
@@ -60,7 +61,7 @@ import dnnlib  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
-from training.run import run_dirs  # noqa: E402
+from training.run import run_dirs, write_failure  # noqa: E402
 from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
@@ -105,9 +106,11 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
     StopSignal.blocked, and entering it lets them through).
 
     A run that diverges, meets a bad image, runs out of GPU memory or cannot write its results ends with one line
-    on stderr and exit status 1; its run directory keeps the log and the last complete snapshot. A run stopped by
-    a signal (training/run/stop_signal.py) says in one line where its snapshot is and which command continues it
-    (run.continue_args, with --resume of that snapshot or 'latest'), and exits with EXIT_STOPPED.
+    on stderr and exit status 1; its run directory keeps the log and the last complete snapshot (a file that cannot
+    be written, a full disk: the line names the file, that snapshot and the command that continues the run,
+    training/run/write_failure.py). A run stopped by a signal (training/run/stop_signal.py) says in one line where
+    its snapshot is and which command continues it (run.continue_args, with --resume of that snapshot or 'latest'),
+    and exits with EXIT_STOPPED.
     """
     stop = StopSignal(run.get('stop_shared')) if stop is None else stop
     try:
@@ -161,6 +164,10 @@ def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # Leave together, once process 0 has written the snapshot.
         sys.exit(EXIT_STOPPED)
+    except dnnlib.util.WriteError as e:  # A full disk: what, the newest snapshot, how to go on (training/run/write_failure.py).
+        with contextlib.suppress(dnnlib.util.WriteError):  # log.txt, if full, leaves the line to the console.
+            print(f'Error: {write_failure.explain(e, run.run_dir, run.continue_args)}', file=sys.stderr, flush=True)
+        sys.exit(1)
     except (TrainingDiverged, DatasetError, OutOfMemory, CudaGraphsBroken, OSError) as e:
         print(f'Error: {e}', file=sys.stderr, flush=True)
         sys.exit(1)
@@ -463,15 +470,25 @@ def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
         run_dir, resume_pkl = chosen
     elif run_dir is None:
         run_dir = run_dirs.next_run_dir(opts.outdir, desc)
+    continue_args = [f'python {sys.argv[0]}' if not distributed_env else f'(the same launcher) {sys.argv[0]}',
+                     *_without_resume(sys.argv[1:])]
     if rank == 0 and continuation is None:
         print(f'Output directory: {run_dir}')
         os.makedirs(run_dir, exist_ok=False)
-        with open(os.path.join(run_dir, 'training_options.json'), 'wt') as f:
-            json.dump(record, f, indent=2)
+        try:
+            with dnnlib.util.writing(path := os.path.join(run_dir, 'training_options.json')), \
+                    dnnlib.util.atomic_path(path) as tmp, open(tmp, 'wt') as f:
+                json.dump(record, f, indent=2)
+        except dnnlib.util.WriteError as e:
+            os.rmdir(run_dir)  # Left empty: nothing of the run remains.
+            raise click.ClickException(write_failure.explain(e, None, continue_args)) from None
     elif rank == 0:
         print(f'Output directory: {run_dir} (continued)')
         progress = resume['progress']
-        dropped = run_dirs.drop_records_after(run_dir, progress['step'], progress['cur_nimg'])
+        try:
+            dropped = run_dirs.drop_records_after(run_dir, progress['step'], progress['cur_nimg'])
+        except dnnlib.util.WriteError as e:
+            raise click.ClickException(write_failure.explain(e, run_dir, continue_args)) from None
         if dropped:
             print(f'Dropped {dropped} record(s) of stats.jsonl and metric-*.jsonl from after the snapshot: they are redone')
 
@@ -479,8 +496,6 @@ def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
     # that continues the run if a signal stops it.
     if resume is not None and rank == 0:
         print(f'Resuming from "{resume_pkl}"')
-    continue_args = [f'python {sys.argv[0]}' if not distributed_env else f'(the same launcher) {sys.argv[0]}',
-                     *_without_resume(sys.argv[1:])]
     run = dnnlib.EasyDict(experiment=experiment, run_dir=run_dir, resume=resume, resume_pkl=resume_pkl,
                           resume_pkl_given=opts.resume is not None and not latest, continue_args=continue_args,
                           stop_shared=stop.shared)

@@ -204,6 +204,54 @@ def atomic_path(path: str, suffix: str = '') -> Iterator[str]:
         raise
 
 
+class WriteError(OSError):
+    """An OSError (a full disk, a quota, a read-only file system) while writing `filename`: says which file."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror or first_line(error), path)
+
+    def __str__(self) -> str:
+        return f'cannot write {self.filename}: {self.strerror}'
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """`error` if it is an OSError; the OSError that a RuntimeError was raised in handling, if any (torch.save
+    reports a failed write as 'RuntimeError: [enforce fail at inline_container.cc] unexpected pos', during the
+    OSError's handling); else None."""
+    while isinstance(error, (OSError, RuntimeError)):
+        if isinstance(error, OSError):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Turn an OSError of the block (or torch.save's RuntimeError about one) into a WriteError naming `path`."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except (OSError, RuntimeError) as e:
+        if (error := _os_error(e)) is None:
+            raise
+        raise WriteError(path, error) from e
+
+
+def append_text(file: BinaryIO, text: str) -> None:
+    """Append `text` to a file opened unbuffered for appending (open(path, 'ab', buffering=0)); if that fails (a full
+    disk), cut the file back to what it held before, so that no line is left half-written, and raise WriteError."""
+    start = os.fstat(file.fileno()).st_size
+    data = memoryview(text.encode())
+    try:
+        while data:
+            data = data[file.write(data):]  # A raw write may write less than asked.
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.ftruncate(file.fileno(), start)
+        raise WriteError(file.name, e) from e
+
+
 def format_time(seconds: float) -> str:
     """Human-readable duration: '42s', '3m 05s', '2h 01m 09s', '1d 04h 00m'."""
     s = int(round(seconds))
@@ -361,31 +409,51 @@ def open_url(url: str, cache_dir: str | None = None, num_attempts: int = 3, verb
 
 
 class Logger:
-    """Copy everything written to stdout (and stderr) into a log file as well, line-buffered."""
+    """Copy everything written to stdout (and stderr) into a log file as well, line by line.
+
+    A line that cannot be written to the file (a full disk) leaves the file as it was before that line, raises
+    WriteError once, and from then on goes to the console only, so that the error itself can still be printed."""
 
     def __init__(self, file_name: str, file_mode: str = 'a') -> None:
         import sys
         self._sys = sys
-        self.file = open(file_name, file_mode)
+        self.file = open(file_name, file_mode + 'b', buffering=0)
+        self.line = ''  # Written to the console, not yet to the file: the file gets whole lines.
         self.stdout, self.stderr = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = self, self
 
     def write(self, text: str) -> None:
-        self.file.write(text)
         self.stdout.write(text)
-        if '\n' in text:
-            self.flush()
+        if self.file is None:
+            return
+        self.line += text
+        if '\n' in self.line:
+            lines, self.line = self.line.rsplit('\n', 1)
+            self.stdout.flush()
+            try:
+                append_text(self.file, lines + '\n')
+            except WriteError:
+                self._drop_file()
+                raise
 
     def flush(self) -> None:
-        self.file.flush()
         self.stdout.flush()
 
     def isatty(self) -> bool:
         return False
+
+    def _drop_file(self) -> None:
+        with contextlib.suppress(OSError):
+            self.file.close()
+        self.file = None
 
     def close(self) -> None:
         if self._sys.stdout is self:
             self._sys.stdout = self.stdout
         if self._sys.stderr is self:
             self._sys.stderr = self.stderr
-        self.file.close()
+        if self.file is not None:
+            if self.line:
+                with contextlib.suppress(WriteError):
+                    append_text(self.file, self.line)
+            self._drop_file()

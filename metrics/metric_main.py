@@ -149,8 +149,8 @@ def report_metric(result_dict: dict, run_dir: str | None = None, snapshot_pkl: s
     if run_dir is None:
         return None
     path = os.path.join(run_dir, f'metric-{metric}.jsonl')
-    with open(path, 'at') as f:
-        f.write(line + '\n')  # One write per line: a line is either all there or not at all.
+    with open(path, 'ab', buffering=0) as f:
+        dnnlib.util.append_text(f, line + '\n')  # A line is either all there or not at all (cut back if the disk is full).
     return path
 
 #----------------------------------------------------------------------------

@@ -11,13 +11,18 @@ import io
 import json
 import os
 import pickle
+import re
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
+import zlib
 
 import numpy as np
 import PIL.Image
+import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -582,3 +587,160 @@ def test_unwritable_destination(tmp_path, monkeypatch, error):
     (tmp_path / 'out').mkdir()
     result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "new" / "ds.zip"}')
     assert_clean_failure(result, os.strerror(error), tmp_path / 'out')
+
+#----------------------------------------------------------------------------
+# Worker processes: the bytes of one process, whatever finishes first; refusals as in one process.
+
+ORIGINAL_CONVERT = dataset_tool.convert
+
+def unordered_convert(item: dataset_tool.SourceImage, transform: dataset_tool.Transform):
+    """dataset_tool.convert, slowed for every third image (by the last number in its name: 0, 3, 6, ...), so that
+    workers finish out of source order. Module level: the pool's workers find it by name."""
+    if int(re.findall(r'\d+', item.name)[-1]) % 3 == 0:
+        time.sleep(0.1)
+    return ORIGINAL_CONVERT(item, transform)
+
+def crashing_convert(item: dataset_tool.SourceImage, transform: dataset_tool.Transform):
+    """dataset_tool.convert, but the worker dies (as the kernel's OOM killer would end it) at image 5."""
+    if item.name.endswith('05.png'):
+        os._exit(9)
+    return ORIGINAL_CONVERT(item, transform)
+
+def write_source(tmp_path, kind: str) -> tuple[str, list[str], int]:
+    """A synthetic source of each kind the tool reads: (path, extra options, number of images)."""
+    rng = np.random.default_rng(11)
+    if kind in ('folder', 'folder to folder'):
+        names = [f'{"ab"[idx % 2]}/{idx:02d}.png' for idx in range(12)]
+        make_image_folder(str(tmp_path / 'src'), {name: random_pixels(rng, 8, 8, 3) for name in names}, {name: idx % 4 for idx, name in enumerate(names)})
+        return str(tmp_path / 'src'), [], 12
+    if kind == 'zip':
+        with zipfile.ZipFile(tmp_path / 'src.zip', 'w') as archive:
+            for idx in range(12):
+                archive.writestr(f'dir/{idx:02d}.png', png_bytes(random_pixels(rng, 12, 12, 1)))
+        return str(tmp_path / 'src.zip'), ['--resolution=8x8'], 12
+    if kind == 'cifar10':
+        batches = {f'data_batch_{i}': cifar_batch(rng, 3) for i in range(1, 6)}
+        make_cifar10(str(tmp_path / 'cifar-10-python.tar.gz'), batches)
+        return str(tmp_path / 'cifar-10-python.tar.gz'), [], 15
+    if kind == 'stl10':
+        write_file(str(tmp_path / 'stl10_binary' / 'train_X.bin'), rng.integers(0, 256, 9 * 27648, dtype=np.uint8).tobytes())
+        write_file(str(tmp_path / 'stl10_binary' / 'train_y.bin'), bytes(rng.integers(1, 11, 9, dtype=np.uint8)))
+        with tarfile.open(tmp_path / 'stl10_binary.tar.gz', 'w:gz') as tar:
+            tar.add(tmp_path / 'stl10_binary', arcname='stl10_binary')
+        return str(tmp_path / 'stl10_binary.tar.gz'), ['--subset=train', '--resolution=48x48'], 9
+    if kind == 'lsun lmdb':
+        lmdb = pytest.importorskip('lmdb')
+        env = lmdb.open(str(tmp_path / 'church_outdoor_train_lmdb'), map_size=1 << 22)
+        with env.begin(write=True) as txn:
+            for idx in range(12):
+                buffer = io.BytesIO()
+                PIL.Image.fromarray(random_pixels(rng, 12, 16, 3)).save(buffer, format='webp', quality=80)  # LSUN: lossy WebP.
+                txn.put(f'{idx:02d}'.encode(), buffer.getvalue())
+        env.close()
+        return str(tmp_path / 'church_outdoor_train_lmdb'), ['--resolution=8x8', '--transform=center-crop'], 12
+    if kind == 'celeba-hq folder':
+        make_image_folder(str(tmp_path / 'celeba-hq'), {f'{idx:05d}.jpg.png': random_pixels(rng, 64, 64, 3) for idx in range(10)})
+        return str(tmp_path / 'celeba-hq'), ['--resolution=16x16'], 10
+    raise ValueError(kind)
+
+def read_tree(dest) -> dict[str, bytes]:
+    return {os.path.relpath(os.path.join(dirpath, fname), dest): open(os.path.join(dirpath, fname), 'rb').read()
+            for dirpath, _dirnames, filenames in os.walk(dest) for fname in filenames}
+
+@pytest.mark.parametrize('kind', ['folder', 'folder to folder', 'zip', 'cifar10', 'stl10', 'lsun lmdb', 'celeba-hq folder'])
+def test_workers_write_the_bytes_of_one_process(tmp_path, monkeypatch, kind):
+    """Three workers, which finish out of order (every third image is slow), write the dataset of one process: the
+    same archive byte for byte (names, labels, every PNG, the zip's own bytes), or the same files in a folder."""
+    source, options, count = write_source(tmp_path, kind)
+    monkeypatch.setattr(dataset_tool, 'convert', unordered_convert)
+    dests = {workers: str(tmp_path / (f'w{workers}' if kind == 'folder to folder' else f'w{workers}.zip')) for workers in (1, 3)}
+    for workers, dest in dests.items():
+        result = run_tool(f'--source={source}', f'--dest={dest}', f'--workers={workers}', *options)
+        assert result.exit_code == 0, result.output
+    names, _pixels, _labels = read_output(dests[1])
+    assert names == expected_names(count)
+    if kind == 'folder to folder':
+        assert read_tree(dests[3]) == read_tree(dests[1])
+    else:
+        assert open(dests[3], 'rb').read() == open(dests[1], 'rb').read()
+
+def assert_no_workers_left() -> None:
+    children = psutil.Process().children(recursive=True)
+    assert children == [], children
+
+def test_refusal_inside_a_worker(tmp_path, monkeypatch):
+    """Three bad images: 03 not an image (its worker slowed), 04 truncated (converted first), 05 a link to nowhere (an
+    error of the main process, which reads ahead of the writer): the error is the one a single process reports, the
+    first in source order, in one line; nothing is written and no worker is left."""
+    rng = np.random.default_rng(12)
+    make_image_folder(str(tmp_path / 'src'), {f'{idx:02d}.png': random_pixels(rng, 8, 8, 3) for idx in range(12)})
+    write_file(str(tmp_path / 'src' / '03.png'), b'this is not an image')
+    write_file(str(tmp_path / 'src' / '04.png'), truncated_png(random_pixels(rng, 8, 8, 3)))
+    os.remove(tmp_path / 'src' / '05.png')
+    os.symlink(tmp_path / 'nowhere.png', tmp_path / 'src' / '05.png')
+    monkeypatch.setattr(dataset_tool, 'convert', unordered_convert)
+    (tmp_path / 'out').mkdir()
+    for workers in (1, 3):
+        result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', f'--workers={workers}')
+        assert_clean_failure(result, f'cannot read image {tmp_path / "src" / "03.png"}: not an image', tmp_path / 'out')
+        assert_no_workers_left()
+
+def test_a_worker_that_dies(tmp_path, monkeypatch):
+    rng = np.random.default_rng(13)
+    make_image_folder(str(tmp_path / 'src'), {f'{idx:02d}.png': random_pixels(rng, 8, 8, 3) for idx in range(12)})
+    monkeypatch.setattr(dataset_tool, 'convert', crashing_convert)
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--workers=2')
+    assert_clean_failure(result, 'a worker process ended unexpectedly', tmp_path / 'out')
+    assert_no_workers_left()
+
+def slow_convert(item: dataset_tool.SourceImage, transform: dataset_tool.Transform):
+    time.sleep(0.2)
+    return ORIGINAL_CONVERT(item, transform)
+
+def slow_writestr(archive: zipfile.ZipFile, *args, original=zipfile.ZipFile.writestr) -> None:
+    time.sleep(0.1)
+    original(archive, *args)
+
+SLOWED = {'busy workers': 'dataset_tool.convert = t.slow_convert', 'idle workers': 'zipfile.ZipFile.writestr = t.slow_writestr'}
+
+@pytest.mark.parametrize('slowed', list(SLOWED))
+def test_ctrl_c_stops_every_worker(tmp_path, slowed):
+    """Ctrl-C in a terminal signals the whole process group, workers included, whether they are converting or waiting
+    for the writer: one line ('Aborted!'), nothing written, no process of the group left, no worker's traceback."""
+    rng = np.random.default_rng(14)
+    make_image_folder(str(tmp_path / 'src'), {f'{idx:02d}.png': random_pixels(rng, 8, 8, 3) for idx in range(60)})
+    (tmp_path / 'out').mkdir()
+    script = (f'import sys, zipfile, dataset_tool, tests.test_dataset_tool as t; {SLOWED[slowed]}; '
+              'sys.argv[0] = "dataset_tool.py"; dataset_tool.main()')
+    proc = subprocess.Popen([sys.executable, '-c', script, f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--workers=2'],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (os.listdir(tmp_path / 'out') and len(psutil.Process(proc.pid).children()) == 2):
+        time.sleep(0.05)
+    time.sleep(1)  # Some images written, most to come (60 images, 0.2 s each, 2 workers).
+    assert proc.poll() is None, proc.communicate()
+    os.killpg(proc.pid, signal.SIGINT)
+    _stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and stderr.strip().splitlines() == ['Aborted!'], stderr
+    assert os.listdir(tmp_path / 'out') == []
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # Nothing of the group runs any more.
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height RGB pixels (a decompression bomb's header), with no pixels after it."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, 'big') + kind + data + zlib.crc32(kind + data).to_bytes(4, 'big')
+    header = width.to_bytes(4, 'big') + height.to_bytes(4, 'big') + bytes([8, 2, 0, 0, 0])
+    return b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(b'')) + chunk(b'IEND', b'')
+
+def test_image_bomb_inside_a_worker(tmp_path):
+    """An image claiming 10^10 pixels, met by a worker: refused by Pillow's pixel limit in one line, nothing written,
+    and no worker left."""
+    rng = np.random.default_rng(15)
+    make_image_folder(str(tmp_path / 'src'), {f'{idx:02d}.png': random_pixels(rng, 8, 8, 3) for idx in range(6)})
+    write_file(str(tmp_path / 'src' / '02.png'), png_claiming(100_000, 100_000))
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--workers=2')
+    assert_clean_failure(result, f'cannot read image {tmp_path / "src" / "02.png"}: Image size (10000000000 pixels) exceeds limit', tmp_path / 'out')
+    assert_no_workers_left()

@@ -27,10 +27,11 @@ from tests.test_metric_main import make_detector, write_dataset_zip
 from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
 from torch_utils import persistence
 from training import training_loop
-from training.run.stop_signal import EXIT_STOPPED, RunStopped
+from training.run.stop_signal import RunStopped
 from training.step.updater import NetworkUpdater
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REQUEUE_STATUS = 75  # The documented status of a stopped run, a literal: the README's requeue recipe tests `$? -eq 75`.
 
 #----------------------------------------------------------------------------
 
@@ -142,6 +143,12 @@ def test_stop_abandons_the_metric_evaluation_in_progress(tmp_path, monkeypatch, 
 #----------------------------------------------------------------------------
 # As a user runs it: train.py in processes.
 
+
+def test_the_requeue_recipe_tests_the_status_of_a_stopped_run():
+    """What the README's scripts compare the exit status with is REQUEUE_STATUS, which the stopped runs below exit with."""
+    readme = open(os.path.join(REPO_ROOT, 'README.md')).read()
+    assert re.findall(r'\$\? -eq (\d+)', readme) == [str(REQUEUE_STATUS)]
+
 QUICK = ['--steps=6', '--batch=4', '--tick=0.008', '--snap=2']  # The digits; ticks of 2 steps, snapshots at steps 4 and 6.
 
 
@@ -182,7 +189,7 @@ def test_stopped_quick_start_continues_as_if_never_stopped(tmp_path, uninterrupt
     outdir = tmp_path / 'runs'
     result = run_train(f'--outdir={outdir}', *QUICK, '--workers=2',
                        env=dict(SIGNAL_AT_STEP='3', SIGNAL_TO='group', SIGNAL_NAME='SIGTERM'))
-    assert result.returncode == EXIT_STOPPED, result.stderr[-3000:]
+    assert result.returncode == REQUEUE_STATUS, result.stderr[-3000:]
     assert 'Traceback' not in result.stderr + result.stdout
     run_dir = only_run_dir(outdir)
     assert re.search(rf'^Stopped by SIGTERM after G step 3, snapshot {re.escape(run_dir)}/network-snapshot-000000.012.pkl; '
@@ -231,7 +238,7 @@ def test_two_processes_stop_together_and_continue(tmp_path):
     assert full.returncode == 0, full.stderr[-3000:]
     outdir = tmp_path / 'runs'
     result = run_train(f'--outdir={outdir}', *common, env=dict(SIGNAL_AT_STEP='3', SIGNAL_TO='parent', SIGNAL_NAME='SIGUSR1'))
-    assert result.returncode == EXIT_STOPPED, result.stderr[-3000:]
+    assert result.returncode == REQUEUE_STATUS, result.stderr[-3000:]
     assert 'Traceback' not in result.stderr + result.stdout
     run_dir = only_run_dir(outdir)
     stop = persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1]))
@@ -264,7 +271,7 @@ def test_signals_while_the_processes_start_wait_for_them(tmp_path):
         out, err = train.communicate(timeout=600)
     finally:
         train.kill()
-    assert train.returncode == EXIT_STOPPED and 'Traceback' not in out + err, err[-3000:]
+    assert train.returncode == REQUEUE_STATUS and 'Traceback' not in out + err, err[-3000:]
     run_dir = only_run_dir(outdir)
     assert f'Stopped by SIGUSR1 after G step 0, snapshot {run_dir}/network-snapshot-000000.pkl;' in out
     assert persistence.load_snapshot(os.path.join(run_dir, 'network-snapshot-000000.pkl')).progress.step == 0

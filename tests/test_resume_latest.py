@@ -4,6 +4,8 @@ it drops before redoing them, and train.py's lines for it."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -113,3 +115,32 @@ def test_train_py_says_what_latest_continues(tmp_path):
     result = CliRunner().invoke(train.main, [*common, '--resume=latest', '--resume-override'])
     assert result.exit_code != 0 and result.output.strip().splitlines() == [
         'Error: --resume-override goes with --resume=PKL: --resume=latest continues a run of this very experiment']
+
+
+def test_a_live_writers_temporary_file_is_no_snapshot(tmp_path, one_run):
+    """A snapshot being written: its writer (a live process) has put every byte of the step-3 snapshot into its
+    temporary file and not yet renamed it. --resume=latest continues from the newest snapshot in place, leaves the
+    writer's file alone, and has nothing to pass over."""
+    experiment, source = one_run
+    outdir = tmp_path / 'runs'
+    outdir.mkdir()
+    _copy_run(source, outdir / '00003-run', experiment)
+    run_dir = outdir / '00003-run'
+    writing = tmp_path / 'network-snapshot-000000.006.pkl'
+    os.replace(run_dir / writing.name, writing)
+    writer = subprocess.Popen([sys.executable, '-c', 'import os, shutil, sys, time; '
+                               'shutil.copy(sys.argv[1], os.path.join(sys.argv[2], f".{os.path.basename(sys.argv[1])}.{os.getpid()}.0123abcd.tmp")); '
+                               'print(flush=True); time.sleep(120)', str(writing), str(run_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        writer.stdout.readline()  # Its file is written.
+        temporary = run_dir / f'.{writing.name}.{writer.pid}.0123abcd.tmp'
+        assert temporary.read_bytes() == writing.read_bytes()
+        lines = []
+        found = run_dirs.find_latest(str(outdir), experiment, lines.append)
+        assert (found.run_dir, found.snapshot_pkl) == (str(run_dir), str(run_dir / 'network-snapshot-000000.004.pkl'))
+        assert found.snapshot.progress.step == 2 and lines == []
+        assert run_dirs.snapshots_newest_first(str(run_dir)) == [str(run_dir / f'network-snapshot-000000.00{n}.pkl') for n in (4, 2)]
+        assert temporary.exists()  # Its writer lives: not removed as a dead writer's would be.
+    finally:
+        writer.kill()
+        writer.wait()

@@ -241,3 +241,49 @@ def test_first_line():
     assert dnnlib.util.first_line(ValueError('\n  bad value\nmore detail')) == 'bad value'
     assert dnnlib.util.first_line(ValueError('x' * 50), max_chars=10) == 'x' * 10
     assert dnnlib.util.first_line(KeyboardInterrupt()) == 'KeyboardInterrupt'
+
+
+class _DiskFullAfter(io.RawIOBase):
+    """A file that takes `room` bytes, then fails every write with ENOSPC, as a full disk does."""
+
+    def __init__(self, room: int) -> None:
+        self.room, self.data = room, bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if len(self.data) + len(data) > self.room:
+            raise OSError(28, os.strerror(28))
+        self.data += data
+        return len(data)
+
+
+def test_writing_names_the_file_of_torch_saves_failed_write(tmp_path):
+    """torch.save reports a write that failed as a RuntimeError ('unexpected pos') raised while handling the OSError;
+    writing() finds the OSError and names the file."""
+    with pytest.raises(util.WriteError) as error:
+        with util.writing(str(tmp_path / 'snapshot.pkl')):
+            torch.save({'x': torch.zeros(10000)}, _DiskFullAfter(1000))
+    assert isinstance(error.value.__cause__, RuntimeError) and 'unexpected pos' in str(error.value.__cause__)
+    assert error.value.errno == 28 and str(error.value) == f'cannot write {tmp_path / "snapshot.pkl"}: No space left on device'
+    with pytest.raises(RuntimeError, match='not about a file'):  # Other errors pass unchanged.
+        with util.writing(str(tmp_path / 'x')):
+            raise RuntimeError('not about a file')
+
+
+def test_append_text_leaves_no_partial_line(tmp_path):
+    """A line that does not fit (half of it written, then ENOSPC) is cut back: the file holds what it held before."""
+    path = tmp_path / 'stats.jsonl'
+    path.write_text('{"a": 1}\n')
+    with open(path, 'ab', buffering=0) as raw:
+        class HalfThenFull:
+            name, fileno = raw.name, raw.fileno
+
+            def write(self, data):
+                raw.write(data[:len(data) // 2])
+                raise OSError(28, os.strerror(28))
+        with pytest.raises(util.WriteError, match=f'cannot write {path}: No space left on device'):
+            util.append_text(HalfThenFull(), '{"b": 2}\n')
+        util.append_text(raw, '{"c": 3}\n')
+    assert path.read_text() == '{"a": 1}\n{"c": 3}\n'

@@ -27,7 +27,8 @@ fake labels (training/data/data_stream.py), the D and G steps (training/step/tra
 network's update each, replayed as CUDA graphs on a GPU), the run state and its snapshots (training/run/run_state.py), progress
 lines, statistics, grids and the divergence stop (training/run/reporter.py), metrics at snapshots
 (training/run/evaluation.py), the stop on a signal (training/run/stop_signal.py), out of GPU memory in
-one line (training/run/out_of_memory.py), and the arithmetic (training/step/precision.py).
+one line (training/run/out_of_memory.py), a file that cannot be written (a full disk) in one line, after the
+snapshot that can be (training/run/write_failure.py), and the arithmetic (training/step/precision.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from training.run.out_of_memory import explain_out_of_memory
 from training.run.reporter import ImageGrids, TickReporter
 from training.run.run_state import RunState, snapshot_label
 from training.run.stop_signal import RunStopped, StopSignal
+from training.run.write_failure import Deferred
 from training.step.training_step import TrainingStep
 
 #----------------------------------------------------------------------------
@@ -99,8 +101,9 @@ def training_loop(
                                 max_resolution=G.img_resolution)
         fake_labels = LabelSampler(training_set, state.label_rng, device)
         reporter = TickReporter(run_dir, schedule, state, experiment.tick, start_time, device, log)
+        deferred = Deferred()  # A grid or metric record that cannot be written waits for the snapshot (write_failure.py).
         evaluator = MetricEvaluator(list(experiment.metrics), experiment.metric_kwargs, training_set_kwargs, run_dir, num_gpus,
-                                    rank, device, log, stop)
+                                    rank, device, log, stop, deferred)
         grids = ImageGrids(run_dir, training_set, G.z_dim, seed, device) if rank == 0 else None
         if grids is not None and resume is None:
             grids.save(G_ema, '_init')
@@ -139,7 +142,8 @@ def training_loop(
             label = snapshot_label(state.cur_nimg)
             snapshot_due = done or (experiment.snap is not None and state.cur_tick % experiment.snap == 0)
             if grids is not None and snapshot_due:
-                last_grid = grids.save(G_ema, label)
+                with deferred.guard():
+                    last_grid = grids.save(G_ema, label)
             if snapshot_due:
                 for module in nets.values():
                     misc.check_ddp_consistency(module)  # Every process must hold the same networks.
@@ -151,6 +155,7 @@ def training_loop(
                 if new_best:
                     log(f'New best {experiment.best_metric}: {state.best:.4g} -> network-best.pkl')
             reporter.end_tick(stats, state, chart=snapshot_due)
+            deferred.raise_error()
 
     # Done: say where the results are.
     reporter.close()

@@ -1,7 +1,8 @@
 """Metrics of a run at its snapshots.
 
 At every snapshot `MetricEvaluator.evaluate()` computes each metric on G_ema (all processes
-together, metrics/metric_main.py), appends the results to metric-<name>.jsonl (process 0), and
+together, metrics/metric_main.py), appends the results to metric-<name>.jsonl (process 0; one that cannot be written
+waits, with `deferred`, until the snapshot has been: training/run/write_failure.py), and
 returns them as statistics ('Metrics/<result>': {num, mean, std}) for stats.jsonl and as values,
 from which the run state keeps the best (training/run/run_state.py). A detector that cannot be had (no network, a bad
 path) costs the run its metrics, with one warning, not the run itself. The metrics run with TF32 off
@@ -13,6 +14,8 @@ explains in one line.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Callable
 
 import torch
@@ -20,6 +23,7 @@ import torch
 import dnnlib
 from training.run.out_of_memory import MetricOutOfMemory
 from training.run.stop_signal import StopRequested, StopSignal
+from training.run.write_failure import Deferred
 
 #----------------------------------------------------------------------------
 
@@ -37,10 +41,12 @@ class MetricEvaluator:
         device: torch.device,
         log: Callable[[str], None],         # Progress and warnings (process 0).
         stop: StopSignal | None = None,     # The run's stop request, which abandons an evaluation.
+        deferred: Deferred | None = None,   # Keeps a result that cannot be written until the snapshot is (None: raised at once).
     ) -> None:
         self.metrics = list(metrics)
         self.metric_kwargs, self.dataset_kwargs, self.run_dir = metric_kwargs, dataset_kwargs, run_dir
         self.num_gpus, self.rank, self.device, self.log, self.stop = num_gpus, rank, device, log, stop
+        self.deferred = deferred
 
     def evaluate(self, G_ema: torch.nn.Module, snapshot_pkl: str) -> tuple[dict, dict[str, float]]:
         """Statistics of every metric on G_ema ('Metrics/<result>': {num, mean, std}), and the results (name -> value)."""
@@ -62,7 +68,9 @@ class MetricEvaluator:
             except torch.OutOfMemoryError:
                 raise MetricOutOfMemory(metric) from None
             if self.rank == 0:
-                metric_main.report_metric(result, run_dir=self.run_dir, snapshot_pkl=snapshot_pkl)
+                path = os.path.join(self.run_dir, f'metric-{metric}.jsonl')
+                with self.deferred.guard() if self.deferred else contextlib.nullcontext(), dnnlib.util.writing(path):
+                    metric_main.report_metric(result, run_dir=self.run_dir, snapshot_pkl=snapshot_pkl)
             results.update(result.results)
         for name, value in results.items():
             entries[f'Metrics/{name}'] = dnnlib.EasyDict(num=1, mean=value, std=0.0)

@@ -12,7 +12,8 @@ At every tick (kimg_per_tick thousand real images) `TickReporter.tick()`
     starts the next tick (the run state's tick_start_nimg, which a snapshot records: a run resumed
         between ticks ends its tick where the stopped one would have),
 and `end_tick()` appends the statistics to stats.jsonl and TensorBoard (when installed) and, at a
-snapshot, redraws progress.png, the losses and metrics against kimg (training/run/charts.py). `ImageGrids` writes reals.png once
+snapshot, redraws progress.png, the losses and metrics against kimg (training/run/charts.py). A file that
+cannot be written raises dnnlib.util.WriteError (training/run/write_failure.py). `ImageGrids` writes reals.png once
 and fakes<kimg>.png of G_ema on fixed latents (one row per class for conditional data).
 Everything is written by process 0; the others only take part in the collective operations.
 """
@@ -79,13 +80,15 @@ class ImageGrids:
         self.grid_size, labels = grid_layout(dataset, max_images=64)
         self.z = torch.from_numpy(rng.standard_normal([labels.shape[0], z_dim])).float().to(device)
         self.c = torch.from_numpy(labels).to(device)
-        misc.save_image_grid(grid_reals(dataset, labels, rng) / 127.5 - 1, os.path.join(run_dir, 'reals.png'), self.grid_size)
+        with dnnlib.util.writing(path := os.path.join(run_dir, 'reals.png')):
+            misc.save_image_grid(grid_reals(dataset, labels, rng) / 127.5 - 1, path, self.grid_size)
 
     @torch.no_grad()
     def save(self, G_ema: torch.nn.Module, label: str) -> str:
         fakes = torch.cat([G_ema(z, c) for z, c in zip(self.z.split(16), self.c.split(16))])
         path = os.path.join(self.run_dir, f'fakes{label}.png')
-        misc.save_image_grid(fakes, path, self.grid_size)
+        with dnnlib.util.writing(path):
+            misc.save_image_grid(fakes, path, self.grid_size)
         return path
 
 #----------------------------------------------------------------------------
@@ -108,7 +111,7 @@ class TickReporter:
         self.collector = training_stats.Collector(regex='.*')
         self.stats_jsonl = self.tb_writer = None
         if self.rank == 0:
-            self.stats_jsonl = open(os.path.join(run_dir, 'stats.jsonl'), 'at')
+            self.stats_jsonl = open(os.path.join(run_dir, 'stats.jsonl'), 'ab', buffering=0)  # Lines by dnnlib.util.append_text.
             try:
                 import torch.utils.tensorboard as tensorboard
                 self.tb_writer = tensorboard.SummaryWriter(run_dir)
@@ -182,14 +185,14 @@ class TickReporter:
     def end_tick(self, stats: dict, state: Any, chart: bool) -> None:
         """Append the tick's statistics to stats.jsonl and TensorBoard; redraw progress.png if `chart`."""
         if self.rank == 0:
-            self.stats_jsonl.write(json.dumps(dict(stats, timestamp=time.time())) + '\n')
-            self.stats_jsonl.flush()
+            dnnlib.util.append_text(self.stats_jsonl, json.dumps(dict(stats, timestamp=time.time())) + '\n')
             if self.tb_writer is not None:
                 for name, value in stats.items():
                     self.tb_writer.add_scalar(name, value.mean, global_step=int(state.cur_nimg / 1000))
                 self.tb_writer.flush()
             if chart:
-                write_progress_chart(self.stats_jsonl.name, os.path.join(self.run_dir, 'progress.png'))
+                with dnnlib.util.writing(path := os.path.join(self.run_dir, 'progress.png')):
+                    write_progress_chart(self.stats_jsonl.name, path)
         self.timed_nimg, self.tick_start_step, self.tick_start_time = state.cur_nimg, state.step, time.time()
         self.maintenance_time = self.tick_start_time - self.maintenance_start
 

@@ -131,7 +131,7 @@ def drop_records_after(run_dir: str, step: int, cur_nimg: int) -> int:
             except (ValueError, KeyError, TypeError):
                 pass  # Cut short by a process that was killed while writing it.
         if len(kept) < len(lines):
-            with dnnlib.util.atomic_path(path) as tmp, open(tmp, 'wt') as f:
+            with dnnlib.util.writing(path), dnnlib.util.atomic_path(path) as tmp, open(tmp, 'wt') as f:
                 f.writelines(kept)
             dropped += len(lines) - len(kept)
     return dropped

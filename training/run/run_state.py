@@ -106,10 +106,12 @@ class RunState:
                                   best_metric=self.best_metric, best=self.best))
 
     def save(self, paths: list[str], data: dict) -> None:
-        """Write the snapshot `data` to every path (process 0 only; each write is atomic)."""
+        """Write the snapshot `data` to every path (process 0 only; each write is atomic; dnnlib.util.WriteError when one
+        cannot be written, which leaves the paths before it written: training/run/write_failure.py)."""
         if self.rank == 0:
             for path in paths:
-                persistence.save_snapshot(path, data)
+                with dnnlib.util.writing(path):
+                    persistence.save_snapshot(path, data)
         self.saved_step, self.last_snapshot = self.step, paths[0]
 
     def resume(self, snapshot: dict, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer],
