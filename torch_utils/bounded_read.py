@@ -434,8 +434,8 @@ def _decompressor(magic: bytes, file: BinaryIO) -> BinaryIO | None:
 # Pickles read by Python's unpickler (CIFAR-10's batches).
 
 
-def check_pickle(data: bytes, name: str) -> None:
-    """Refuse (RefusedFileError) a pickle that Python's unpickler could not load within the bound, before it is
+def check_pickle(data: bytes | BinaryIO, name: str) -> None:
+    """Refuse (RefusedFileError) a pickle (its bytes, or a file read from its position to its STOP opcode) that Python's unpickler could not load within the bound, before it is
     loaded: one of more than MAX_PICKLE_OPCODES opcodes (each makes at most one object, of at most ~120 bytes
     beside the bytes it carries), or whose memo indices skip ahead (the C unpickler grows its memo array to
     twice the largest index: one opcode of 5 bytes would take 32 GiB). What the opcodes may build is the
