@@ -31,8 +31,7 @@ module name:
 inside them a persistent class of the same source. Their constructor kwargs (`_init_kwargs`; positional
 `_init_args` are refused) are rewritten for training/networks/stylegan2.py, whose Generator and
 Discriminator take StyleGAN2-ADA's kwargs: the StyleGAN3 repository's Generator takes the synthesis kwargs
-flat, and its defaults differ (_STYLEGAN3_DEFAULTS, made explicit); `fused_modconv_default` chooses how
-its convolutions are computed, not what (dropped). The state dict is gathered from the records'
+flat, and its defaults differ (_STYLEGAN3_DEFAULTS, made explicit). The state dict is gathered from the records'
 `_parameters`, `_buffers` (less `_non_persistent_buffers_set`) and `_modules`, as module.state_dict()
 would, and the network is rebuilt through persistence.rebuild_network: our class allow-list, the kwargs
 checked against the class, shapes compared on the meta device, the tensors loaded strictly.
@@ -58,7 +57,7 @@ import pickle
 import struct
 import sys
 import warnings
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 import torch
@@ -93,7 +92,6 @@ _STYLEGAN3_DEFAULTS = {
     'Discriminator': {'num_fp16_res': 4, 'conv_clamp': 256},
 }
 _GENERATOR_ARGS = ('z_dim', 'c_dim', 'w_dim', 'img_resolution', 'img_channels', 'mapping_kwargs')  # Not synthesis kwargs.
-_SPEED_ONLY_KWARGS = ('fused_modconv_default',)  # StyleGAN3 repository: grouped or separate convolutions, same outputs.
 
 # Storages of a legacy torch.save, by the name of their type in module torch.
 _STORAGE_DTYPES = {'FloatStorage': torch.float32, 'DoubleStorage': torch.float64, 'HalfStorage': torch.float16,
@@ -105,7 +103,7 @@ _LEGACY_PROTOCOL = 1001
 _INT64 = struct.Struct('<q')
 
 
-class NvidiaPickleError(ValueError):
+class NvidiaPickleError(persistence.UnsafeSnapshotError):
     """The file is not a StyleGAN2 pickle of NVIDIA's code that can be read as data. One line, naming the file;
     nothing of the file has run."""
 
@@ -299,7 +297,7 @@ class _Module:
         self.name, self.classes = name, classes
 
     def qualname(self, class_name: str) -> str:
-        return f'{self.name or "<an unrecognised module>"}.{class_name}'
+        return f'{self.name}.{class_name}' if self.name else f'{class_name} of an unrecognised module source'
 
 
 _modules: dict[str, _Module] = {}  # sha256 of a source -> what it defines; its syntax tree is not kept.
@@ -343,7 +341,7 @@ def _module_of(source: str) -> _Module:
 def _plain(value: Any, where: str, depth: int = 0) -> Any:
     """The file's containers as plain data (dicts, lists, tuples of scalars); anything else is refused."""
     if depth > dnnlib.util.MAX_PLAIN_DEPTH:
-        raise _Refused(f'{where}: nested deeper than {dnnlib.util.MAX_PLAIN_DEPTH} levels')
+        raise _Refused(f'{where[:80]}: nested deeper than {dnnlib.util.MAX_PLAIN_DEPTH} levels')
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise _Refused(f'{where}: a dict with keys that are not strings')
@@ -367,9 +365,12 @@ def _state_dict(record: _Persistent, module: _Module, where: str) -> dict[str, t
         name = f'{where}.{prefix.rstrip(".")}' if prefix else where
         if depth > dnnlib.util.MAX_PLAIN_DEPTH:
             raise _Refused(f'{name}: layers nested deeper than {dnnlib.util.MAX_PLAIN_DEPTH} levels')
-        if not isinstance(layer, _Persistent) or layer.module_src != record.module_src or layer.class_name not in module.classes:
-            what = module.qualname(layer.class_name) if isinstance(layer, _Persistent) else type(layer).__name__.strip('_').lower()
-            raise _Refused(f'{name} is a {what}, not a layer of {module.name}')
+        if not isinstance(layer, _Persistent):
+            raise _Refused(f'{name} is a {type(layer).__name__.strip("_").lower()}, not a layer of {module.name}')
+        if layer.module_src != record.module_src:
+            raise _Refused(f'{name} is a {layer.class_name} of another module source, not a layer of {module.name}')
+        if layer.class_name not in module.classes:
+            raise _Refused(f'{name} is a {layer.class_name}, which {module.name} does not define')
         state = layer.state
         parameters, buffers, children = (state.get(key, {}) for key in ('_parameters', '_buffers', '_modules'))
         skipped = state.get('_non_persistent_buffers_set', set())
@@ -389,7 +390,6 @@ def _our_kwargs(module: _Module, class_name: str, kwargs: dict) -> dict:
     """Constructor kwargs of our class from those of NVIDIA's (module docstring)."""
     if module.name != 'training.networks_stylegan2':
         return kwargs
-    kwargs = {k: v for k, v in kwargs.items() if k not in _SPEED_ONLY_KWARGS}
     if class_name == 'Generator':
         synthesis = {k: v for k, v in kwargs.items() if k not in _GENERATOR_ARGS}
         kwargs = {k: v for k, v in kwargs.items() if k in _GENERATOR_ARGS}
@@ -431,7 +431,7 @@ def _network(record: Any, where: str) -> torch.nn.Module:
 # The file.
 
 
-def is_pickle(f: Any) -> bool:
+def is_pickle(f: BinaryIO) -> bool:
     """Whether the file (read from its start) begins as a pickle of protocol 2 or later does, as NVIDIA's do."""
     f.seek(0)
     head = f.read(2)
@@ -456,13 +456,13 @@ def _dropped(note: str) -> None:
     print(note, file=sys.stderr, flush=True)
 
 
-def load_network_pickle(path_or_url: str, dropped: Callable[[str], None] = _dropped) -> dnnlib.EasyDict:
-    """Our networks from a StyleGAN2 pickle of NVIDIA's code, read as data (module docstring): an EasyDict with
-    G, D and G_ema (those the file holds, on the CPU, in eval mode, requires_grad off) and training_set_kwargs
-    (or None). What is not kept is named in one line each through `dropped`. Raises NvidiaPickleError
-    (one line) or OSError."""
-    with dnnlib.util.open_url(path_or_url, verbose=False) as f:
-        data = f.read()
+def load_network_pickle(f: BinaryIO, path_or_url: str, dropped: Callable[[str], None] = _dropped) -> dnnlib.EasyDict:
+    """Our networks from a StyleGAN2 pickle of NVIDIA's code (the file `f`, named `path_or_url` in messages), read
+    as data (module docstring): an EasyDict with G, D and G_ema (those the file holds, on the CPU, in eval mode,
+    requires_grad off) and training_set_kwargs (or None). What is not kept is named in one line each through
+    `dropped`. Raises NvidiaPickleError (one line) or OSError."""
+    f.seek(0)
+    data = f.read()
     try:
         snapshot = _unpickle(data)
         del data
