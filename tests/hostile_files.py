@@ -589,6 +589,13 @@ def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None 
         'CIFAR-10 batch of a Python-object array': ('objects.tar.gz', lambda: cifar_tar_gz({'data_batch_1': object_array_pickle(bomb_bytes // 8)})),
         'LMDB entry claiming more than the file': ('claims_lmdb', lambda path: lmdb_claiming(path, bomb_bytes)),
         'truncated LMDB': ('truncated_lmdb', lmdb_truncated),
+        'NVIDIA pickle calling os.system': ('nvidia-system.pkl', lambda: nvidia_pickle_calling_os_system(os.path.join(folder, 'ran'))),
+        'NVIDIA pickle whose source runs code': ('nvidia-source.pkl', lambda: nvidia_pickle(nvidia_networks(), (
+            f'import pathlib; pathlib.Path({os.path.join(folder, "ran")!r}).write_text("ran")\nclass Generator: pass\n'))),
+        'NVIDIA pickle of StyleGAN3 (alias-free)': ('nvidia-stylegan3.pkl', lambda: nvidia_pickle(nvidia_networks(), nvidia_source(
+            classes=('SynthesisInput', 'SynthesisLayer', 'SynthesisNetwork', 'MappingNetwork')))),
+        'NVIDIA pickle with a storage bomb': ('nvidia-storage-bomb.pkl', lambda: nvidia_storage_bomb(bomb_bytes)),
+        'NVIDIA pickle nested 200,000 deep': ('nvidia-deep.pkl', lambda: nvidia_deep_nesting(200_000)),
     }
     detector = lambda: made_once('detector.pt', detector_bytes)  # noqa: E731
     images = lambda: made_once('images.zip', lambda: zip_bytes([stored(f'img{i}.png', png_bytes(i * 50)) for i in range(4)]))  # noqa: E731
@@ -613,6 +620,18 @@ def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None 
         add('train.py --resume', file, reason, '--resume={path}', f'--outdir={out}', '--kimg=0.001')
         add('legacy.py --source', file, 'not a zip archive (no end of central directory record; truncated?)' if file == 'truncated snapshot'
             else reason, '--source={path}', '--cfg=cifar10-cnn', f'--dest={out}.pkl')
+    nvidia_reasons = {  # torch_utils/nvidia_pickle.py; the source and os.system would write or touch <folder>/ran.
+        'NVIDIA pickle calling os.system': 'names the global posix.system, which is not read; nothing in it was run',
+        'NVIDIA pickle whose source runs code': 'G is a Generator of an unrecognised module source, which is not read',
+        'NVIDIA pickle of StyleGAN3 (alias-free)': 'G is a training.networks_stylegan3.Generator, which is not read',
+        'NVIDIA pickle with a storage bomb': f'holds a storage that declares {bomb_bytes // 4:,} elements of torch.float32 but '
+                                             f'carries 16 bytes',
+        'NVIDIA pickle nested 200,000 deep': 'nested deeper than 32 levels',
+    }
+    for file, reason in nvidia_reasons.items():
+        add('generate.py --network', file, reason, '--network={path}', '--seeds=0', f'--outdir={out}')
+        if scripts is None or 'calc_metrics.py' in scripts:
+            add('calc_metrics.py --network', file, reason, '--network={path}', '--metrics=is50k', f'--detector={detector()}', '--num-gen=2')
     stats_reasons = {
         'npz bomb (sigma.npy)': f'sigma.npy: refused to read: sigma is [{sigma_dim}, {sigma_dim}], but the statistics are 2048-dimensional',
         'npz claiming 40000x40000': 'sigma.npy: refused to read: sigma is [40000, 40000], but the statistics are 2048-dimensional',
