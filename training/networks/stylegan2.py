@@ -71,10 +71,10 @@ NOISE_MODES = ('random', 'const', 'none')
 
 
 def block_dtype(param: torch.Tensor, use_fp16: bool, force_fp32: bool) -> torch.dtype:
-    """The dtype a block computes in: float16 for a float16 block on CUDA (unless force_fp32); else the
-    autocast dtype when autocast is on for the device (unless force_fp32); else the parameters' dtype."""
+    """The dtype a block computes in: float16 for a float16 block of a float32 network on CUDA (unless force_fp32);
+    else the autocast dtype when autocast is on for the device (unless force_fp32); else the parameters' dtype."""
     device_type = param.device.type
-    if use_fp16 and not force_fp32 and device_type == 'cuda':
+    if use_fp16 and not force_fp32 and device_type == 'cuda' and param.dtype == torch.float32:
         return torch.float16
     if not force_fp32 and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
