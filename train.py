@@ -66,6 +66,7 @@ import dnnlib  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
+from training.recipes.configs import SG2_SPECS  # noqa: E402
 from training.run import run_dirs  # noqa: E402
 from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
@@ -369,14 +370,16 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--xflip',        help='Mirror the reals left-right at random  [default: the preset\'s]', metavar='BOOL', type=bool)
 @click.option('--glr',          help='G learning rate  [default: the preset\'s]', metavar='FLOAT',                type=click.FloatRange(min=0, min_open=True))
 @click.option('--dlr',          help='D learning rate  [default: the preset\'s]', metavar='FLOAT',                type=click.FloatRange(min=0, min_open=True))
-@click.option('--gamma',        help='R1 weight, with --norm=r1  [default: 10]', metavar='FLOAT',                 type=click.FloatRange(min=0))
+@click.option('--gamma',        help='R1 weight, with --norm=r1  [default: 10; gn-stylegan2: its --sg2-cfg\'s]', metavar='FLOAT', type=click.FloatRange(min=0))
 @click.option('--resolution',   help='gn-stylegan: final resolution  [default: the data\'s]', metavar='INT',     type=click.IntRange(min=1))
-@click.option('--cmax',         help='gn-stylegan: feature-map cap of G and D  [default: 512]', metavar='INT',    type=click.IntRange(min=1))
-@click.option('--d-cmax',       help='gn-stylegan: feature-map cap of D  [default: --cmax]', metavar='INT',      type=click.IntRange(min=1))
+@click.option('--cmax',         help='gn-stylegan(2): feature-map cap of G and D  [default: 512]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--d-cmax',       help='gn-stylegan(2): feature-map cap of D  [default: --cmax]', metavar='INT',   type=click.IntRange(min=1))
 @click.option('--tanh',         help='gn-stylegan: G\'s images through tanh  [default: false]', metavar='BOOL',  type=bool)
-@click.option('--map-dim',      help='gn-stylegan: width of z, w and the mapping network  [default: 512]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--map-dim',      help='gn-stylegan(2): width of z, w and the mapping network  [default: 512]', metavar='INT', type=click.IntRange(min=1))
 @click.option('--map-lrmul',    help='gn-stylegan: mapping network lr multiplier  [default: 0.01]', metavar='FLOAT', type=click.FloatRange(min=0, min_open=True))
-@click.option('--style-mixing', help='gn-stylegan: style mixing probability  [default: 0.9]', metavar='FLOAT',    type=click.FloatRange(min=0, max=1))
+@click.option('--style-mixing', help='gn-stylegan(2): style mixing probability  [default: 0.9; sg2-cfg cifar: 0]', metavar='FLOAT', type=click.FloatRange(min=0, max=1))
+@click.option('--sg2-cfg',      help='gn-stylegan2: NVIDIA StyleGAN2-ADA\'s configuration (docs/configs.md)  [default: auto]', type=click.Choice(list(SG2_SPECS)))
+@click.option('--pl-weight',    help='gn-stylegan2: path length regularization weight  [default: 2; sg2-cfg cifar: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
 
 # Length and batches.
 @click.option('--batch',        help='Global D batch M; gn-stylegan: cap on the minibatch', metavar='INT',       type=click.IntRange(min=1))

@@ -31,8 +31,9 @@ Precision. As in NVIDIA's code, blocks at the top `num_fp16_res` resolutions com
 their convolution outputs clamped to +-conv_clamp, the rest in float32; mapping, epilogue and the
 image sum stay float32. On a device other than CUDA, float16 blocks compute in float32, as the
 StyleGAN3 repository's copy of these networks does (NVIDIA's StyleGAN2-ADA would run float16 on the
-CPU). Under this project's torch.autocast (`--precision=bf16`) the float32 blocks compute in the
-autocast dtype; every cast is explicit and autocast is off inside the blocks. A float64 network (tests)
+CPU). Under this project's torch.autocast to bfloat16 (`--precision=bf16`) the other blocks compute in
+bfloat16 (autocast to float16, `--precision=fp16`, leaves float16 to the use_fp16 blocks); every cast
+is explicit and autocast is off inside the blocks. A float64 network (tests)
 computes in float64 wherever NVIDIA's computes in float32.
 
 Not NVIDIA's: G and D accept only keyword arguments at construction (they are recorded for snapshots,
@@ -71,13 +72,14 @@ NOISE_MODES = ('random', 'const', 'none')
 
 
 def block_dtype(param: torch.Tensor, use_fp16: bool, force_fp32: bool) -> torch.dtype:
-    """The dtype a block computes in: float16 for a float16 block on CUDA (unless force_fp32); else the
-    autocast dtype when autocast is on for the device (unless force_fp32); else the parameters' dtype."""
+    """The dtype a block computes in: float16 for a float16 block of a float32 network on CUDA (unless force_fp32);
+    else bfloat16 when autocast to bfloat16 is on for the device (unless force_fp32); else the parameters' dtype.
+    Autocast to float16 changes nothing: float16 goes where NVIDIA's puts it (the use_fp16 blocks), nowhere else."""
     device_type = param.device.type
-    if use_fp16 and not force_fp32 and device_type == 'cuda':
+    if use_fp16 and not force_fp32 and device_type == 'cuda' and param.dtype == torch.float32:
         return torch.float16
-    if not force_fp32 and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
+    if not force_fp32 and torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16:
+        return torch.bfloat16
     return param.dtype
 
 
