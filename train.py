@@ -287,12 +287,13 @@ def _check_resume_networks(snapshot: dnnlib.EasyDict, experiment: Experiment, pa
 
 
 def _kwargs_differences(theirs: dict, ours: dict) -> str:
-    """'; its kwargs differ: mapping_kwargs.num_layers 8 (this run: 2), ...' for two nested kwargs dicts, or ''."""
+    """'; its kwargs differ: mapping_kwargs.num_layers 8 (this run: 2), ...' for two nested kwargs dicts (those set on one
+    side only last), or ''."""
     def flat(d: dict, prefix: str = '') -> dict:
         return {k2: v2 for k, v in d.items() for k2, v2 in (flat(v, f'{prefix}{k}.') if isinstance(v, dict) else
                                                              {f'{prefix}{k}': v}).items()}
     a, b = flat(dnnlib.util.to_plain(theirs)), flat(dnnlib.util.to_plain(ours))
-    keys = [k for k in sorted(set(a) | set(b)) if a.get(k, '(unset)') != b.get(k, '(unset)')]
+    keys = sorted((k for k in set(a) | set(b) if a.get(k, '(unset)') != b.get(k, '(unset)')), key=lambda k: (k not in a or k not in b, k))
     listed = ', '.join(f'{k} {a.get(k, "(unset)")} (this run: {b.get(k, "(unset)")})' for k in keys[:4])
     return f'; its kwargs differ: {listed}{", ..." if len(keys) > 4 else ""}' if keys else ''
 

@@ -632,6 +632,7 @@ def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None 
         add('generate.py --network', file, reason, '--network={path}', '--seeds=0', f'--outdir={out}')
         if scripts is None or 'calc_metrics.py' in scripts:
             add('calc_metrics.py --network', file, reason, '--network={path}', '--metrics=is50k', f'--detector={detector()}', '--num-gen=2')
+        add('train.py --resume', file, reason, '--resume={path}', '--cfg=gn-stylegan2', f'--outdir={out}', '--kimg=0.001')
     stats_reasons = {
         'npz bomb (sigma.npy)': f'sigma.npy: refused to read: sigma is [{sigma_dim}, {sigma_dim}], but the statistics are 2048-dimensional',
         'npz claiming 40000x40000': 'sigma.npy: refused to read: sigma is [40000, 40000], but the statistics are 2048-dimensional',

@@ -8,6 +8,7 @@ images and logits, in a subprocess (their packages have our packages' names); ou
 """
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,9 @@ import generate
 import legacy
 from tests import hostile_files
 from tests.test_metric_main import make_detector, write_dataset_zip
-from torch_utils import nvidia_pickle
+from tests.test_train import only_run_dir, run_cli, snapshots
+from torch_utils import nvidia_pickle, persistence
+from training.networks import stylegan2
 
 NVIDIA_CODE = os.environ.get('GNGAN_NVIDIA_CODE')
 
@@ -215,6 +218,68 @@ def test_generate_calc_metrics_and_legacy_take_nvidia_pickles(tmp_path, monkeypa
     assert 'names the global posix.system' in result.output and not (tmp_path / 'ran').exists()
     assert not (tmp_path / 'x').exists()
 
+def fine_tune(pickle_path: str, data: str, outdir: str, *args: str, cmax: int = 16, check: bool = True):
+    """train.py --resume of an NVIDIA pickle, --cfg=gn-stylegan2 at 16x16 with `cmax` features and z, w of 16, 2 G steps
+    of batch 4 at a learning rate that leaves the weights as they came (Adam moves each by at most ~lr per step)."""
+    return run_cli('train.py', f'--outdir={outdir}', '--cfg=gn-stylegan2', f'--data={data}', f'--resume={pickle_path}',
+                   f'--cmax={cmax}', '--map-dim=16', '--steps=2', '--batch=4', '--glr=1e-12', '--dlr=1e-12', '--tick=0.004',
+                   '--snap=1', '--workers=0', *args, check=check)
+
+
+def assert_started_from(snapshot: dict, networks: dict, names: tuple[str, ...]) -> None:
+    for name in names:
+        theirs = networks[name].state_dict()
+        for key, value in snapshot[name].state_dict().items():
+            if key != 'mapping.w_avg':  # Tracked in training mode.
+                torch.testing.assert_close(value, theirs[key], rtol=0, atol=1e-9, msg=f'{name}.{key}')
+
+
+def test_train_resume_fine_tunes_nvidia_networks_with_their_or_a_fresh_d(tmp_path):
+    data = str(tmp_path / 'data.zip')
+    write_dataset_zip(data, num_images=8, resolution=16)
+    G = stylegan2.Generator(z_dim=16, c_dim=0, w_dim=16, img_resolution=16, img_channels=3, mapping_kwargs={'num_layers': 2},
+                            synthesis_kwargs={'channel_base': 16384, 'channel_max': 16, 'conv_clamp': 256})
+    D = stylegan2.Discriminator(c_dim=0, img_resolution=16, img_channels=3, channel_base=16384, channel_max=16,
+                                conv_clamp=256, epilogue_kwargs={'mbstd_group_size': 4})
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in [*G.parameters(), *D.parameters()]:
+            p.add_(torch.randn_like(p) * 0.1)
+    networks = {'G': G, 'G_ema': G, 'D': D}
+    path = tmp_path / 'nvidia.pkl'
+    path.write_bytes(hostile_files.nvidia_pickle(dict(networks, augment_pipe=None), hostile_files.nvidia_source()))
+
+    result = fine_tune(str(path), data, str(tmp_path / 'runs'))
+    assert f'Starting from the G, G_ema, D of "{path}"' in result.stdout
+    run_dir = only_run_dir(str(tmp_path / 'runs'))
+    snapshot = persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1]))
+    assert snapshot.progress.step == 2 and 'G_opt_state' in snapshot
+    assert_started_from(snapshot, networks, ('G', 'G_ema', 'D'))
+    assert json.load(open(os.path.join(run_dir, 'training_options.json')))['resume_pkl'] == str(path)
+
+    # --resume-fresh-d: D from scratch (the preset's initialization), G from the pickle.
+    result = fine_tune(str(path), data, str(tmp_path / 'fresh'), '--resume-fresh-d')
+    assert '(D from scratch)' in result.stdout
+    run_dir = only_run_dir(str(tmp_path / 'fresh'))
+    snapshot = persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1]))
+    assert_started_from(snapshot, networks, ('G', 'G_ema'))
+    assert (snapshot.D.b16.conv0.weight - D.b16.conv0.weight).abs().max() > 0.05
+
+    # A pickle without D needs --resume-fresh-d; one whose G is not what the run builds names the differing kwargs;
+    # --resume-override has no experiment to override.
+    no_d = tmp_path / 'no-d.pkl'
+    no_d.write_bytes(hostile_files.nvidia_pickle({'G': G}, hostile_files.nvidia_source()))
+    for args, pickle_path, message in [
+            ((), no_d, f'--resume: {no_d} holds no D; add --resume-fresh-d to start D from scratch'),
+            (('--map-dim=32',), path, f'--resume: the G of {path} is not the network that --cfg=gn-stylegan2 builds with '
+                                      f'these options for this data; its kwargs differ: w_dim 16 (this run: 32), z_dim 16 '
+                                      f'(this run: 32)'),
+            (('--resume-override',), path, f'--resume-override: {path} is NVIDIA\'s pickle, which records no experiment')]:
+        result = fine_tune(str(pickle_path), data, str(tmp_path / 'refused'), *args, check=False)
+        assert result.returncode == 1 and result.stderr.strip().splitlines()[-1].startswith(f'Error: {message}'), \
+            result.stderr[-2000:]
+    assert not (tmp_path / 'refused').exists()
+
 #----------------------------------------------------------------------------
 # NVIDIA's own code.
 
@@ -234,17 +299,17 @@ stylegan3 = os.path.isfile(os.path.join(checkout, 'training', 'networks_stylegan
 if stylegan3:  # Their train.py's kwargs, their defaults left to their code (num_fp16_res, conv_clamp, w_avg_beta).
     from training import networks_stylegan2 as networks
     G = networks.Generator(z_dim=16, c_dim=c_dim, w_dim=16, img_resolution=16, img_channels=3,
-                           mapping_kwargs=dnnlib.EasyDict(num_layers=2), channel_base=256, channel_max=32,
+                           mapping_kwargs=dnnlib.EasyDict(num_layers=2), channel_base=16384, channel_max=32,
                            fused_modconv_default='inference_only')
-    D = networks.Discriminator(c_dim=c_dim, img_resolution=16, img_channels=3, channel_base=256, channel_max=32,
+    D = networks.Discriminator(c_dim=c_dim, img_resolution=16, img_channels=3, channel_base=16384, channel_max=32,
                                block_kwargs=dnnlib.EasyDict(), mapping_kwargs=dnnlib.EasyDict(),
                                epilogue_kwargs=dnnlib.EasyDict(mbstd_group_size=2))
 else:  # float32 blocks: their StyleGAN2-ADA would compute float16 blocks in float16 on the CPU.
     from training import networks
     G = networks.Generator(z_dim=16, c_dim=c_dim, w_dim=16, img_resolution=16, img_channels=3,
                            mapping_kwargs=dnnlib.EasyDict(num_layers=2),
-                           synthesis_kwargs=dnnlib.EasyDict(channel_base=256, channel_max=32, num_fp16_res=0, conv_clamp=256))
-    D = networks.Discriminator(c_dim=c_dim, img_resolution=16, img_channels=3, channel_base=256, channel_max=32,
+                           synthesis_kwargs=dnnlib.EasyDict(channel_base=16384, channel_max=32, num_fp16_res=0, conv_clamp=256))
+    D = networks.Discriminator(c_dim=c_dim, img_resolution=16, img_channels=3, channel_base=16384, channel_max=32,
                                block_kwargs=dnnlib.EasyDict(), mapping_kwargs=dnnlib.EasyDict(),
                                epilogue_kwargs=dnnlib.EasyDict(mbstd_group_size=2))
 torch.manual_seed(0)
@@ -274,7 +339,7 @@ np.save(os.path.join(out, 'logits.npy'), snapshot['D'](img, c.expand(4, -1)).num
 
 @pytest.mark.skipif(not NVIDIA_CODE, reason='GNGAN_NVIDIA_CODE does not name a checkout of NVIDIA\'s StyleGAN2 code')
 @pytest.mark.parametrize('c_dim', [0, 3])
-def test_pickle_of_nvidia_code_gives_their_images_through_generate(c_dim, tmp_path):
+def test_pickle_of_nvidia_code_gives_their_images_through_generate_and_trains(c_dim, tmp_path):
     script = tmp_path / 'theirs.py'
     script.write_text(textwrap.dedent(_NVIDIA_SCRIPT))
     result = subprocess.run([sys.executable, str(script), NVIDIA_CODE, str(tmp_path), str(c_dim)], capture_output=True,
@@ -305,3 +370,11 @@ def test_pickle_of_nvidia_code_gives_their_images_through_generate(c_dim, tmp_pa
         torch.testing.assert_close(loaded.D(img, c.expand(4, -1)), torch.from_numpy(np.load(tmp_path / 'logits.npy')),
                                    rtol=1e-5, atol=1e-5)
     assert loaded.training_set_kwargs.path == 'data.zip'
+
+    # train.py --resume: --cfg=gn-stylegan2 (its auto configuration at 16x16: 2 mapping layers, channel_base 16384)
+    # fine-tunes their G with their D.
+    data = str(tmp_path / 'data.zip')
+    write_dataset_zip(data, num_images=8, resolution=16, labels=[i % 3 for i in range(8)] if c_dim else None)
+    fine_tune(str(path), data, str(tmp_path / 'runs'), cmax=32)
+    run_dir = only_run_dir(str(tmp_path / 'runs'))
+    assert_started_from(persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1])), loaded, ('G', 'D'))
