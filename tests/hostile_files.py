@@ -626,7 +626,7 @@ def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None 
         'NVIDIA pickle of StyleGAN3 (alias-free)': 'G is a training.networks_stylegan3.Generator, which is not read',
         'NVIDIA pickle with a storage bomb': f'holds a storage that declares {bomb_bytes // 4:,} elements of torch.float32 but '
                                              f'carries 16 bytes',
-        'NVIDIA pickle nested 200,000 deep': 'nested deeper than 32 levels',
+        'NVIDIA pickle nested 200,000 deep': 'training_set_kwargs: nested deeper than 32 levels',
     }
     for file, reason in nvidia_reasons.items():
         add('generate.py --network', file, reason, '--network={path}', '--seeds=0', f'--outdir={out}')

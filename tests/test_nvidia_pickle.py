@@ -163,7 +163,7 @@ def _strided(tensor: torch.Tensor, size: tuple, stride: tuple) -> object:
 
 
 def test_deep_nesting_persistent_ids_and_state_are_refused():
-    refused(hostile_files.nvidia_deep_nesting(200_000), 'training_set_kwargs[0][0]', 'nested deeper than 32 levels')
+    refused(hostile_files.nvidia_deep_nesting(200_000), 'training_set_kwargs: nested deeper than 32 levels')
     # A persistent id (torch.save's storages use them; NVIDIA's pickle.dump does not).
     refused(b'\x80\x03}X\x01\x00\x00\x00GX\x01\x00\x00\x00xQs.', 'holds a persistent id')  # {'G': persistent id 'x'}
     # BUILD (state set after construction) on a record of a persistent object.

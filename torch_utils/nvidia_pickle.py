@@ -341,7 +341,7 @@ def _module_of(source: str) -> _Module:
 def _plain(value: Any, where: str, depth: int = 0) -> Any:
     """The file's containers as plain data (dicts, lists, tuples of scalars); anything else is refused."""
     if depth > dnnlib.util.MAX_PLAIN_DEPTH:
-        raise _Refused(f'{where[:80]}: nested deeper than {dnnlib.util.MAX_PLAIN_DEPTH} levels')
+        raise _Refused(f'{where.split("[")[0][:100]}: nested deeper than {dnnlib.util.MAX_PLAIN_DEPTH} levels')
     if isinstance(value, dict):
         if not all(isinstance(k, str) for k in value):
             raise _Refused(f'{where}: a dict with keys that are not strings')
