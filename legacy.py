@@ -1,4 +1,5 @@
-"""Networks from files: this project's snapshots, and the checkpoints of the official GN-GAN code.
+"""Networks from files: this project's snapshots, the checkpoints of the official GN-GAN code, and StyleGAN2
+pickles of NVIDIA's code (read as data by torch_utils/nvidia_pickle.py; docs/nvidia-pickles.md).
 
 The official code (github.com/basiclab/GNGAN-PyTorch) saves `model.pt`, `best_model.pt` and
 `<step>.pt` with torch.save: a dict holding the state dicts `net_G`, `ema_G` and `net_D` (plus
