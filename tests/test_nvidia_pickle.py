@@ -140,6 +140,12 @@ def test_classes_outside_the_allow_list_are_refused_unrun(case, tmp_path):
     assert not flag.exists()
 
 
+def test_sources_too_long_to_parse_within_the_bound_are_refused():
+    source = hostile_files.nvidia_source() + '#' * nvidia_pickle.MAX_SOURCE_CHARS
+    refused(hostile_files.nvidia_pickle(hostile_files.nvidia_networks(), source),
+            'a persistent object\'s module_src is not a string of at most 131,072 characters')
+
+
 def test_storage_and_tensor_bombs_are_refused_before_allocation():
     refused(hostile_files.nvidia_storage_bomb(1 << 40), 'holds a storage that declares 274,877,906,944 elements of '
                                                         'torch.float32 but carries 16 bytes')

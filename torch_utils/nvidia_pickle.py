@@ -42,9 +42,11 @@ entry.
 Memory (torch_utils/bounded_read.py's bound, MEMORY_FACTOR x file size + MEMORY_ALLOWANCE): the file is
 read whole (1x), passes bounded_read.check_pickle (opcodes and memo, so the objects it makes stay within the
 allowance) and unpickles; the storages' bytes live in the unpickler (1x) while each is copied into its
-tensor (1x), and only after its declared element count was found within those bytes. A tensor must lie
-within its storage without broadcast strides. After unpickling only the tensors remain, and the networks
-built from them (1x).
+tensor (1x), and only after its declared element count was found within those bytes (the five small
+pickles before them at most MAX_STORAGE_OPCODES opcodes each). A tensor must lie within its storage
+without broadcast strides. Sources are parsed one at a time, their syntax trees dropped at once (at most
+~60 MiB for MAX_SOURCE_CHARS). After unpickling only the tensors remain, and the networks built from
+them (1x).
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ from torch_utils import bounded_read, persistence
 
 #----------------------------------------------------------------------------
 
-MAX_SOURCE_CHARS = 1 << 20  # The embedded module source parsed (NVIDIA's training/networks.py: ~38k characters).
+# The longest embedded module source parsed: NVIDIA's training/networks.py has ~38k characters; a syntax tree takes
+# up to ~450 bytes per character of source (a list of 1-character constants), so 128 Ki stay within the allowance.
+MAX_SOURCE_CHARS = 1 << 17
+MAX_STORAGE_OPCODES = 256  # Each of the five pickles of a storage's legacy torch.save: theirs have 3 to 30 opcodes.
 
 # NVIDIA's networks read here -> ours. Ours take StyleGAN2-ADA's constructor kwargs and state dict keys.
 NETWORKS = {
@@ -211,11 +216,13 @@ def _load_storage(blob: Any) -> _Storage:
     if not isinstance(blob, bytes):
         raise _Refused('holds a storage that is not bytes')
     f = io.BytesIO(blob)
-    magic, protocol, sys_info, storage, keys = (_StorageUnpickler.load_one(f) for _ in range(5))
-    if magic != _LEGACY_MAGIC or protocol != _LEGACY_PROTOCOL or not isinstance(sys_info, dict) \
-            or sys_info.get('little_endian') is not True:
-        raise _Refused('holds a storage that is not a little-endian legacy torch.save')
-    if not isinstance(storage, _StorageRef) or keys != [storage.key]:
+    header_ok = [lambda magic: magic == _LEGACY_MAGIC, lambda protocol: protocol == _LEGACY_PROTOCOL,
+                 lambda sys_info: isinstance(sys_info, dict) and sys_info.get('little_endian') is True]
+    for ok in header_ok:  # Each checked as it is read.
+        if not ok(_StorageUnpickler.load_one(f)):
+            raise _Refused('holds a storage that is not a little-endian legacy torch.save')
+    storage = _StorageUnpickler.load_one(f)
+    if not isinstance(storage, _StorageRef) or _StorageUnpickler.load_one(f) != [storage.key]:
         raise _Refused('holds a storage whose torch.save holds something else')
     count_bytes = f.read(_INT64.size)
     dtype, numel = storage.dtype, storage.numel
@@ -253,7 +260,7 @@ class _StorageUnpickler(pickle.Unpickler):
     def load_one(cls, f: io.BytesIO) -> Any:
         start = f.tell()
         try:
-            bounded_read.check_pickle(f, 'a storage')
+            bounded_read.check_pickle(f, 'a storage', max_opcodes=MAX_STORAGE_OPCODES)
         except bounded_read.RefusedFileError as e:
             raise _Refused(str(e)) from None
         f.seek(start)
@@ -382,6 +389,8 @@ def _state_dict(record: _Persistent, module: _Module, where: str) -> dict[str, t
             if not isinstance(key, str) or not isinstance(value, _Tensor) or isinstance(value, _Storage):
                 raise _Refused(f'{name}: parameter or buffer {str(key)[:100]} is not a tensor')
             state_dict[prefix + key] = value.tensor
+        if not all(isinstance(key, str) for key in children):
+            raise _Refused(f'{name}: its _modules are not named by strings')
         pending += [(child, f'{prefix}{key}.', depth + 1) for key, child in reversed(children.items()) if child is not None]
     return state_dict
 
