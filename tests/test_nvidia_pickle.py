@@ -290,7 +290,7 @@ def test_train_resume_fine_tunes_nvidia_networks_with_their_or_a_fresh_d(tmp_pat
 # NVIDIA's own code.
 
 _NVIDIA_SCRIPT = r'''
-import copy, os, pickle, sys, types
+import copy, json, os, pickle, sys, types
 import numpy as np, torch
 checkout, out, c_dim = sys.argv[1], sys.argv[2], int(sys.argv[3])
 try:
@@ -332,6 +332,10 @@ for name, module in [('G', G), ('D', D), ('G_ema', G_ema), ('augment_pipe', Augm
     snapshot[name] = copy.deepcopy(module).eval().requires_grad_(False).cpu()
 with open(os.path.join(out, 'nvidia.pkl'), 'wb') as f:
     pickle.dump(snapshot, f)
+# What their modules report: kwargs (plain, through JSON) and state dicts.
+with open(os.path.join(out, 'kwargs.json'), 'w') as f:
+    json.dump({name: snapshot[name].init_kwargs for name in ('G', 'D', 'G_ema')}, f)
+torch.save({name: snapshot[name].state_dict() for name in ('G', 'D', 'G_ema')}, os.path.join(out, 'state.pt'))
 # Their generate.py: z = RandomState(seed).randn(1, z_dim), label one-hot, noise_mode const (its default).
 c = torch.zeros([1, c_dim]); c[:, c_dim - 1:] = 1
 G_ema = snapshot['G_ema']
@@ -365,8 +369,21 @@ def test_pickle_of_nvidia_code_gives_their_images_through_generate_and_trains(c_
             ours = np.asarray(PIL.Image.open(outdir / f'seed{int(seed):04d}.png')).astype(int)
             assert np.abs(ours - expected).max() <= 1 and (ours != expected).mean() < 0.01  # float rounding at .5 edges
 
-    # The networks themselves: images and logits to float32 rounding.
+    # The networks: their kwargs (the StyleGAN3 repository's nested, its defaults written out) and exactly their tensors,
+    # in their order; images and logits to float32 rounding.
     loaded = legacy.load_network(str(path))
+    kwargs, state = json.load(open(tmp_path / 'kwargs.json')), torch.load(tmp_path / 'state.pt', weights_only=True)
+    if 'synthesis_kwargs' not in kwargs['G']:  # StyleGAN3 repository.
+        synthesis = {k: kwargs['G'].pop(k) for k in list(kwargs['G']) if k not in
+                     ('z_dim', 'c_dim', 'w_dim', 'img_resolution', 'img_channels', 'mapping_kwargs')}
+        kwargs['G']['synthesis_kwargs'] = dict(synthesis, num_fp16_res=4, conv_clamp=256)
+        kwargs['G']['mapping_kwargs']['w_avg_beta'] = 0.998
+        kwargs['G_ema'] = kwargs['G']
+        kwargs['D'].update(num_fp16_res=4, conv_clamp=256)
+    for name in ('G', 'D', 'G_ema'):
+        assert loaded[name].init_kwargs == kwargs[name]
+        assert list(loaded[name].state_dict()) == list(state[name])
+        assert all(torch.equal(loaded[name].state_dict()[key], value) for key, value in state[name].items())
     c = torch.zeros([1, c_dim])
     c[:, c_dim - 1:] = 1
     with torch.no_grad():

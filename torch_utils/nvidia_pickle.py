@@ -411,7 +411,7 @@ def _our_kwargs(module: _Module, class_name: str, kwargs: dict) -> dict:
     return kwargs
 
 
-def read_network(record: Any, where: str) -> tuple[str, dict, dict[str, torch.Tensor]]:
+def _read_network(record: Any, where: str) -> tuple[str, dict, dict[str, torch.Tensor]]:
     """(NVIDIA's module.class name, its constructor kwargs, its state dict) of a G or D record."""
     if not isinstance(record, _Persistent):
         raise _Refused(f'{where} is a {type(record).__name__.strip("_").lower()}, not one of NVIDIA\'s networks')
@@ -429,7 +429,7 @@ def read_network(record: Any, where: str) -> tuple[str, dict, dict[str, torch.Te
 
 def _network(record: Any, where: str) -> torch.nn.Module:
     """Our network from an NVIDIA G or D record (persistence.rebuild_network does every check)."""
-    name, kwargs, state_dict = read_network(record, where)
+    name, kwargs, state_dict = _read_network(record, where)
     kwargs = _our_kwargs(_module_of(record.module_src), record.class_name, kwargs)
     try:
         return persistence.rebuild_network(NETWORKS[name], kwargs, state_dict, f'{where} ({name})')
