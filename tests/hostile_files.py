@@ -364,7 +364,7 @@ def nvidia_networks(c_dim: int = 0, resolution: int = 8, seed: int = 0) -> dict:
     return {'G': G.eval(), 'D': D.eval(), 'G_ema': G.eval()}
 
 
-class _Call:
+class PickledCall:
     """An object that pickles as a call of `function` on `args`."""
 
     def __init__(self, function, *args) -> None:
@@ -376,7 +376,7 @@ class _Call:
 
 def nvidia_pickle_calling_os_system(flag: str) -> bytes:
     """An NVIDIA-style snapshot whose augment_pipe is os.system('touch <flag>')."""
-    return nvidia_pickle(dict(nvidia_networks(), augment_pipe=_Call(os.system, f'touch {flag}')), nvidia_source())
+    return nvidia_pickle(dict(nvidia_networks(), augment_pipe=PickledCall(os.system, f'touch {flag}')), nvidia_source())
 
 
 def _legacy_storage(dtype_name: str, numel: int, data: bytes) -> bytes:
@@ -386,7 +386,7 @@ def _legacy_storage(dtype_name: str, numel: int, data: bytes) -> bytes:
     for value in (0x1950a86a20f9469cfc6c, 1001, {'protocol_version': 1001, 'little_endian': True,
                                                  'type_sizes': {'short': 2, 'int': 4, 'long': 4}}):
         pickle.dump(value, f, protocol=2)
-    storage = _Call(int)  # Pickled as its persistent id.
+    storage = PickledCall(int)  # Pickled as its persistent id.
     pickler = pickle.Pickler(f, protocol=2)
     pickler.persistent_id = lambda obj: ('storage', getattr(torch, dtype_name), '0', 'cpu', numel, None) if obj is storage else None
     pickler.dump(storage)
@@ -396,12 +396,10 @@ def _legacy_storage(dtype_name: str, numel: int, data: bytes) -> bytes:
 
 def nvidia_storage_bomb(num_bytes: int) -> bytes:
     """An NVIDIA-style snapshot whose G's mapping.w_avg is a float32 storage declaring `num_bytes` (16 are carried)."""
-    import torch._utils
-    import torch.storage
     networks = nvidia_networks()
     numel = num_bytes // 4
-    storage = _Call(torch.storage._load_from_bytes, _legacy_storage('FloatStorage', numel, bytes(16)))
-    networks['G'].mapping._buffers['w_avg'] = _Call(torch._utils._rebuild_tensor_v2, storage, 0, (numel,), (1,), False,
+    storage = PickledCall(torch.storage._load_from_bytes, _legacy_storage('FloatStorage', numel, bytes(16)))
+    networks['G'].mapping._buffers['w_avg'] = PickledCall(torch._utils._rebuild_tensor_v2, storage, 0, (numel,), (1,), False,
                                                     collections.OrderedDict())
     return nvidia_pickle(networks, nvidia_source())
 

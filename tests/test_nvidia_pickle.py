@@ -7,6 +7,7 @@ their own code builds networks with random weights, pickles them as their traini
 images and logits, in a subprocess (their packages have our packages' names); ours must equal them.
 """
 
+import collections
 import io
 import json
 import os
@@ -113,7 +114,7 @@ def test_globals_outside_the_stand_ins_are_refused_unrun(tmp_path):
     flag = tmp_path / 'ran'
     refused(hostile_files.nvidia_pickle_calling_os_system(str(flag)), 'names the global posix.system, which is not read')
     assert not flag.exists()
-    refused(hostile_files.nvidia_pickle({'G': hostile_files._Call(print, 'x')}, ''), 'names the global builtins.print')
+    refused(hostile_files.nvidia_pickle({'G': hostile_files.PickledCall(print, 'x')}, ''), 'names the global builtins.print')
 
 
 @pytest.mark.parametrize('case', ['unrecognised source', 'alias-free StyleGAN3', 'augment pipe as G', 'foreign layer',
@@ -160,11 +161,8 @@ def test_storage_and_tensor_bombs_are_refused_before_allocation():
 
 def _strided(tensor: torch.Tensor, size: tuple, stride: tuple) -> object:
     """A tensor pickled as _rebuild_tensor_v2 over `tensor`'s storage with any size and stride (without building it)."""
-    import collections
-
-    import torch._utils
     storage = tensor.detach().contiguous().untyped_storage()
-    return hostile_files._Call(torch._utils._rebuild_tensor_v2, torch.storage.TypedStorage(
+    return hostile_files.PickledCall(torch._utils._rebuild_tensor_v2, torch.storage.TypedStorage(
         wrap_storage=storage, dtype=tensor.dtype, _internal=True), 0, size, stride, False, collections.OrderedDict())
 
 

@@ -52,7 +52,6 @@ them (1x).
 from __future__ import annotations
 
 import ast
-import collections
 import hashlib
 import io
 import pickle
