@@ -36,9 +36,14 @@ from types import ModuleType
 from typing import Iterator
 
 import click
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402
 
 from bench.common import write_json_atomic  # noqa: E402
 from training.networks import stylegan2  # noqa: E402
