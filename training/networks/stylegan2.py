@@ -62,7 +62,7 @@ from torch import nn
 
 from ops import bias_act, conv2d_resample, fma, upfirdn2d
 from torch_utils import misc, persistence
-from training.networks.stylegan import MinibatchStdLayer, full_precision, pixel_norm
+from training.networks.stylegan import MinibatchStdLayer, _resolution_log2, full_precision, pixel_norm
 
 ARCHITECTURES = ('orig', 'skip', 'resnet')
 NOISE_MODES = ('random', 'const', 'none')
@@ -86,12 +86,6 @@ def block_dtype(param: torch.Tensor, use_fp16: bool, force_fp32: bool) -> torch.
 def _check_architecture(architecture: str) -> None:
     if architecture not in ARCHITECTURES:
         raise ValueError(f'architecture must be one of {", ".join(ARCHITECTURES)}, got {architecture!r}')
-
-
-def _resolution_log2(img_resolution: int) -> int:
-    if not (isinstance(img_resolution, int) and img_resolution >= 4 and img_resolution & (img_resolution - 1) == 0):
-        raise ValueError(f'img_resolution must be a power of two >= 4, got {img_resolution}')
-    return int(math.log2(img_resolution))
 
 
 def _fp16_resolution(img_resolution_log2: int, num_fp16_res: int) -> int:
