@@ -87,7 +87,6 @@ def test_progressive_diagnostic_options_reach_the_networks_and_the_schedule():
      '--style-mixing: gn-stylegan or gn-stylegan2 only; --lr-rampdown: gn-stylegan only'),
     ('gn-stylegan', dict(sg2_cfg='auto', pl_weight=1), '--sg2-cfg, --pl-weight: gn-stylegan2 only'),
     ('gn-stylegan2', dict(tanh=True, resolution=16), '--tanh, --resolution: gn-stylegan only'),
-    ('gn-stylegan2', dict(norm='sn'), 'no spectral normalization'),
     ('gn-stylegan2', dict(img_resolution=48), 'power-of-two'),
     ('gn-stylegan2', dict(sg2_cfg='paper2048'), 'paper1024'),
     ('cifar10-biggan', dict(label_dim=0), 'class-conditional'),

@@ -709,3 +709,18 @@ class Discriminator(nn.Module):
             x, img = getattr(self, f'b{res}')(x, img, force_fp32=force_fp32)
         cmap = self.mapping(None, c) if self.c_dim > 0 else None
         return self.b4(x, img, cmap)
+
+
+@persistence.persistent_class
+class SNDiscriminator(Discriminator):
+    """The Discriminator with spectral normalization on every trained weight (`--norm=sn`; not in NVIDIA's code, whose
+    Discriminator keeps its exact constructor here): each conv and dense weight W is used as W / sigma(W), sigma the
+    largest singular value of W reshaped to [out, in * k * k] (one power iteration per training-mode call, torch's
+    parametrization), instead of W times its equalized-lr scale, as v1's `spectral_norm` layers do."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        for module in self.modules():
+            if isinstance(module, (Conv2dLayer, FullyConnectedLayer)) and isinstance(module.weight, nn.Parameter):
+                module.weight_gain = 1.0
+                nn.utils.parametrizations.spectral_norm(module)
