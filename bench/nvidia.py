@@ -36,10 +36,16 @@ from types import ModuleType
 from typing import Iterator
 
 import click
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+import torch  # noqa: E402
+
+import dnnlib  # noqa: E402
 from bench.common import write_json_atomic  # noqa: E402
 from training.networks import stylegan2  # noqa: E402
 
@@ -186,7 +192,7 @@ CONFIGS = [(32, 0, False), (32, 10, False), (64, 0, False), (64, 10, False), (32
 
 @click.command()
 @click.option('--nvidia-code', help='Checkout of NVlabs/stylegan2-ada-pytorch or NVlabs/stylegan3', metavar='DIR',
-              required=True, type=click.Path(exists=True, file_okay=False))
+              required=True, type=str, callback=dnnlib.util.expand_user)
 @click.option('--device',      help='Device to compare on', default='cpu', show_default=True)
 @click.option('--out',         help='JSON file for the results', metavar='PATH', default='bench-nvidia.json',
               show_default=True)

@@ -162,7 +162,8 @@ regularization (weight 2, `--pl-weight`; decay 0.01, on half the batch) every 4t
 Adam lr times 4/5 and betas to the power 4/5, as NVIDIA's lazy regularization; `--norm=r1` runs R1
 every 16th D step (weighted by 16; lr times 16/17, betas to the power 16/17), their baseline. Here the
 lazy term joins that step's loss where NVIDIA's takes a separate optimizer step for it. Every `--norm`
-but `sn` works (their D has no spectral normalization). `--precision=fp16` computes the top 4
+works; `sn` (not in NVIDIA's code) builds `stylegan2.SNDiscriminator`, their D with every weight divided
+by its spectral norm in place of the equalized-lr scale. `--precision=fp16` computes the top 4
 resolutions of G and D in float16 on CUDA (float32 on a CPU), as NVIDIA's mixed precision; convolution
 outputs are clamped at 256 in every precision, as in their configurations; `bf16` runs the blocks
 under autocast. `--cmax`, `--d-cmax` and `--map-dim` narrow the networks (channel_max, and the widths of

@@ -272,3 +272,22 @@ def test_fp16_blocks_on_cuda_follow_float64():
     x = img64.float()
     out, out64 = D(x, None), D.double()(x.double(), None)
     assert ((out.double() - out64).abs().max() / out64.abs().max()) < 2e-2
+
+
+def test_spectral_norm_discriminator_and_its_snapshot(tmp_path):
+    """--norm=sn: every trained weight is divided by its largest singular value (torch's power iteration converging
+    over training-mode calls) in place of the equalized-lr scale; the snapshot rebuilds it."""
+    torch.manual_seed(0)
+    D = stylegan2.SNDiscriminator(c_dim=3, img_resolution=8, img_channels=3, channel_base=64, channel_max=8,
+                                  mapping_kwargs=dict(num_layers=1))
+    x, c = torch.randn(4, 3, 8, 8), torch.eye(3)[[0, 1, 2, 0]]
+    for _ in range(30):
+        D(x, c)
+    layers = [m for m in D.modules() if isinstance(m, (stylegan2.Conv2dLayer, stylegan2.FullyConnectedLayer))]
+    assert len(layers) == 9 and all(m.weight_gain == 1.0 for m in layers)  # b8: 4, b4: 3, label mapping: 2.
+    for layer in layers:
+        assert torch.linalg.matrix_norm(layer.weight.flatten(1), ord=2).item() == pytest.approx(1, rel=1e-3)
+    path = str(tmp_path / 'snapshot.pkl')
+    persistence.save_snapshot(path, dict(D=D))
+    D.eval()
+    torch.testing.assert_close(persistence.load_snapshot(path)['D'](x, c), D(x, c), rtol=0, atol=0)

@@ -193,9 +193,6 @@ class Experiment:
     @staticmethod
     def _fill_stylegan2(values: dict) -> None:
         """gn-stylegan2's defaults from NVIDIA's configuration --sg2-cfg (for the data's resolution and --gpus)."""
-        if values.get('norm') == 'sn':
-            raise ValueError('--norm=sn: NVIDIA\'s StyleGAN2 discriminator has no spectral normalization; '
-                             'gn-stylegan2 takes gn, gn1, gn0, gp1, gp0, r1 or none')
         name = values.setdefault('sg2_cfg', 'auto')
         img_resolution = values.get('img_resolution', Experiment.img_resolution)
         if img_resolution < 4 or img_resolution & (img_resolution - 1):

@@ -62,7 +62,7 @@ from torch import nn
 
 from ops import bias_act, conv2d_resample, fma, upfirdn2d
 from torch_utils import misc, persistence
-from training.networks.stylegan import MinibatchStdLayer, full_precision, pixel_norm
+from training.networks.stylegan import MinibatchStdLayer, _resolution_log2, full_precision, pixel_norm
 
 ARCHITECTURES = ('orig', 'skip', 'resnet')
 NOISE_MODES = ('random', 'const', 'none')
@@ -86,12 +86,6 @@ def block_dtype(param: torch.Tensor, use_fp16: bool, force_fp32: bool) -> torch.
 def _check_architecture(architecture: str) -> None:
     if architecture not in ARCHITECTURES:
         raise ValueError(f'architecture must be one of {", ".join(ARCHITECTURES)}, got {architecture!r}')
-
-
-def _resolution_log2(img_resolution: int) -> int:
-    if not (isinstance(img_resolution, int) and img_resolution >= 4 and img_resolution & (img_resolution - 1) == 0):
-        raise ValueError(f'img_resolution must be a power of two >= 4, got {img_resolution}')
-    return int(math.log2(img_resolution))
 
 
 def _fp16_resolution(img_resolution_log2: int, num_fp16_res: int) -> int:
@@ -715,3 +709,18 @@ class Discriminator(nn.Module):
             x, img = getattr(self, f'b{res}')(x, img, force_fp32=force_fp32)
         cmap = self.mapping(None, c) if self.c_dim > 0 else None
         return self.b4(x, img, cmap)
+
+
+@persistence.persistent_class
+class SNDiscriminator(Discriminator):
+    """The Discriminator with spectral normalization on every trained weight (`--norm=sn`; not in NVIDIA's code, whose
+    Discriminator keeps its exact constructor here): each conv and dense weight W is used as W / sigma(W), sigma the
+    largest singular value of W reshaped to [out, in * k * k] (one power iteration per training-mode call, torch's
+    parametrization), instead of W times its equalized-lr scale, as v1's `spectral_norm` layers do."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        for module in self.modules():
+            if isinstance(module, (Conv2dLayer, FullyConnectedLayer)) and isinstance(module.weight, nn.Parameter):
+                module.weight_gain = 1.0
+                nn.utils.parametrizations.spectral_norm(module)

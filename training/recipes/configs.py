@@ -46,6 +46,8 @@ ARCHS = {
     'stylegan2': ('training.networks.stylegan2.Generator',  'training.networks.stylegan2.Discriminator'),
 }
 
+SN_STYLEGAN2_D = 'training.networks.stylegan2.SNDiscriminator'  # gn-stylegan2's D with --norm=sn.
+
 # gn-stylegan2's sub-configurations (--sg2-cfg): NVIDIA StyleGAN2-ADA's train.py --cfg table. kimg: length; mb: global
 # batch; mbstd: minibatch stddev group; fmaps: channel_base / 32768; lrate: Adam lr of G and D; gamma: R1 weight
 # (--norm=r1); ema: G EMA half-life in kimg; ramp: EMA ramp-up (None: none); map: mapping layers; ref_gpus: GPUs the
@@ -139,8 +141,10 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
     cfg = dnnlib.EasyDict(name=name, description=preset['description'], arch=preset['arch'])
     cfg.G_kwargs = dnnlib.EasyDict(class_name=G_class, z_dim=preset['z_dim'], **preset.get('G_args', {}))
     cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, **preset.get('D_args', {}))
-    if preset['arch'] != 'stylegan2':  # NVIDIA's StyleGAN2 D has no spectral normalization (gn-stylegan2 refuses sn).
+    if preset['arch'] != 'stylegan2':
         cfg.D_kwargs.spectral_norm = CONSTRAINTS[norm].spectral_norm
+    elif CONSTRAINTS[norm].spectral_norm:  # NVIDIA's StyleGAN2 Discriminator keeps its constructor; SN is a subclass.
+        cfg.D_kwargs.class_name = SN_STYLEGAN2_D
     cfg.loss_kwargs = dnnlib.EasyDict(class_name='training.step.loss.GANLoss', loss=loss, norm=norm, cr=cr)
     cfg.G_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_G'], betas=preset['betas'], eps=1e-8)
     cfg.D_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_D'], betas=preset['betas'], eps=1e-8)

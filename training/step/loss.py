@@ -269,7 +269,7 @@ class GANLoss:
         return self.run_G_styles(z, c)[0]
 
     def run_G_styles(self, z: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(images in float32, styles ws) of a mapping + synthesis G, the styles mixed with a second latent's from a
+        """(images, in float32 under autocast, and styles ws) of a mapping + synthesis G, the styles mixed with a second latent's from a
         random crossover on with probability style_mixing_prob (device ops only, no host read)."""
         with self.precision.autocast(z.device.type):
             ws = self.G.mapping(z, c)
@@ -280,7 +280,7 @@ class GANLoss:
                 mixed = self.G.mapping(torch.randn_like(z), c, skip_w_avg_update=True)
                 ws = torch.where((torch.arange(num_ws, device=ws.device) >= cutoff).view(1, -1, 1), mixed, ws)
             img = self.G.synthesis(ws)
-        return img.to(torch.float32), ws
+        return img if self.precision.autocast_dtype is None else img.to(torch.float32), ws
 
     def run_D(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """D(img, c) in the loss's precision; the scores come back in float32."""
@@ -391,8 +391,8 @@ class GANLoss:
         img, ws = self.run_G_styles(gen_z[:n], gen_c[:n])
         noise = torch.randn_like(img) / math.sqrt(img.shape[2] * img.shape[3])
         grads, = torch.autograd.grad((img * noise).sum(), ws, create_graph=True)
-        lengths = grads.to(torch.float32).square().sum(dim=2).mean(dim=1).sqrt()
-        pl_mean = self.pl_mean.lerp(lengths.mean(), self.pl_decay)  # Differentiated through, as in NVIDIA's.
+        lengths = grads.to(torch.promote_types(grads.dtype, torch.float32)).square().sum(dim=2).mean(dim=1).sqrt()
+        pl_mean = self.pl_mean.to(lengths.dtype).lerp(lengths.mean(), self.pl_decay)  # Differentiated, as NVIDIA's.
         self.pl_mean.copy_(pl_mean.detach())
         penalty = (lengths - pl_mean).square()
         training_stats.report('Loss/pl_penalty', penalty)
