@@ -401,7 +401,7 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--pr-detector',  help='VGG16 detector of precision/recall', metavar='PATH|URL',                   type=str, callback=dnnlib.util.expand_user)
 
 # Resuming and execution.
-@click.option('--resume',       help='Continue a snapshot\'s run, or latest: this experiment\'s newest run in --outdir', metavar='PKL|latest', type=str, callback=dnnlib.util.expand_user)
+@click.option('--resume',       help='Continue a snapshot\'s run, or latest: this experiment\'s newest run in --outdir; or start from an NVIDIA StyleGAN2 pickle', metavar='PKL|latest', type=str, callback=dnnlib.util.expand_user)
 @click.option('--resume-override', help='With --resume=PKL: accept experiment options that differ from the snapshot\'s', is_flag=True)
 @click.option('--resume-fresh-d', help='With --resume of NVIDIA\'s pickle: start D from scratch, not from the pickle\'s', is_flag=True)
 @click.option('--deterministic', help='Repeatable GPU arithmetic (slower)',                                     is_flag=True)
