@@ -351,7 +351,7 @@ def test_pickle_of_nvidia_code_gives_their_images_through_generate_and_trains(c_
     script = tmp_path / 'theirs.py'
     script.write_text(textwrap.dedent(_NVIDIA_SCRIPT))
     result = subprocess.run([sys.executable, str(script), NVIDIA_CODE, str(tmp_path), str(c_dim)], capture_output=True,
-                            text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=''), cwd=str(tmp_path))
+                            text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES='', PYTHONDONTWRITEBYTECODE='1'), cwd=str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     path = tmp_path / 'nvidia.pkl'
     theirs = np.load(tmp_path / 'images.npy')
