@@ -175,7 +175,7 @@ def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
 
 
 @click.command(help=__doc__)
-@click.option('--network', 'network_pkl',             help='Network snapshot, or official GN-GAN checkpoint with --cfg', metavar='PKL|URL', type=str, callback=dnnlib.util.expand_user)
+@click.option('--network', 'network_pkl',             help='Network snapshot, NVIDIA StyleGAN2 pickle, or official GN-GAN checkpoint with --cfg', metavar='PKL|URL', type=str, callback=dnnlib.util.expand_user)
 @click.option('--cfg',                                help='Preset of the official checkpoint given as --network',                    type=click.Choice(legacy.official_cfgs()))
 @click.option('--images',                             help='Evaluate the images of this folder or zip instead', metavar='ZIP|DIR',     type=str, callback=dnnlib.util.expand_user)
 @click.option('--write-stats',                        help='Write FID statistics of --data to this .npz and exit', metavar='NPZ',     type=str, callback=dnnlib.util.expand_user)

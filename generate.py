@@ -147,7 +147,7 @@ def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int
 
 
 @click.command(help=__doc__)
-@click.option('--network', 'network',                 help='Network snapshot: path or URL', metavar='PKL|URL',                         type=str, required=True, callback=dnnlib.util.expand_user)
+@click.option('--network', 'network',                 help='Network snapshot or NVIDIA StyleGAN2 pickle: path or URL', metavar='PKL|URL', type=str, required=True, callback=dnnlib.util.expand_user)
 @click.option('--cfg',                                help='Preset of an official GN-GAN checkpoint given as --network',               type=click.Choice(legacy.official_cfgs()))
 @click.option('--seeds',                              help='Seeds in 0..2^32-1, e.g. 0-63 or 1,5,9', metavar='LIST',                   type=str, default='0-7', show_default=True)
 @click.option('--outdir',                             help='Where to write the images', metavar='DIR',                                 type=str, required=True, callback=dnnlib.util.expand_user)

@@ -1,4 +1,5 @@
-"""Networks from files: this project's snapshots, and the checkpoints of the official GN-GAN code.
+"""Networks from files: this project's snapshots, the checkpoints of the official GN-GAN code, and StyleGAN2
+pickles of NVIDIA's code (read as data by torch_utils/nvidia_pickle.py; docs/nvidia-pickles.md).
 
 The official code (github.com/basiclab/GNGAN-PyTorch) saves `model.pt`, `best_model.pt` and
 `<step>.pt` with torch.save: a dict holding the state dicts `net_G`, `ema_G` and `net_D` (plus
@@ -42,7 +43,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
-from torch_utils import bounded_read, persistence  # noqa: E402
+from torch_utils import bounded_read, nvidia_pickle, persistence  # noqa: E402
 from training.recipes import configs  # noqa: E402
 
 #----------------------------------------------------------------------------
@@ -215,10 +216,14 @@ def load_official_checkpoint(path_or_url: str, cfg: str) -> dnnlib.EasyDict:
 
 
 def load_network(path_or_url: str, cfg: str | None = None) -> dnnlib.EasyDict:
-    """A snapshot of this project, or with `cfg` an official GN-GAN checkpoint converted to one.
-    Raises persistence.UnsafeSnapshotError, OfficialCheckpointError or OSError with a one-line message."""
+    """A snapshot of this project, a StyleGAN2 pickle of NVIDIA's code read as data (torch_utils/nvidia_pickle.py),
+    or with `cfg` an official GN-GAN checkpoint converted to one. Raises persistence.UnsafeSnapshotError (of which
+    nvidia_pickle.NvidiaPickleError is one), OfficialCheckpointError or OSError with a one-line message."""
     if cfg is not None:
         return load_official_checkpoint(path_or_url, cfg)
+    with dnnlib.util.open_url(path_or_url, verbose=False) as f:
+        if nvidia_pickle.is_pickle(f):  # Ours and the official checkpoints are zip archives.
+            return nvidia_pickle.load_network_pickle(f, path_or_url)
     try:
         return persistence.load_snapshot(path_or_url)
     except persistence.UnsafeSnapshotError as e:

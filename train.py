@@ -20,6 +20,10 @@ Examples:
   python train.py --resume=training-runs/00002-celebahq-1024-gn-stylegan-gn/network-snapshot-000080.pkl --kimg=160
 
 \b
+  # Fine-tune the networks of a StyleGAN2 pickle of NVIDIA's code with GN (docs/nvidia-pickles.md).
+  python train.py --outdir=training-runs --cfg=gn-stylegan2 --data=metfaces-1024.zip --resume=stylegan2-ffhq-1024x1024.pkl
+
+\b
   # A job that a cluster may stop and requeue: the same command continues its own run.
   python train.py --outdir=training-runs --cfg=cifar10-resnet --data=cifar10.zip --resume=latest
 
@@ -27,6 +31,8 @@ The options of the experiment (--cfg, --data and --norm to --style-mixing below)
 batches default, with --resume=PKL, to the snapshot's; an experiment option that differs from the
 snapshot's needs --resume-override. --resume=latest continues, in its own directory, the newest run in
 --outdir of the experiment this command describes (from its newest complete snapshot), or starts one.
+--resume of a StyleGAN2 pickle of NVIDIA's code starts a new run of the command line's experiment from its
+networks (G, G_ema, and D unless --resume-fresh-d), read as data, with fresh optimizers and counters.
 A run's options, every default filled in, are printed first and written to training_options.json in
 its directory.
 
@@ -61,6 +67,7 @@ import dnnlib  # noqa: E402
 from torch_utils import devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
+from training.recipes.configs import SG2_SPECS  # noqa: E402
 from training.run import run_dirs, write_failure  # noqa: E402
 from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
@@ -152,7 +159,7 @@ def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num
     logger = dnnlib.util.Logger(os.path.join(run.run_dir, 'log.txt')) if rank == 0 else None
     try:
         training_loop.training_loop(run.experiment, run_dir=run.run_dir, device=str(device), rank=rank, resume=run.resume,
-                                    stop=stop)
+                                    initial=run.initial, stop=stop)
         if torch.distributed.is_initialized():
             torch.distributed.barrier()  # Leave together: tearing gloo down while another process still writes can abort it.
     except RunStopped as e:
@@ -198,6 +205,33 @@ def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> ImageF
     except (OSError, ValueError) as e:
         raise click.ClickException(f'{option}: {e}')
     return dataset
+
+
+def _load_nvidia(opts: dnnlib.EasyDict) -> dnnlib.EasyDict | None:
+    """With --resume of a StyleGAN2 pickle of NVIDIA's code: the networks a new run starts from (G, G_ema, and D
+    unless --resume-fresh-d), read as data (torch_utils/nvidia_pickle.py); else None."""
+    from torch_utils import nvidia_pickle
+    if opts.resume is None or opts.resume == 'latest':
+        nvidia = False
+    else:
+        try:
+            with dnnlib.util.open_url(opts.resume, verbose=False) as f:
+                nvidia = nvidia_pickle.is_pickle(f)
+                networks = nvidia_pickle.load_network_pickle(f, opts.resume) if nvidia else None
+        except (OSError, persistence.UnsafeSnapshotError) as e:
+            raise click.ClickException(f'--resume: {e}')
+    if not nvidia:
+        if opts.resume_fresh_d:
+            raise click.ClickException('--resume-fresh-d goes with --resume of a StyleGAN2 pickle of NVIDIA\'s code')
+        return None
+    if opts.resume_override:
+        raise click.ClickException(f'--resume-override: {opts.resume} is NVIDIA\'s pickle, which records no experiment: '
+                                   f'this run\'s options are the command line\'s')
+    if 'G' not in networks or ('D' not in networks and not opts.resume_fresh_d):
+        raise click.ClickException(f'--resume: {opts.resume} holds no {"G" if "G" not in networks else "D"}'
+                                   f'{"" if "G" not in networks else "; add --resume-fresh-d to start D from scratch"}')
+    names = ('G', 'G_ema') if opts.resume_fresh_d else ('G', 'G_ema', 'D')
+    return dnnlib.EasyDict({name: networks.get(name, networks.G) for name in names})
 
 
 def _load_resume(resume: str) -> dnnlib.EasyDict:
@@ -246,20 +280,37 @@ def _experiment(opts: dnnlib.EasyDict, device: torch.device, snapshot: dnnlib.Ea
 
 def _check_resume_networks(snapshot: dnnlib.EasyDict, experiment: Experiment, path: str) -> None:
     """Refuse, in one line, a snapshot whose networks (class, parameter names and shapes) are not the ones this run
-    builds."""
-    for name, kwargs in [('G', experiment.G_kwargs), ('D', experiment.D_kwargs)]:
-        net = snapshot[name]
+    builds, naming (for networks of the run's class) the constructor kwargs in which they differ."""
+    for name, kwargs in [('G', experiment.G_kwargs), ('G_ema', experiment.G_kwargs), ('D', experiment.D_kwargs)]:
+        net = snapshot.get(name)
+        if net is None:
+            continue
         shapes = {key: tuple(tensor.shape) for key, tensor in net.state_dict().items()}
         if persistence.class_name_of(type(net)) != kwargs.class_name or shapes != persistence.network_shapes(kwargs):
+            differences = f'; it is a {persistence.class_name_of(type(net))}, this run\'s a {kwargs.class_name}' \
+                if persistence.class_name_of(type(net)) != kwargs.class_name else \
+                _kwargs_differences(net.init_kwargs, {k: v for k, v in kwargs.items() if k != 'class_name'})
             raise click.ClickException(f'--resume: the {name} of {path} is not the network that --cfg={experiment.cfg} '
-                                       f'builds with these options for this data')
+                                       f'builds with these options for this data{differences}')
+
+
+def _kwargs_differences(theirs: dict, ours: dict) -> str:
+    """'; its kwargs differ: mapping_kwargs.num_layers 8 (this run: 2), ...' for two nested kwargs dicts (those set on one
+    side only last), or ''."""
+    def flat(d: dict, prefix: str = '') -> dict:
+        return {k2: v2 for k, v in d.items() for k2, v2 in (flat(v, f'{prefix}{k}.') if isinstance(v, dict) else
+                                                             {f'{prefix}{k}': v}).items()}
+    a, b = flat(dnnlib.util.to_plain(theirs)), flat(dnnlib.util.to_plain(ours))
+    keys = sorted((k for k in set(a) | set(b) if a.get(k, '(unset)') != b.get(k, '(unset)')), key=lambda k: (k not in a or k not in b, k))
+    listed = ', '.join(f'{k} {a.get(k, "(unset)")} (this run: {b.get(k, "(unset)")})' for k in keys[:4])
+    return f'; its kwargs differ: {listed}{", ..." if len(keys) > 4 else ""}' if keys else ''
 
 
 def _without_resume(args: list[str]) -> list[str]:
-    """The command-line arguments `args` without --resume and --resume-override."""
+    """The command-line arguments `args` without --resume, --resume-override and --resume-fresh-d."""
     kept, skip = [], False
     for arg in args:
-        if not skip and arg not in ('--resume', '--resume-override') and not arg.startswith('--resume='):
+        if not skip and arg not in ('--resume', '--resume-override', '--resume-fresh-d') and not arg.startswith('--resume='):
             kept.append(arg)
         skip = arg == '--resume'  # Its value is the next argument.
     return kept
@@ -328,14 +379,16 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--xflip',        help='Mirror the reals left-right at random  [default: the preset\'s]', metavar='BOOL', type=bool)
 @click.option('--glr',          help='G learning rate  [default: the preset\'s]', metavar='FLOAT',                type=click.FloatRange(min=0, min_open=True))
 @click.option('--dlr',          help='D learning rate  [default: the preset\'s]', metavar='FLOAT',                type=click.FloatRange(min=0, min_open=True))
-@click.option('--gamma',        help='R1 weight, with --norm=r1  [default: 10]', metavar='FLOAT',                 type=click.FloatRange(min=0))
+@click.option('--gamma',        help='R1 weight, with --norm=r1  [default: 10; gn-stylegan2: its --sg2-cfg\'s]', metavar='FLOAT', type=click.FloatRange(min=0))
 @click.option('--resolution',   help='gn-stylegan: final resolution  [default: the data\'s]', metavar='INT',     type=click.IntRange(min=1))
-@click.option('--cmax',         help='gn-stylegan: feature-map cap of G and D  [default: 512]', metavar='INT',    type=click.IntRange(min=1))
-@click.option('--d-cmax',       help='gn-stylegan: feature-map cap of D  [default: --cmax]', metavar='INT',      type=click.IntRange(min=1))
+@click.option('--cmax',         help='gn-stylegan(2): feature-map cap of G and D  [default: 512]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--d-cmax',       help='gn-stylegan(2): feature-map cap of D  [default: --cmax]', metavar='INT',   type=click.IntRange(min=1))
 @click.option('--tanh',         help='gn-stylegan: G\'s images through tanh  [default: false]', metavar='BOOL',  type=bool)
-@click.option('--map-dim',      help='gn-stylegan: width of z, w and the mapping network  [default: 512]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--map-dim',      help='gn-stylegan(2): width of z, w and the mapping network  [default: 512]', metavar='INT', type=click.IntRange(min=1))
 @click.option('--map-lrmul',    help='gn-stylegan: mapping network lr multiplier  [default: 0.01]', metavar='FLOAT', type=click.FloatRange(min=0, min_open=True))
-@click.option('--style-mixing', help='gn-stylegan: style mixing probability  [default: 0.9]', metavar='FLOAT',    type=click.FloatRange(min=0, max=1))
+@click.option('--style-mixing', help='gn-stylegan(2): style mixing probability  [default: 0.9; sg2-cfg cifar: 0]', metavar='FLOAT', type=click.FloatRange(min=0, max=1))
+@click.option('--sg2-cfg',      help='gn-stylegan2: NVIDIA StyleGAN2-ADA\'s configuration (docs/configs.md)  [default: auto]', type=click.Choice(list(SG2_SPECS)))
+@click.option('--pl-weight',    help='gn-stylegan2: path length regularization weight  [default: 2; sg2-cfg cifar: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
 
 # Length and batches.
 @click.option('--batch',        help='Global D batch M; gn-stylegan: cap on the minibatch', metavar='INT',       type=click.IntRange(min=1))
@@ -356,8 +409,9 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--pr-detector',  help='VGG16 detector of precision/recall', metavar='PATH|URL',                   type=str, callback=dnnlib.util.expand_user)
 
 # Resuming and execution.
-@click.option('--resume',       help='Continue a snapshot\'s run, or latest: this experiment\'s newest run in --outdir', metavar='PKL|latest', type=str, callback=dnnlib.util.expand_user)
+@click.option('--resume',       help='Continue a snapshot\'s run, or latest: this experiment\'s newest run in --outdir; or start from an NVIDIA StyleGAN2 pickle', metavar='PKL|latest', type=str, callback=dnnlib.util.expand_user)
 @click.option('--resume-override', help='With --resume=PKL: accept experiment options that differ from the snapshot\'s', is_flag=True)
+@click.option('--resume-fresh-d', help='With --resume of NVIDIA\'s pickle: start D from scratch, not from the pickle\'s', is_flag=True)
 @click.option('--deterministic', help='Repeatable GPU arithmetic (slower)',                                     is_flag=True)
 @click.option('--cuda-graphs',  help='Replay the training steps as CUDA graphs: auto (one GPU, not fp16), on, off (docs/ops.md)', type=click.Choice(CUDA_GRAPHS), default='auto', show_default=True)
 @click.option('--threads',      help='CPU threads per process  [default: the cores, shared out]', metavar='INT', type=click.IntRange(min=1))
@@ -393,14 +447,15 @@ def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
     if latest and opts.resume_override:
         raise click.ClickException('--resume-override goes with --resume=PKL: --resume=latest continues a run of this '
                                    'very experiment')
-    resume = None if opts.resume is None or latest else _load_resume(opts.resume)
+    initial = _load_nvidia(opts)  # NVIDIA's networks to start from, or None.
+    resume = None if opts.resume is None or latest or initial is not None else _load_resume(opts.resume)
     experiment, resume_overrides = _experiment(opts, device, resume)
     continuation = run_dirs.find_latest(opts.outdir, experiment, print if rank == 0 else lambda _: None) if latest else None
     resume_pkl = continuation.snapshot_pkl if continuation is not None else None if latest else opts.resume
     if continuation is not None:
         resume = continuation.snapshot
-    if resume is not None:
-        _check_resume_networks(resume, experiment, resume_pkl)
+    if resume is not None or initial is not None:
+        _check_resume_networks(resume or initial, experiment, resume_pkl)
 
     # Metrics and reference data.
     metrics = _parse_metrics(opts.metrics)
@@ -465,7 +520,7 @@ def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
             _init_process_group('env://', rank=rank, world_size=experiment.gpus,
                                 device=devices.process_device(device, _local_rank(rank)))
             torch.distributed.broadcast_object_list(chosen, src=0)
-        if chosen[1] != resume_pkl:  # This node saw --outdir otherwise (a shared file system's delay): rank 0 decides.
+        if chosen[1] != resume_pkl and initial is None:  # This node saw --outdir otherwise (a shared file system's delay): rank 0 decides.
             resume = None if chosen[1] is None else _load_resume(chosen[1])
         run_dir, resume_pkl = chosen
     elif run_dir is None:
@@ -496,7 +551,11 @@ def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
     # that continues the run if a signal stops it.
     if resume is not None and rank == 0:
         print(f'Resuming from "{resume_pkl}"')
-    run = dnnlib.EasyDict(experiment=experiment, run_dir=run_dir, resume=resume, resume_pkl=resume_pkl,
+    if initial is not None and rank == 0:
+        differences = _kwargs_differences(initial.G.init_kwargs, {k: v for k, v in experiment.G_kwargs.items() if k != 'class_name'})
+        print(f'Starting from the {", ".join(initial)} of "{resume_pkl}"{" (D from scratch)" if "D" not in initial else ""}'
+              f'{differences.replace("; its kwargs differ", "; this run builds G with other kwargs, the same tensors")}')
+    run = dnnlib.EasyDict(experiment=experiment, run_dir=run_dir, resume=resume, initial=initial, resume_pkl=resume_pkl,
                           resume_pkl_given=opts.resume is not None and not latest, continue_args=continue_args,
                           stop_shared=stop.shared)
     if distributed_env:

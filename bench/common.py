@@ -98,8 +98,8 @@ def count_host_work(fn: Callable[[], object], device: torch.device = torch.devic
 def preset_experiment(cfg_name: str, norm: str = 'gn', resolution: int | None = None, batch: int | None = None,
                       cmax: int | None = None, channels: int = 3, **options) -> Experiment:
     """The Experiment of a preset on synthetic data, as train.py builds it: the preset's resolution (gn-stylegan:
-    networks built for `resolution`), 10 classes where the preset is conditional, the D batch `batch` (gn-stylegan:
-    the minibatch), and any other Experiment `options`."""
+    networks built for `resolution`), 10 classes where the preset is conditional (unless `label_dim` is given), the
+    D batch `batch` (gn-stylegan: the minibatch), and any other Experiment `options`."""
     preset = configs.get_config(cfg_name)
     resolution = preset.get('resolution', resolution)
     if resolution is None:
@@ -107,8 +107,9 @@ def preset_experiment(cfg_name: str, norm: str = 'gn', resolution: int | None = 
     if preset.arch == 'stylegan' and batch is None:
         raise click.ClickException(f'--cfg={cfg_name} has no fixed batch: pass --batch')
     try:
-        return Experiment.build(cfg=cfg_name, norm=norm, img_resolution=resolution, img_channels=channels,
-                                label_dim=10 if preset.conditional else 0, batch=batch, cmax=cmax, **options)
+        options.setdefault('label_dim', 10 if preset.conditional else 0)
+        return Experiment.build(cfg=cfg_name, norm=norm, img_resolution=resolution, img_channels=channels, batch=batch,
+                                cmax=cmax, **options)
     except ValueError as e:
         raise click.ClickException(str(e))
 

@@ -63,12 +63,16 @@ Steps, in order of value, with their planned seconds (--quick / full run):
   (full run only)   - /  600    bench/train_speed.py for gn-stylegan at 256x256: GN and no constraint, every
                                 precision;
   (full run only)   - /  300    and at 1024x1024 with batch 4, tf32 and bf16.
+  (full run only)   - /  300    bench/stylegan2.py: gn-stylegan2 (NVIDIA's StyleGAN2 networks, GN D) iterations at
+                                256x256 and 1024x1024 with one GPU's share of NVIDIA's 8-GPU batch, at tf32, bf16
+                                and fp16 (their float16 top resolutions), each with the kernels and with the
+                                reference ops, each with its peak memory.
   digits           25 /  750    train.py's GN-StyleGAN command for the embedded digits at full width, stopped
                                 after a time box (what the step's box leaves after 15 s kept for scoring, at
                                 most 60 s with --quick and 600 s in the full run), its last snapshot scored by
                                 bench/quickstart_quality.py on the GPU, and its last image grid. The whole
                                 training pipeline on the GPU, but the least precise figure in a short box: last.
-  total           360 / 4425
+  total           360 / 4725
 
 The report ends with the targets of the training step (CUDA graphs) on one H100/H200, each measured value
 against its bound: the cifar10-resnet iteration with graphs at most 0.45x the authors' code with GN and 0.5x
@@ -482,6 +486,10 @@ STEPS = [
     Step('train_speed_stylegan_1024', 'Training speed, gn-stylegan at 1024x1024, batch 4 (bench/train_speed.py)',
          bench_step('bench/train_speed.py', {False: ['--cfg=gn-stylegan', '--resolution=1024', '--batch=4',
                                                      '--norms=gn,none', '--precisions=tf32,bf16']}),
+         {True: None, False: 300}, ('gpu',)),
+    Step('stylegan2', 'gn-stylegan2 iterations at 256x256 and 1024x1024, tf32/bf16/fp16, kernels against reference ops '
+         '(bench/stylegan2.py)', bench_step('bench/stylegan2.py', {False: ['--resolutions=256,1024',
+                                                                          '--precisions=tf32,bf16,fp16', '--impl=both']}),
          {True: None, False: 300}, ('gpu',)),
     Step('digits', 'GN-StyleGAN on the embedded digits, time-boxed, scored (bench/quickstart_quality.py)', digits_run,
          {True: 25, False: 750}, ('gpu',)),

@@ -25,6 +25,8 @@ def _num(x: float) -> str:
 def _length(preset: dict) -> str:
     if preset['arch'] == 'stylegan':
         return f'{progressive.TOTAL_KIMG / 1000:g}M real images'
+    if preset['arch'] == 'stylegan2':
+        return 'by --sg2-cfg (below)'
     steps = preset['total_steps']
     return f'{steps // 1000}k G steps' if steps % 1000 == 0 else f'{steps:,} G steps'
 
@@ -32,6 +34,8 @@ def _length(preset: dict) -> str:
 def _ema(preset: dict) -> str:
     if preset['arch'] == 'stylegan':
         return f'half-life {progressive.EMA_KIMG:g}k images'
+    if preset['arch'] == 'stylegan2':
+        return 'by --sg2-cfg (below)'
     if preset['ema_beta'] is None:
         return 'none'
     start = preset['ema_start']
@@ -46,6 +50,8 @@ def preset_table() -> str:
         if p['arch'] == 'stylegan':
             lr = f'{_num(progressive.LR[8])} up to 64x64, {_num(progressive.LR[128])} above'
             batch = 'by resolution (below)'
+        elif p['arch'] == 'stylegan2':
+            lr, batch = 'by --sg2-cfg (below)', 'by --sg2-cfg (below)'
         else:
             lr = f'{_num(p["lr_G"])} / {_num(p["lr_D"])}'
             batch = f'{p["batch_D"]} / {p["batch_G"]}'
@@ -63,6 +69,19 @@ def progressive_table() -> str:
         '| global minibatch | ' + ' | '.join(str(progressive.BATCH[r]) for r in res) + ' |',
         '| learning rate | ' + ' | '.join(_num(progressive.LR[r]) for r in res) + ' |',
     ])
+
+
+def stylegan2_table() -> str:
+    """NVIDIA's configurations, as configs.SG2_SPECS holds them."""
+    fmt = lambda v: 'by resolution' if v == -1 else 'none' if v is None else _num(v)
+    rows = ['| --sg2-cfg | batch | mbstd group | channel_base | lr G, D | R1 gamma (--norm=r1) | G EMA half-life (kimg) | '
+            'EMA ramp-up | mapping layers | length (kimg) |',
+            '|---|---|---|---|---|---|---|---|---|---|']
+    for name, s in configs.SG2_SPECS.items():
+        base = 'by resolution' if s['fmaps'] == -1 else f'{int(s["fmaps"] * 32768)}'
+        rows.append(f'| `{name}` | {fmt(s["mb"])} | {fmt(s["mbstd"])} | {base} | {fmt(s["lrate"])} | {fmt(s["gamma"])} | '
+                    f'{fmt(s["ema"])} | {fmt(s["ramp"])} | {s["map"]} | {_num(s["kimg"])} |')
+    return '\n'.join(rows)
 
 
 def render() -> str:
@@ -124,6 +143,31 @@ and the style-mixing probability (0.9). The Adam state
 is reset whenever a fade-in starts and when it ends, as v1 does (`reset_opt_for_new_lod`). D
 sees the active resolution; GN's gradient norm is taken with respect to the full-resolution
 image that v1's D receives (see [gradnorm.md](gradnorm.md)).
+
+## gn-stylegan2 configurations
+
+StyleGAN2 with NVIDIA StyleGAN2-ADA's networks (`training/networks/stylegan2.py`, equal to theirs
+given the same weights: `bench/nvidia.py`) and its configurations by name, `--sg2-cfg` (their
+`train.py --cfg`), the discriminator trained with GN and the hinge loss instead of their R1 and
+non-saturating loss. Adam betas 0, 0.99; one batch for D and G; the G EMA by half-life.
+
+{stylegan2_table()}
+
+`auto` (the default), as NVIDIA's, for a resolution R and N GPUs: batch max(min(N min(4096 / R, 32),
+64), N), mbstd group min(batch / N, 4), channel_base 32768 from 512x512 up and 16384 below, lr 0.002
+at 1024x1024 and 0.0025 below, gamma 0.0002 R^2 / batch, EMA half-life batch x 10 / 32 kimg.
+`cifar` also turns off path length regularization and style mixing and uses D's `orig` architecture.
+Every configuration else has style mixing (probability 0.9, `--style-mixing`) and path length
+regularization (weight 2, `--pl-weight`; decay 0.01, on half the batch) every 4th G step, with G's
+Adam lr times 4/5 and betas to the power 4/5, as NVIDIA's lazy regularization; `--norm=r1` runs R1
+every 16th D step (weighted by 16; lr times 16/17, betas to the power 16/17), their baseline. Here the
+lazy term joins that step's loss where NVIDIA's takes a separate optimizer step for it. Every `--norm`
+works; `sn` (not in NVIDIA's code) builds `stylegan2.SNDiscriminator`, their D with every weight divided
+by its spectral norm in place of the equalized-lr scale. `--precision=fp16` computes the top 4
+resolutions of G and D in float16 on CUDA (float32 on a CPU), as NVIDIA's mixed precision; convolution
+outputs are clamped at 256 in every precision, as in their configurations; `bf16` runs the blocks
+under autocast. `--cmax`, `--d-cmax` and `--map-dim` narrow the networks (channel_max, and the widths of
+z and w) for small runs. Conditional when the data has labels; no x-flips by default (theirs: `--mirror=0`).
 '''
 
 

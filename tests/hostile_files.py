@@ -9,6 +9,7 @@ deflate stream can be repeated rather than computed: the bombs take milliseconds
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gzip
 import http.server
@@ -297,6 +298,121 @@ def _reconstruct():
     return reconstruct
 
 
+# NVIDIA-style pickles (torch_utils/nvidia_pickle.py): what NVIDIA's torch_utils/persistence.py writes, made here
+# from this project's StyleGAN2 networks, which have NVIDIA's class names, kwargs and state.
+
+def nvidia_source(flag: str | None = None, generator_args: str = 'mapping_kwargs={}, synthesis_kwargs={}',
+                  classes: tuple[str, ...] = ('FullyConnectedLayer', 'MappingNetwork', 'Conv2dLayer', 'SynthesisLayer',
+                                              'ToRGBLayer', 'SynthesisBlock', 'SynthesisNetwork', 'DiscriminatorBlock',
+                                              'MinibatchStdLayer', 'DiscriminatorEpilogue', 'Discriminator')) -> str:
+    """A module source with the persistent classes of NVIDIA's training/networks.py (bodies elided) and, with `flag`,
+    a first line that writes that file if the source is ever run. `generator_args`: Generator's last parameters
+    ('mapping_kwargs={}, **synthesis_kwargs' is the StyleGAN3 repository's)."""
+    lines = [f'import pathlib; pathlib.Path({flag!r}).write_text("the embedded source ran")'] if flag else []
+    lines += ['import torch', 'from torch_utils import persistence', '', '@persistence.persistent_class',
+              f'class Generator(torch.nn.Module):',
+              f'    def __init__(self, z_dim, c_dim, w_dim, img_resolution, img_channels, {generator_args}):',
+              '        super().__init__()']
+    for name in classes:
+        lines += ['', '@persistence.persistent_class', f'class {name}(torch.nn.Module):', '    pass']
+    return '\n'.join(lines) + '\n'
+
+
+def _reconstruct_persistent_obj(meta: dict) -> None:
+    raise AssertionError('a stand-in, pickled by name only')
+
+
+def nvidia_pickle(entries: dict, source: str, class_names: dict | None = None, protocol: int = 3,
+                  init_args: tuple = ()) -> bytes:
+    """pickle.dump of `entries` as NVIDIA's code writes it: each torch.nn.Module (ours, of the same names) as a call of
+    torch_utils.persistence._reconstruct_persistent_obj on {type, version, module_src, class_name, state}, the state
+    its __dict__ with _init_args `init_args` and _init_kwargs (a dnnlib.util.EasyDict). `class_names` renames classes."""
+    import dnnlib
+    from torch_utils import persistence
+    stand_in = _reconstruct_persistent_obj
+    stand_in.__module__, stand_in.__qualname__ = 'torch_utils.persistence', '_reconstruct_persistent_obj'
+
+    class Pickler(pickle.Pickler):
+        def reducer_override(self, obj):
+            if not isinstance(obj, torch.nn.Module):
+                return NotImplemented
+            state = {k: v for k, v in obj.__dict__.items() if k != 'init_kwargs'}
+            state.update(_init_args=init_args, _init_kwargs=dnnlib.EasyDict(obj.init_kwargs))
+            name = (class_names or {}).get(type(obj).__name__, type(obj).__name__)
+            return stand_in, (dict(type='class', version=6, module_src=source, class_name=name, state=state),)
+
+    f = io.BytesIO()
+    persistence._reconstruct_persistent_obj = stand_in
+    try:
+        Pickler(f, protocol=protocol).dump(entries)
+    finally:
+        del persistence._reconstruct_persistent_obj
+    return f.getvalue()
+
+
+def nvidia_networks(c_dim: int = 0, resolution: int = 8, seed: int = 0) -> dict:
+    """A small StyleGAN2 G, D and G_ema of this project (NVIDIA's classes and kwargs), random weights."""
+    from training.networks import stylegan2
+    torch.manual_seed(seed)
+    G = stylegan2.Generator(z_dim=8, c_dim=c_dim, w_dim=8, img_resolution=resolution, img_channels=3,
+                            mapping_kwargs={'num_layers': 2}, synthesis_kwargs={'channel_base': 128, 'channel_max': 16})
+    D = stylegan2.Discriminator(c_dim=c_dim, img_resolution=resolution, img_channels=3, channel_base=128, channel_max=16,
+                                epilogue_kwargs={'mbstd_group_size': 2})
+    with torch.no_grad():
+        for p in [*G.parameters(), *D.parameters(), G.mapping.w_avg]:
+            p.copy_(torch.randn_like(p) * 0.5)
+    return {'G': G.eval(), 'D': D.eval(), 'G_ema': G.eval()}
+
+
+class PickledCall:
+    """An object that pickles as a call of `function` on `args`."""
+
+    def __init__(self, function, *args) -> None:
+        self.function, self.args = function, args
+
+    def __reduce__(self):
+        return self.function, self.args
+
+
+def nvidia_pickle_calling_os_system(flag: str) -> bytes:
+    """An NVIDIA-style snapshot whose augment_pipe is os.system('touch <flag>')."""
+    return nvidia_pickle(dict(nvidia_networks(), augment_pipe=PickledCall(os.system, f'touch {flag}')), nvidia_source())
+
+
+def _legacy_storage(dtype_name: str, numel: int, data: bytes) -> bytes:
+    """torch.save(storage, _use_new_zipfile_serialization=False) of a storage that declares `numel` elements
+    of torch.<dtype_name> and carries `data`."""
+    f = io.BytesIO()
+    for value in (0x1950a86a20f9469cfc6c, 1001, {'protocol_version': 1001, 'little_endian': True,
+                                                 'type_sizes': {'short': 2, 'int': 4, 'long': 4}}):
+        pickle.dump(value, f, protocol=2)
+    storage = PickledCall(int)  # Pickled as its persistent id.
+    pickler = pickle.Pickler(f, protocol=2)
+    pickler.persistent_id = lambda obj: ('storage', getattr(torch, dtype_name), '0', 'cpu', numel, None) if obj is storage else None
+    pickler.dump(storage)
+    pickle.dump(['0'], f, protocol=2)
+    return f.getvalue() + struct.pack('<q', numel) + data
+
+
+def nvidia_storage_bomb(num_bytes: int) -> bytes:
+    """An NVIDIA-style snapshot whose G's mapping.w_avg is a float32 storage declaring `num_bytes` (16 are carried)."""
+    networks = nvidia_networks()
+    numel = num_bytes // 4
+    storage = PickledCall(torch.storage._load_from_bytes, _legacy_storage('FloatStorage', numel, bytes(16)))
+    networks['G'].mapping._buffers['w_avg'] = PickledCall(torch._utils._rebuild_tensor_v2, storage, 0, (numel,), (1,), False,
+                                                    collections.OrderedDict())
+    return nvidia_pickle(networks, nvidia_source())
+
+
+def nvidia_deep_nesting(depth: int) -> bytes:
+    """An NVIDIA-style snapshot whose training_set_kwargs hold lists nested `depth` deep (written opcode by opcode:
+    pickle.dump recurses): EMPTY_LIST depth times, then APPEND depth - 1 times."""
+    prefix = nvidia_pickle(nvidia_networks(), nvidia_source())
+    assert prefix.endswith(b'u.')  # ... SETITEMS, STOP: the snapshot dict is still on the stack.
+    key = 'training_set_kwargs'.encode()
+    return prefix[:-1] + b'X' + struct.pack('<I', len(key)) + key + b']' * depth + b'a' * (depth - 1) + b's.'
+
+
 def lmdb_with_entry(folder: str, key: bytes = b'b', num_bytes: int = 64 << 10) -> str:
     """An LMDB database in `folder` of one entry of `num_bytes` random bytes (on overflow pages); its data.mdb."""
     import lmdb
@@ -471,6 +587,13 @@ def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None 
         'CIFAR-10 batch of a Python-object array': ('objects.tar.gz', lambda: cifar_tar_gz({'data_batch_1': object_array_pickle(bomb_bytes // 8)})),
         'LMDB entry claiming more than the file': ('claims_lmdb', lambda path: lmdb_claiming(path, bomb_bytes)),
         'truncated LMDB': ('truncated_lmdb', lmdb_truncated),
+        'NVIDIA pickle calling os.system': ('nvidia-system.pkl', lambda: nvidia_pickle_calling_os_system(os.path.join(folder, 'ran'))),
+        'NVIDIA pickle whose source runs code': ('nvidia-source.pkl', lambda: nvidia_pickle(nvidia_networks(), (
+            f'import pathlib; pathlib.Path({os.path.join(folder, "ran")!r}).write_text("ran")\nclass Generator: pass\n'))),
+        'NVIDIA pickle of StyleGAN3 (alias-free)': ('nvidia-stylegan3.pkl', lambda: nvidia_pickle(nvidia_networks(), nvidia_source(
+            classes=('SynthesisInput', 'SynthesisLayer', 'SynthesisNetwork', 'MappingNetwork')))),
+        'NVIDIA pickle with a storage bomb': ('nvidia-storage-bomb.pkl', lambda: nvidia_storage_bomb(bomb_bytes)),
+        'NVIDIA pickle nested 200,000 deep': ('nvidia-deep.pkl', lambda: nvidia_deep_nesting(200_000)),
     }
     detector = lambda: made_once('detector.pt', detector_bytes)  # noqa: E731
     images = lambda: made_once('images.zip', lambda: zip_bytes([stored(f'img{i}.png', png_bytes(i * 50)) for i in range(4)]))  # noqa: E731
@@ -495,6 +618,19 @@ def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None 
         add('train.py --resume', file, reason, '--resume={path}', f'--outdir={out}', '--kimg=0.001')
         add('legacy.py --source', file, 'not a zip archive (no end of central directory record; truncated?)' if file == 'truncated snapshot'
             else reason, '--source={path}', '--cfg=cifar10-cnn', f'--dest={out}.pkl')
+    nvidia_reasons = {  # torch_utils/nvidia_pickle.py; the source and os.system would write or touch <folder>/ran.
+        'NVIDIA pickle calling os.system': 'names the global posix.system, which is not read; nothing in it was run',
+        'NVIDIA pickle whose source runs code': 'G is a Generator of an unrecognised module source, which is not read',
+        'NVIDIA pickle of StyleGAN3 (alias-free)': 'G is a training.networks_stylegan3.Generator, which is not read',
+        'NVIDIA pickle with a storage bomb': f'holds a storage that declares {bomb_bytes // 4:,} elements of torch.float32 but '
+                                             f'carries 16 bytes',
+        'NVIDIA pickle nested 200,000 deep': 'training_set_kwargs: nested deeper than 32 levels',
+    }
+    for file, reason in nvidia_reasons.items():
+        add('generate.py --network', file, reason, '--network={path}', '--seeds=0', f'--outdir={out}')
+        if scripts is None or 'calc_metrics.py' in scripts:
+            add('calc_metrics.py --network', file, reason, '--network={path}', '--metrics=is50k', f'--detector={detector()}', '--num-gen=2')
+        add('train.py --resume', file, reason, '--resume={path}', '--cfg=gn-stylegan2', f'--outdir={out}', '--kimg=0.001')
     stats_reasons = {
         'npz bomb (sigma.npy)': f'sigma.npy: refused to read: sigma is [{sigma_dim}, {sigma_dim}], but the statistics are 2048-dimensional',
         'npz claiming 40000x40000': 'sigma.npy: refused to read: sigma is [40000, 40000], but the statistics are 2048-dimensional',

@@ -80,10 +80,15 @@ def test_progressive_diagnostic_options_reach_the_networks_and_the_schedule():
 @pytest.mark.parametrize('name, options, message', [
     ('cifar10-resnet', dict(steps=3, kimg=1), 'not both'),
     ('cifar10-resnet', dict(img_resolution=48), 'built for 32x32'),
-    ('cifar10-resnet', dict(cmax=8), '--cmax: gn-stylegan only'),
+    ('cifar10-resnet', dict(cmax=8), '--cmax: gn-stylegan or gn-stylegan2 only'),
     ('cifar10-resnet', dict(resolution=16), '--resolution: gn-stylegan only'),
     ('quickstart', dict(tanh=True), '--tanh: gn-stylegan only'),
-    ('quickstart', dict(lr_rampdown=10, style_mixing=0.5), '--style-mixing, --lr-rampdown: gn-stylegan only'),
+    ('quickstart', dict(lr_rampdown=10, style_mixing=0.5),
+     '--style-mixing: gn-stylegan or gn-stylegan2 only; --lr-rampdown: gn-stylegan only'),
+    ('gn-stylegan', dict(sg2_cfg='auto', pl_weight=1), '--sg2-cfg, --pl-weight: gn-stylegan2 only'),
+    ('gn-stylegan2', dict(tanh=True, resolution=16), '--tanh, --resolution: gn-stylegan only'),
+    ('gn-stylegan2', dict(img_resolution=48), 'power-of-two'),
+    ('gn-stylegan2', dict(sg2_cfg='paper2048'), 'paper1024'),
     ('cifar10-biggan', dict(label_dim=0), 'class-conditional'),
     ('cifar10-resnet', dict(gpus=3), 'not divisible by --gpus=3'),
     ('gn-stylegan', dict(steps=3), '--kimg, not --steps'),
@@ -123,3 +128,47 @@ def test_cuda_graphs_on_refuses_what_cannot_be_captured():
     with pytest.raises(ValueError, match='cannot capture --precision=fp16'):
         Experiment.build(**base, device='cuda', precision='fp16')
     assert Experiment.build(**base, device='cuda', precision='bf16').cuda_graphs == 'on'
+
+
+#----------------------------------------------------------------------------
+# gn-stylegan2: NVIDIA StyleGAN2-ADA's configurations.
+
+
+@pytest.mark.parametrize('resolution,gpus,mb,mbstd,channel_base,lr,gamma,ema', [
+    # NVIDIA's 'auto' by hand: mb = max(min(gpus * min(4096 / res, 32), 64), gpus), mbstd = min(mb / gpus, 4),
+    # fmaps 1 from 512 up else 0.5, lr 0.002 at 1024 else 0.0025, gamma = 0.0002 res^2 / mb, ema = mb * 10 / 32.
+    (256, 1, 16, 4, 16384, 0.0025, 0.8192, 5.0),
+    (1024, 8, 32, 4, 32768, 0.002, 6.5536, 10.0),
+    (32, 2, 64, 4, 16384, 0.0025, 0.0032, 20.0),
+])
+def test_stylegan2_auto_configuration(resolution, gpus, mb, mbstd, channel_base, lr, gamma, ema):
+    e = build('gn-stylegan2', img_resolution=resolution, gpus=gpus, kimg=1)
+    assert (e.sg2_cfg, e.batch, e.glr, e.dlr) == ('auto', mb, lr, lr)
+    assert e.gamma == pytest.approx(gamma)
+    assert e.G_kwargs.synthesis_kwargs == dict(channel_base=channel_base, channel_max=512, num_fp16_res=0, conv_clamp=256)
+    assert e.G_kwargs.mapping_kwargs == dict(num_layers=2) and e.G_kwargs.z_dim == e.G_kwargs.w_dim == 512
+    assert e.D_kwargs.epilogue_kwargs == dict(mbstd_group_size=mbstd) and 'spectral_norm' not in e.D_kwargs
+    s = e.schedule_kwargs
+    assert (s.batch_D, s.batch_G, s.n_dis, s.ema_kimg, s.ema_rampup, s.group_size) == (mb, mb, 1, ema, 0.05, mbstd)
+    assert s.total_steps == round(1000 / mb)
+
+
+def test_stylegan2_named_configurations_and_lazy_regularization():
+    """paper256 with R1 (their baseline): G's Adam with lazy path length every 4 steps takes lr * 4/5 and betas ** (4/5),
+    D's with lazy R1 every 16 steps lr * 16/17 and betas ** (16/17); cifar turns off style mixing and path length."""
+    e = build('gn-stylegan2', img_resolution=256, sg2_cfg='paper256', norm='r1', precision='fp16')
+    assert (e.batch, e.gamma, e.style_mixing, e.pl_weight) == (64, 1.0, 0.9, 2.0)
+    assert e.G_opt_kwargs.lr == pytest.approx(0.0025 * 4 / 5) and e.G_opt_kwargs.betas == [0.0, pytest.approx(0.99 ** 0.8)]
+    assert e.D_opt_kwargs.lr == pytest.approx(0.0025 * 16 / 17)
+    assert e.D_opt_kwargs.betas == [0.0, pytest.approx(0.99 ** (16 / 17))]
+    assert e.schedule_kwargs.lr_D == e.D_opt_kwargs.lr  # The schedule sets the lr at every step.
+    assert (e.loss_kwargs.G_reg_interval, e.loss_kwargs.D_reg_interval, e.loss_kwargs.r1_gamma) == (4, 16, 1.0)
+    assert e.G_kwargs.synthesis_kwargs['num_fp16_res'] == e.D_kwargs.num_fp16_res == 4
+    assert e.D_kwargs.epilogue_kwargs['mbstd_group_size'] == 8 and e.schedule_kwargs.ema_kimg == 20
+
+    gn = build('gn-stylegan2', img_resolution=256, sg2_cfg='paper256')  # GN: no lazy D step, D's Adam as given.
+    assert gn.loss_kwargs.D_reg_interval == 1 and gn.D_opt_kwargs.lr == 0.0025 and gn.D_opt_kwargs.betas == [0.0, 0.99]
+
+    cifar = build('gn-stylegan2', sg2_cfg='cifar')
+    assert (cifar.style_mixing, cifar.pl_weight, cifar.batch, cifar.D_kwargs.architecture) == (0.0, 0.0, 64, 'orig')
+    assert cifar.G_opt_kwargs.lr == 0.0025 and cifar.loss_kwargs.G_reg_interval == 1

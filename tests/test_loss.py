@@ -598,3 +598,102 @@ def test_steps_never_sync_the_gpu(norm):
             gan_loss.accumulate_gradients(phase, real, c, z, c, gain=torch.ones([], device=device))
     finally:
         torch.cuda.set_sync_debug_mode('default')
+
+
+#----------------------------------------------------------------------------
+# StyleGAN2 (NVIDIA StyleGAN2-ADA's loss terms).
+
+
+def _stylegan2_pair(c_dim=0):
+    from training.networks import stylegan2  # pylint: disable=import-outside-toplevel
+    torch.manual_seed(0)
+    G = stylegan2.Generator(z_dim=8, c_dim=c_dim, w_dim=8, img_resolution=8, img_channels=1,
+                            mapping_kwargs=dict(num_layers=2), synthesis_kwargs=dict(channel_base=32, channel_max=4))
+    D = stylegan2.Discriminator(c_dim=c_dim, img_resolution=8, img_channels=1, channel_base=32, channel_max=4,
+                                epilogue_kwargs=dict(mbstd_group_size=2))
+    with torch.no_grad():  # Noise and biases off their zero init, so that every term shows.
+        for name, p in G.named_parameters():
+            if name.endswith('noise_strength') or name.endswith('.bias'):
+                p.normal_()
+    return G.double().train(), D.double().train()
+
+
+def test_path_length_penalty_against_the_jacobian():
+    """a_n = sqrt(mean_i ||J_ni^T y_n||^2) with the full Jacobian J of the image w.r.t. the styles (float64, computed
+    with torch.autograd.functional.jacobian), pl_mean <- lerp(0, mean a, 0.01), penalty (a - pl_mean)^2 * weight,
+    and its gradient w.r.t. a parameter by central differences of that formula."""
+    G, D = _stylegan2_pair()
+    loss = GANLoss(G, D, norm='none', pl_weight=2.0, pl_decay=0.01, pl_batch_shrink=2, channels_last=False)
+    z, c = torch.randn(4, 8, dtype=torch.float64), torch.zeros(4, 0, dtype=torch.float64)
+    param = G.synthesis.b8.conv0.weight
+
+    def formula(z2):  # The penalty by the Jacobian, with the loss's random draws (synthesis noise, then y).
+        torch.manual_seed(5)
+        ws = G.mapping(z2, None, skip_w_avg_update=True)
+        noise_draws = torch.get_rng_state()
+        synth = lambda w: (torch.set_rng_state(noise_draws), G.synthesis(w, noise_mode='random'))[1]
+        img = synth(ws)
+        y = torch.randn_like(img) / np.sqrt(8 * 8)
+        J = torch.autograd.functional.jacobian(synth, ws, create_graph=True)  # [N, C, H, W, N, num_ws, w_dim]
+        lengths = torch.stack([torch.einsum('chw,chwij->ij', y[n], J[n, :, :, :, n]).square().sum(dim=1).mean().sqrt()
+                               for n in range(z2.shape[0])])
+        pl_mean = torch.zeros([], dtype=torch.float64).lerp(lengths.mean(), 0.01)
+        return (lengths - pl_mean).square().mean() * 2.0, pl_mean.detach()
+
+    G.mapping.w_avg_beta = None  # Keep w_avg out of it (the loss's mapping call would move it).
+    G.requires_grad_(True)
+    torch.manual_seed(5)
+    loss._path_length_backward(z, c, gain=1.0)
+    grad = param.grad.clone()
+    expected, pl_mean = formula(z[:2])
+    assert float(loss.pl_mean) == pytest.approx(float(pl_mean), rel=1e-7)  # Kept in float32.
+    torch.testing.assert_close(grad, torch.autograd.grad(expected, param)[0], rtol=1e-8, atol=1e-12)
+
+
+def test_style_mixing_crossover():
+    """With probability 1 every batch takes its first styles from z and its last from a second latent, switching once;
+    with probability 0 none does; the second latent never moves w_avg."""
+    G, D = _stylegan2_pair()
+    z = torch.randn(3, 8, dtype=torch.float64)
+    G.eval()
+    own = G.mapping(z, None)
+    for prob, seeds in [(1.0, range(8)), (0.0, range(2))]:
+        loss = GANLoss(G, D, norm='none', style_mixing_prob=prob, channels_last=False)
+        for seed in seeds:
+            torch.manual_seed(seed)
+            ws = loss.run_G_styles(z, None)[1]
+            from_z = (ws == own).all(dim=2).all(dim=0)  # [num_ws]
+            if prob == 0:
+                assert from_z.all()
+            else:
+                assert from_z[0] and not from_z[-1] and (from_z.int().diff() <= 0).all()
+    G.train()
+    w_avg = G.mapping.w_avg.clone()
+    torch.manual_seed(0)
+    GANLoss(G, D, norm='none', style_mixing_prob=1.0, channels_last=False).run_G_styles(z, None)
+    torch.testing.assert_close(G.mapping.w_avg, w_avg.lerp(G.mapping.eval()(z, None)[:, 0].mean(dim=0), 1 - 0.995))
+
+
+def test_lazy_r1_every_interval_weighted_by_it():
+    """R1 every 16th D step, weighted by 16: at step 0 the D gradient is that of R1 with gamma * 16 every step, at
+    step 1 that of no penalty at all."""
+    G, D = _stylegan2_pair()
+    real, c = torch.randn(4, 1, 8, 8, dtype=torch.float64), torch.zeros(4, 0, dtype=torch.float64)
+    z = torch.randn(4, 8, dtype=torch.float64)
+
+    def d_grads(step, **kwargs):
+        loss = GANLoss(G, D, channels_last=False, **kwargs)
+        loss.lazy_terms('D', step)
+        D.requires_grad_(True).zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        loss.accumulate_gradients('D', real, c, z, c)
+        D.requires_grad_(False)
+        return [p.grad.clone() for p in D.parameters()]
+
+    lazy0, lazy1 = d_grads(0, norm='r1', r1_gamma=0.5, D_reg_interval=16), d_grads(1, norm='r1', r1_gamma=0.5, D_reg_interval=16)
+    every, none = d_grads(0, norm='r1', r1_gamma=8.0), d_grads(1, norm='none')
+    for a, b in zip(lazy0, every):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(lazy1, none):
+        torch.testing.assert_close(a, b)
+    assert any(not torch.allclose(a, b) for a, b in zip(lazy0, lazy1))

@@ -96,3 +96,14 @@ def test_fixed_schedule_linear_decay_and_ema_start():
     assert not s.done(199, 0) and s.done(200, 0) and s.progress(50, 0) == 0.25
     constant = schedule.FixedSchedule(batch_D=64, batch_G=128, n_dis=1, lr_G=2e-4, lr_D=2e-4, total_steps=10)
     assert constant.plan(9, 0).lr_G == 2e-4 and constant.plan(9, 0).optimizer_state_id == constant.plan(0, 0).optimizer_state_id
+
+
+def test_fixed_schedule_ema_half_life_with_rampup():
+    """StyleGAN2-ADA's EMA: beta = 0.5 ** (batch / min(ema_kimg * 1000, cur_nimg * ema_rampup))."""
+    s = schedule.FixedSchedule(batch_D=32, batch_G=32, n_dis=1, lr_G=0.002, lr_D=0.002, total_steps=10, ema_kimg=10,
+                               ema_rampup=0.05)
+    assert s.plan(0, 0).ema_beta == 0.0  # Nothing shown yet: G_ema follows G.
+    assert s.plan(5, 64_000).ema_beta == pytest.approx(0.5 ** (32 / 3200))
+    assert s.plan(9, 400_000).ema_beta == pytest.approx(0.5 ** (32 / 10_000))
+    plain = schedule.FixedSchedule(batch_D=32, batch_G=32, n_dis=1, lr_G=0.002, lr_D=0.002, total_steps=10, ema_kimg=10)
+    assert plain.plan(0, 0).ema_beta == pytest.approx(0.5 ** (32 / 10_000))

@@ -11,8 +11,8 @@ from torch_utils import threads
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every program of the repository that loads torch. bench/gpu_report.py and bench/train_speed.py are not listed yet.
 TOOLS = ('train.py', 'generate.py', 'calc_metrics.py', 'dataset_tool.py', 'legacy.py', 'bench/compare.py', 'bench/gpu_report.py',
-         'bench/hostile_files.py', 'bench/ops.py', 'bench/precision.py', 'bench/quickstart_quality.py', 'bench/stylegan.py',
-         'bench/train_speed.py')
+         'bench/hostile_files.py', 'bench/nvidia.py', 'bench/ops.py', 'bench/precision.py', 'bench/quickstart_quality.py',
+         'bench/stylegan.py', 'bench/stylegan2.py', 'bench/train_speed.py')
 
 
 def _tool_environments(tools: list[str], env: dict) -> list[str]:

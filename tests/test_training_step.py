@@ -44,13 +44,14 @@ def _presets_a_run_tells_apart() -> list[str]:
 # StyleGAN's R1.
 PRESETS = _presets_a_run_tells_apart()
 PRESET_NORMS = [(name, 'gn') for name in PRESETS] + [
-    ('quickstart', norm) for norm in configs.NORMS if norm != 'gn'] + [('gn-stylegan', 'r1')]
+    ('quickstart', norm) for norm in configs.NORMS if norm != 'gn'] + [('gn-stylegan', 'r1'), ('gn-stylegan2', 'r1')]
 
 
 class Run:
     """A preset's narrow networks, optimizers and loss, as the training loop builds them, and the plans of a short
     schedule: 3 G steps of linear lr decay (SN-GAN and BigGAN presets; D batch 4, 2 from 128x128 up), or
-    gn-stylegan at 16x16 from 8x8 in phases of 4 G steps of batch 4 (8x8, fade-in, 16x16: Adam resets, a fade-in)."""
+    gn-stylegan at 16x16 from 8x8 in phases of 4 G steps of batch 4 (8x8, fade-in, 16x16: Adam resets, a fade-in), or
+    gn-stylegan2 at 16x16 for 5 G steps of batch 4 (its lazy regularizers at steps 0 and 4, R1 at step 0)."""
 
     def __init__(self, cfg_name: str, norm: str) -> None:
         cfg = configs.get_config(cfg_name, norm=norm)
@@ -58,9 +59,11 @@ class Run:
         self.resolution = cfg.get('resolution', 16)
         options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4) if self.stylegan else dict(
             steps=RUN_STEPS, batch=4 if self.resolution < 128 else 2)
+        if cfg.arch == 'stylegan2':
+            options = dict(steps=5, batch=4, cmax=8, map_dim=16)
         self.experiment = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=self.resolution, img_channels=3,
                                            label_dim=10 if cfg.conditional else 0, precision='fp32', **options)
-        width = {} if self.stylegan else dict(ch=2)
+        width = {} if cfg.arch.startswith('stylegan') else dict(ch=2)
         torch.manual_seed(0)
         e = self.experiment
         self.G = dnnlib.util.construct_class_by_name(**dict(e.G_kwargs, **width)).train().requires_grad_(False)
@@ -128,6 +131,7 @@ def train_as_before_graphs(run: Run) -> None:
         for net, module, opt, batches in [('D', run.D, run.D_opt, d_batches), ('G', run.G, run.G_opt, [(None, None, g_labels)])]:
             for real_img, real_c, gen_c in batches:
                 gen_z = torch.randn(gen_c.shape[0], run.G.z_dim)
+                run.loss.lazy_terms(net, index)  # StyleGAN2's lazily scheduled regularizers.
                 module.requires_grad_(True)
                 opt.zero_grad(set_to_none=True)
                 run.loss.accumulate_gradients(net, real_img, real_c, gen_z, gen_c, gain=1.0)

@@ -434,23 +434,23 @@ def _decompressor(magic: bytes, file: BinaryIO) -> BinaryIO | None:
 # Pickles read by Python's unpickler (CIFAR-10's batches).
 
 
-def check_pickle(data: bytes, name: str) -> None:
-    """Refuse (RefusedFileError) a pickle that Python's unpickler could not load within the bound, before it is
-    loaded: one of more than MAX_PICKLE_OPCODES opcodes (each makes at most one object, of at most ~120 bytes
-    beside the bytes it carries), or whose memo indices skip ahead (the C unpickler grows its memo array to
-    twice the largest index: one opcode of 5 bytes would take 32 GiB). What the opcodes may build is the
-    unpickler's find_class to restrict."""
+def check_pickle(data: bytes | BinaryIO, name: str, max_opcodes: int = MAX_PICKLE_OPCODES) -> None:
+    """Refuse (RefusedFileError) a pickle (its bytes, or a file from its position to the pickle's STOP) that Python's
+    unpickler could not load within the bound, before it is loaded: one of more than `max_opcodes` opcodes (each
+    makes at most one object, of at most ~120 bytes beside the bytes it carries), or whose memo indices skip ahead
+    (the C unpickler grows its memo array to twice the largest index: one opcode of 5 bytes would take 32 GiB).
+    What the opcodes may build is the unpickler's find_class to restrict."""
     import pickletools
     memo_size, opcodes = 0, pickletools.genops(data)
-    for count in range(MAX_PICKLE_OPCODES + 1):
+    for count in range(max_opcodes + 1):
         try:
             opcode, arg, _pos = next(opcodes)
         except StopIteration:
             return
         except ValueError as e:  # pickletools: an unknown opcode, an argument beyond the data, no STOP.
             raise RefusedFileError(f'{name}: not a pickle ({dnnlib.util.first_line(e, 200)})') from None
-        if count == MAX_PICKLE_OPCODES:
-            raise RefusedFileError(f'{name}: refused to read: a pickle of more than {MAX_PICKLE_OPCODES:,} opcodes')
+        if count == max_opcodes:
+            raise RefusedFileError(f'{name}: refused to read: a pickle of more than {max_opcodes:,} opcodes')
         if opcode.name in ('PUT', 'BINPUT', 'LONG_BINPUT'):
             if not isinstance(arg, int) or arg > memo_size:
                 raise RefusedFileError(f'{name}: refused to read: the pickle stores memo entry {str(arg)[:20]} after {memo_size}')

@@ -258,9 +258,16 @@ def network_shapes(network_kwargs: dict) -> dict[str, tuple[int, ...]]:
 
 
 def _decode_module(value: dict, where: str) -> torch.nn.Module:
-    name, kwargs, state = value[_MODULE_TAG], value.get('init_kwargs'), value.get('state_dict')
     if set(value) != {_MODULE_TAG, 'init_kwargs', 'state_dict'}:
         raise UnsafeSnapshotError(f'{where}: a network entry holds exactly {_MODULE_TAG}, init_kwargs and state_dict')
+    return rebuild_network(value[_MODULE_TAG], value['init_kwargs'], value['state_dict'], where)
+
+
+def rebuild_network(name: Any, kwargs: Any, state: Any, where: str) -> torch.nn.Module:
+    """The network `name` (one of this project's, by class name) built from `kwargs` read from a file, with the tensors
+    `state` loaded strictly; on the CPU, in eval mode, requires_grad off. Raises UnsafeSnapshotError (one line starting
+    with `where`) unless the class is ours, the kwargs are plain data it accepts, and they describe a network of
+    exactly the state's shapes (compared on the meta device, before anything of that size is allocated)."""
     try:
         cls = dnnlib.util.get_class(name)
     except dnnlib.util.ConfigError as e:

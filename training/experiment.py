@@ -37,13 +37,15 @@ DATASET_CLASS = 'training.data.dataset.ImageFolderDataset'
 
 # What the experiment is: compared with the snapshot's on --resume, and taken from it when not given.
 IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', 'glr', 'dlr', 'gamma', 'resolution',
-            'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing')
+            'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'sg2_cfg', 'pl_weight')
 
 # How long and in which batches: taken from the snapshot on --resume when not given, and free to change.
 CONTINUED = ('batch', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
 
-# gn-stylegan's options: None for every other preset.
-PROGRESSIVE_ONLY = ('cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'lod_kimg', 'lr_rampdown')
+# Options of some presets only: None for every other preset.
+PRESET_OPTIONS = {'stylegan': ('cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'lod_kimg', 'lr_rampdown'),
+                  'stylegan2': ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight')}
+PRESET_OPTION_NAMES = {'stylegan': 'gn-stylegan', 'stylegan2': 'gn-stylegan2'}
 
 # StyleGAN v1's network defaults (training/networks/stylegan.py), filled in for gn-stylegan.
 STYLEGAN_DEFAULTS = dict(cmax=512, tanh=False, map_dim=512, map_lrmul=0.01, style_mixing=0.9)
@@ -72,7 +74,9 @@ class Experiment:
     tanh: bool | None = None            # gn-stylegan: G's images through tanh.
     map_dim: int | None = None          # gn-stylegan: width of z, w and the mapping network.
     map_lrmul: float | None = None      # gn-stylegan: learning-rate multiplier of the mapping network.
-    style_mixing: float | None = None   # gn-stylegan: probability of mixing two latents' styles in a G batch.
+    style_mixing: float | None = None   # gn-stylegan(2): probability of mixing two latents' styles in a G batch.
+    sg2_cfg: str | None = None          # gn-stylegan2: NVIDIA's configuration (configs.SG2_SPECS), 'auto' by default.
+    pl_weight: float | None = None      # gn-stylegan2: path length regularization weight (NVIDIA: 2; cifar: 0).
 
     # The data the networks are built for.
     img_resolution: int = 32            # Resolution of the training images.
@@ -119,6 +123,7 @@ class Experiment:
         name = given.get('cfg', cls.cfg)
         preset = configs.get_config(name)
         progressive_run = preset.arch == 'stylegan'
+        stylegan2_run = preset.arch == 'stylegan2'
         values = dict(given, cfg=name)
         values.setdefault('loss', preset.loss_kwargs.loss)
         values.setdefault('xflip', preset.xflip)
@@ -141,6 +146,17 @@ class Experiment:
             raise ValueError(f'--cfg={name} is class-conditional, but the dataset has no labels')
         img_resolution = values.get('img_resolution', cls.img_resolution)
 
+        allowed = PRESET_OPTIONS.get(preset.arch, ())
+        misplaced = [key for key in dict.fromkeys(sum(PRESET_OPTIONS.values(), ())) if key in given and key not in allowed]
+        if not progressive_run and given.get('resolution', img_resolution) != img_resolution:
+            misplaced.append('resolution')
+        if misplaced:  # '--tanh, --lr-rampdown: gn-stylegan only; --cmax: gn-stylegan or gn-stylegan2 only'
+            owners = {}
+            for key in misplaced:
+                where = ' or '.join(PRESET_OPTION_NAMES[arch] for arch, keys in PRESET_OPTIONS.items() if key in keys)
+                owners.setdefault(where or 'gn-stylegan', []).append(f'--{key.replace("_", "-")}')
+            raise ValueError('; '.join(f'{", ".join(keys)}: {where} only' for where, keys in owners.items()))
+
         if progressive_run:
             if 'steps' in given:
                 raise ValueError(f'--cfg={name} counts its length in --kimg, not --steps')
@@ -160,24 +176,53 @@ class Experiment:
             values.setdefault('lod_kimg', progressive.PHASE_KIMG)
             values.setdefault('lr_rampdown', 0.0)
         else:
-            misplaced = [key for key in PROGRESSIVE_ONLY if key in given]
-            if given.get('resolution', img_resolution) != img_resolution:
-                misplaced.append('resolution')
-            if misplaced:
-                raise ValueError(f'{", ".join("--" + key.replace("_", "-") for key in misplaced)}: gn-stylegan only')
+            if stylegan2_run:
+                cls._fill_stylegan2(values)
             if preset.get('resolution', img_resolution) != img_resolution:  # No resolution: any.
                 raise ValueError(f'--cfg={name} is built for {preset.resolution}x{preset.resolution} images, '
                                  f'but the dataset holds {img_resolution}x{img_resolution}')
             values['resolution'] = img_resolution
             values.setdefault('glr', preset.G_opt_kwargs.lr)
             values.setdefault('dlr', preset.D_opt_kwargs.lr)
-            values.setdefault('batch', preset.batch_D)
+            values.setdefault('batch', preset.get('batch_D'))  # gn-stylegan2: set above.
             if 'kimg' in values:  # The length in G steps: kimg of reals at n_dis D steps of M each.
                 values['steps'] = max(1, round(values.pop('kimg') * 1000 / (preset.n_dis * values['batch'])))
-            values.setdefault('steps', preset.total_steps)
+            values.setdefault('steps', preset.get('total_steps'))
         experiment = cls(**values)
         experiment.schedule  # Built once: checks the batches against --gpus and --batch-gpu.
         return experiment
+
+    @staticmethod
+    def _fill_stylegan2(values: dict) -> None:
+        """gn-stylegan2's defaults from NVIDIA's configuration --sg2-cfg (for the data's resolution and --gpus)."""
+        name = values.setdefault('sg2_cfg', 'auto')
+        img_resolution = values.get('img_resolution', Experiment.img_resolution)
+        if img_resolution < 4 or img_resolution & (img_resolution - 1):
+            raise ValueError(f'StyleGAN2 needs power-of-two images of at least 4x4, the dataset has '
+                             f'{img_resolution}x{img_resolution}')
+        spec = configs.sg2_spec(name, img_resolution, values.get('gpus', Experiment.gpus))
+        values.setdefault('glr', spec.lrate)
+        values.setdefault('dlr', spec.lrate)
+        values.setdefault('batch', spec.mb)
+        values.setdefault('gamma', float(spec.gamma))
+        values.setdefault('cmax', 512)
+        values.setdefault('d_cmax', values['cmax'])
+        values.setdefault('map_dim', 512)
+        values.setdefault('style_mixing', 0.0 if name == 'cifar' else configs.SG2_LOSS['style_mixing_prob'])
+        values.setdefault('pl_weight', 0.0 if name == 'cifar' else configs.SG2_LOSS['pl_weight'])
+        if 'steps' not in values:
+            values.setdefault('kimg', float(spec.kimg))
+
+    @functools.cached_property
+    def sg2_spec(self) -> dnnlib.EasyDict | None:
+        """gn-stylegan2's configuration (configs.sg2_spec), None for other presets."""
+        return configs.sg2_spec(self.sg2_cfg, self.img_resolution, self.gpus) if self.sg2_cfg is not None else None
+
+    def _lazy_ratio(self, net: str) -> float:
+        """NVIDIA's Adam adjustment for lazy regularization every k steps: lr * k / (k + 1), betas ** (k / (k + 1))."""
+        lazy = self.pl_weight if net == 'G' else self.norm == 'r1'
+        k = configs.SG2_REG_INTERVALS[net]
+        return k / (k + 1) if self.sg2_cfg is not None and lazy else 1.0
 
     @classmethod
     def from_snapshot(cls, snapshot: dict) -> Experiment:
@@ -260,29 +305,55 @@ class Experiment:
             kwargs.update(fmap_max=cmax)
         return kwargs
 
+    def _stylegan2_precision(self) -> dict:
+        """NVIDIA's mixed precision for gn-stylegan2: float16 in the top 4 resolutions with --precision=fp16, and the
+        convolution outputs clamped at 256 (their configurations always clamp)."""
+        return dict(channel_base=int(self.sg2_spec.fmaps * 32768), num_fp16_res=4 if self.precision == 'fp16' else 0,
+                    conv_clamp=256)
+
     @property
     def G_kwargs(self) -> dnnlib.EasyDict:
         kwargs = self._network_kwargs(self.preset.G_kwargs, self.cmax)
         if self.progressive:
             kwargs.update(z_dim=self.map_dim, w_dim=self.map_dim, output_tanh=self.tanh, style_mixing_prob=self.style_mixing,
                           mapping_kwargs=dict(layer_features=self.map_dim, lr_multiplier=self.map_lrmul))
+        if self.sg2_spec is not None:
+            kwargs.update(z_dim=self.map_dim, w_dim=self.map_dim, mapping_kwargs=dict(num_layers=self.sg2_spec.map),
+                          synthesis_kwargs=dict(channel_max=self.cmax, **self._stylegan2_precision()))
         return kwargs
 
     @property
     def D_kwargs(self) -> dnnlib.EasyDict:
-        return self._network_kwargs(self.preset.D_kwargs, self.d_cmax)
+        kwargs = self._network_kwargs(self.preset.D_kwargs, self.d_cmax)
+        if self.sg2_spec is not None:
+            kwargs.update(channel_max=self.d_cmax, epilogue_kwargs=dict(mbstd_group_size=self.sg2_spec.mbstd),
+                          **self._stylegan2_precision())
+            if self.sg2_cfg == 'cifar':
+                kwargs.update(architecture='orig')
+        return kwargs
+
+    def _opt_kwargs(self, net: str, lr: float | None) -> dnnlib.EasyDict:
+        base = self.preset[f'{net}_opt_kwargs']
+        ratio = self._lazy_ratio(net)
+        return dnnlib.EasyDict(base, lr=(lr if lr is not None else base.lr) * ratio, betas=[b ** ratio for b in base.betas])
 
     @property
     def G_opt_kwargs(self) -> dnnlib.EasyDict:
-        return dnnlib.EasyDict(self.preset.G_opt_kwargs, lr=self.glr if self.glr is not None else self.preset.G_opt_kwargs.lr)
+        return self._opt_kwargs('G', self.glr)
 
     @property
     def D_opt_kwargs(self) -> dnnlib.EasyDict:
-        return dnnlib.EasyDict(self.preset.D_opt_kwargs, lr=self.dlr if self.dlr is not None else self.preset.D_opt_kwargs.lr)
+        return self._opt_kwargs('D', self.dlr)
 
     @property
     def loss_kwargs(self) -> dnnlib.EasyDict:
-        return dnnlib.EasyDict(self.preset.loss_kwargs, r1_gamma=self.gamma)
+        kwargs = dnnlib.EasyDict(self.preset.loss_kwargs, r1_gamma=self.gamma)
+        if self.sg2_spec is not None:  # NVIDIA's StyleGAN2 loss terms and lazy regularization intervals.
+            kwargs.update(style_mixing_prob=self.style_mixing, pl_weight=self.pl_weight,
+                          pl_decay=configs.SG2_LOSS['pl_decay'], pl_batch_shrink=configs.SG2_LOSS['pl_batch_shrink'],
+                          G_reg_interval=configs.SG2_REG_INTERVALS['G'] if self.pl_weight else 1,
+                          D_reg_interval=configs.SG2_REG_INTERVALS['D'] if self.norm == 'r1' else 1)
+        return kwargs
 
     @functools.cached_property
     def arithmetic(self) -> Precision:
@@ -299,6 +370,13 @@ class Experiment:
                 max_batch=self.batch, lr_rampdown_kimg=self.lr_rampdown, num_gpus=self.gpus, batch_gpu=self.batch_gpu,
                 group_size=self.preset.D_kwargs.mbstd_group_size)
         preset = self.preset
+        if self.sg2_spec is not None:  # NVIDIA's: one batch for D and G, EMA by half-life with its ramp-up.
+            return dnnlib.EasyDict(
+                class_name='training.recipes.schedule.FixedSchedule', batch_D=self.batch, batch_G=self.batch, n_dis=1,
+                lr_G=self.G_opt_kwargs.lr, lr_D=self.D_opt_kwargs.lr, total_steps=self.steps, lr_decay='none',
+                ema_kimg=self.sg2_spec.ema,
+                ema_rampup=self.sg2_spec.ramp, num_gpus=self.gpus, batch_gpu=self.batch_gpu,
+                group_size=self.sg2_spec.mbstd)
         return dnnlib.EasyDict(
             class_name='training.recipes.schedule.FixedSchedule', batch_D=self.batch,
             batch_G=max(1, preset.batch_G * self.batch // preset.batch_D), n_dis=preset.n_dis, lr_G=self.glr,

@@ -60,6 +60,7 @@ def training_loop(
     device: str = 'cpu',        # Where this process computes: 'cpu' or 'cuda:N' (torch_utils/devices.py).
     rank: int = 0,              # This process, of experiment.gpus.
     resume: dict | None = None, # Snapshot to continue from, as persistence.load_snapshot returns it.
+    initial: dict | None = None, # Networks to start from by name, weights only (train.py --resume of NVIDIA's pickle).
     stop: StopSignal | None = None, # The stop request of SIGTERM / SIGUSR1 (None: one for this run alone).
 ) -> None:
     """Train G and D as `experiment` says, by the algorithm in the module docstring; write everything into `run_dir`."""
@@ -90,6 +91,8 @@ def training_loop(
         if resume is not None:
             state.resume(resume, nets, optimizers, log)
             log(f'Resumed at G step {state.step}, {state.cur_nimg / 1000:g} kimg')
+        for name, net in (initial or {}).items():
+            misc.copy_params_and_buffers(net, nets[name], require_all=True)
         for module in nets.values():
             misc.broadcast_module(module)
 

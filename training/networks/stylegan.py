@@ -501,7 +501,7 @@ class MinibatchStdLayer(nn.Module):
     """
 
     def __init__(self,
-        group_size,             # Samples per group (at most the batch size).
+        group_size,             # Samples per group (at most the batch size), None = the whole batch.
         num_channels=1,         # Number of appended feature maps.
     ):
         super().__init__()
@@ -510,7 +510,7 @@ class MinibatchStdLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         N, C, H, W = x.shape
-        G = min(self.group_size, N)
+        G = N if self.group_size is None else min(self.group_size, N)
         F = self.num_channels
         if N % G != 0:
             raise ValueError(f'minibatch stddev: the batch size {N} must be a multiple of the group size {G}')

@@ -43,7 +43,41 @@ ARCHS = {
     'resnet': ('training.networks.sngan.ResNetGenerator',   'training.networks.sngan.ResNetDiscriminator'),
     'biggan': ('training.networks.biggan.BigGANGenerator',  'training.networks.biggan.BigGANDiscriminator'),
     'stylegan': ('training.networks.stylegan.Generator',    'training.networks.stylegan.Discriminator'),
+    'stylegan2': ('training.networks.stylegan2.Generator',  'training.networks.stylegan2.Discriminator'),
 }
+
+SN_STYLEGAN2_D = 'training.networks.stylegan2.SNDiscriminator'  # gn-stylegan2's D with --norm=sn.
+
+# gn-stylegan2's sub-configurations (--sg2-cfg): NVIDIA StyleGAN2-ADA's train.py --cfg table. kimg: length; mb: global
+# batch; mbstd: minibatch stddev group; fmaps: channel_base / 32768; lrate: Adam lr of G and D; gamma: R1 weight
+# (--norm=r1); ema: G EMA half-life in kimg; ramp: EMA ramp-up (None: none); map: mapping layers; ref_gpus: GPUs the
+# batch was split over (theirs per-GPU batch; here only the split of 'auto'). 'auto' is filled in by resolution and
+# GPU count (sg2_spec). 'cifar' also turns off path length regularization and style mixing, and D is 'orig'.
+SG2_SPECS = {
+    'auto':      dict(ref_gpus=-1, kimg=25000,  mb=-1, mbstd=-1, fmaps=-1,  lrate=-1,     gamma=-1,   ema=-1,  ramp=0.05, map=2),
+    'stylegan2': dict(ref_gpus=8,  kimg=25000,  mb=32, mbstd=4,  fmaps=1,   lrate=0.002,  gamma=10,   ema=10,  ramp=None, map=8),
+    'paper256':  dict(ref_gpus=8,  kimg=25000,  mb=64, mbstd=8,  fmaps=0.5, lrate=0.0025, gamma=1,    ema=20,  ramp=None, map=8),
+    'paper512':  dict(ref_gpus=8,  kimg=25000,  mb=64, mbstd=8,  fmaps=1,   lrate=0.0025, gamma=0.5,  ema=20,  ramp=None, map=8),
+    'paper1024': dict(ref_gpus=8,  kimg=25000,  mb=32, mbstd=4,  fmaps=1,   lrate=0.002,  gamma=2,    ema=10,  ramp=None, map=8),
+    'cifar':     dict(ref_gpus=2,  kimg=100000, mb=64, mbstd=32, fmaps=1,   lrate=0.0025, gamma=0.01, ema=500, ramp=0.05, map=2),
+}
+SG2_LOSS = dict(style_mixing_prob=0.9, pl_weight=2.0, pl_decay=0.01, pl_batch_shrink=2)  # NVIDIA's StyleGAN2Loss.
+SG2_REG_INTERVALS = dict(G=4, D=16)  # NVIDIA's lazy regularization: path length every 4th G step, R1 every 16th D step.
+
+
+def sg2_spec(name: str, resolution: int, gpus: int) -> dnnlib.EasyDict:
+    """The --sg2-cfg entry `name` for images of `resolution` trained on `gpus` GPUs ('auto' as NVIDIA's train.py)."""
+    dnnlib.util.check_choice('sg2_cfg', name, tuple(SG2_SPECS))
+    spec = dnnlib.EasyDict(SG2_SPECS[name])
+    if name == 'auto':
+        spec.ref_gpus = gpus
+        spec.mb = max(min(gpus * min(4096 // resolution, 32), 64), gpus)
+        spec.mbstd = min(spec.mb // gpus, 4)
+        spec.fmaps = 1 if resolution >= 512 else 0.5
+        spec.lrate = 0.002 if resolution >= 1024 else 0.0025
+        spec.gamma = 0.0002 * resolution ** 2 / spec.mb
+        spec.ema = spec.mb * 10 / 32
+    return spec
 
 _SNGAN_SMALL = dict(z_dim=128, betas=[0.0, 0.9], batch_D=64, batch_G=128, total_steps=200_000, ema_beta=None,
                     ema_start=0, conditional=False)
@@ -73,6 +107,12 @@ PRESETS = {
                                betas=[0.0, 0.99], n_dis=1, lr_decay='none', conditional=False, D_args=dict(mbstd_group_size=4),
                                description='StyleGAN v1, progressive growing 8x8 -> full resolution, hinge loss, '
                                            'GN instead of R1, 25M images'),
+    # StyleGAN2 as NVIDIA's StyleGAN2-ADA trains it (--sg2-cfg picks its configuration: batch, lr, EMA, ...), GN + hinge for R1.
+    'gn-stylegan2':       dict(arch='stylegan2', z_dim=512, loss='hinge', lr_G=0.0025, lr_D=0.0025, betas=[0.0, 0.99], n_dis=1,
+                               lr_decay='none', conditional='if-labels', xflip=False,
+                               description='StyleGAN2 (NVIDIA StyleGAN2-ADA\'s networks and configurations, --sg2-cfg), '
+                                           'hinge loss, GN instead of R1, path length regularization and style mixing; '
+                                           'class-conditional when the data has labels'),
     # Not from the paper: the README's first command, minutes on a 2-core CPU; how it was chosen: docs/results-notes.md.
     'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=2e-3, lr_D=2e-3, n_dis=1,
                                batch_D=16, batch_G=32, total_steps=5000, lr_decay='linear', ema_beta=0.995,
@@ -100,7 +140,11 @@ def get_config(name: str, norm: str | None = None, loss: str | None = None, cr: 
     G_class, D_class = ARCHS[preset['arch']]
     cfg = dnnlib.EasyDict(name=name, description=preset['description'], arch=preset['arch'])
     cfg.G_kwargs = dnnlib.EasyDict(class_name=G_class, z_dim=preset['z_dim'], **preset.get('G_args', {}))
-    cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, spectral_norm=CONSTRAINTS[norm].spectral_norm, **preset.get('D_args', {}))
+    cfg.D_kwargs = dnnlib.EasyDict(class_name=D_class, **preset.get('D_args', {}))
+    if preset['arch'] != 'stylegan2':
+        cfg.D_kwargs.spectral_norm = CONSTRAINTS[norm].spectral_norm
+    elif CONSTRAINTS[norm].spectral_norm:  # NVIDIA's StyleGAN2 Discriminator keeps its constructor; SN is a subclass.
+        cfg.D_kwargs.class_name = SN_STYLEGAN2_D
     cfg.loss_kwargs = dnnlib.EasyDict(class_name='training.step.loss.GANLoss', loss=loss, norm=norm, cr=cr)
     cfg.G_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_G'], betas=preset['betas'], eps=1e-8)
     cfg.D_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_D'], betas=preset['betas'], eps=1e-8)

@@ -89,6 +89,8 @@ class FixedSchedule:
         num_gpus: int = 1,                  # Processes sharing each batch.
         batch_gpu: int | None = None,       # Cap on the samples one process handles at once (None: its whole share).
         group_size: int = 1,                # D's sample groups that must stay within one round.
+        ema_kimg: float | None = None,      # Instead of ema_beta: G EMA half-life in thousands of images (StyleGAN2).
+        ema_rampup: float | None = None,    # With ema_kimg: the half-life is at most this times the images shown.
     ) -> None:
         if lr_decay not in ('linear', 'none'):
             raise ValueError(f'lr_decay must be "linear" or "none", got "{lr_decay}"')
@@ -98,12 +100,16 @@ class FixedSchedule:
         self.lr_G, self.lr_D, self.lr_decay = lr_G, lr_D, lr_decay
         self.total_steps, self.ema_beta, self.ema_start = total_steps, ema_beta, ema_start
         self.num_gpus, self.group_size = num_gpus, group_size
+        self.ema_kimg, self.ema_rampup = ema_kimg, ema_rampup
         self.batch_gpu_D = split_batch(batch_D, num_gpus, batch_gpu, group_size, 'D batch')
         self.batch_gpu_G = split_batch(batch_G, num_gpus, batch_gpu, group_size, 'G batch')
 
     def plan(self, step: int, cur_nimg: int) -> StepPlan:
         scale = 1 - step / self.total_steps if self.lr_decay == 'linear' else 1.0
         ema = self.ema_beta if self.ema_beta is not None and step >= self.ema_start else 0.0
+        if self.ema_kimg is not None:  # StyleGAN2-ADA: beta = 0.5 ** (batch / half-life in images), ramped up.
+            ema_nimg = self.ema_kimg * 1000 if self.ema_rampup is None else min(self.ema_kimg * 1000, cur_nimg * self.ema_rampup)
+            ema = 0.5 ** (self.batch_G / max(ema_nimg, 1e-8))
         share_D, share_G = self.batch_D // self.num_gpus, self.batch_G // self.num_gpus
         return StepPlan(batch_D=self.batch_D, batch_G=self.batch_G, share_D=share_D, share_G=share_G,
                         rounds_D=share_D // self.batch_gpu_D, rounds_G=share_G // self.batch_gpu_G, n_dis=self.n_dis,
@@ -129,6 +135,9 @@ class FixedSchedule:
         rounds_D, rounds_G = plan.rounds_D, plan.rounds_G
         decay = 'linear decay to 0' if self.lr_decay == 'linear' else 'constant'
         ema = 'none' if self.ema_beta is None else f'{self.ema_beta} per G step from step {self.ema_start}'
+        if self.ema_kimg is not None:
+            ema = f'half-life {self.ema_kimg:g} kimg' + ('' if self.ema_rampup is None else
+                                                        f', at most {self.ema_rampup:g} x the images shown (ramp-up)')
         return [
             f'{self.total_steps:,} G steps, each after {self.n_dis} D step(s): '
             f'{self.total_steps * self.n_dis * self.batch_D / 1000:,.1f} kimg of reals',

@@ -66,6 +66,21 @@ are differentiated twice (GN's normalize_gradient, the gradient penalties' input
 ops/conv2d_gradfix and ops/relu_pool_gradfix (same values, cheap double backward). The plain and SN
 D steps and the G steps without a second derivative (the fast GN G step, every G step without GN)
 take no Python per layer in their backward passes.
+StyleGAN2 (training/networks/stylegan2.py; NVIDIA's StyleGAN2-ADA loss, training/loss.py there): with
+`style_mixing_prob` > 0 G runs as its mapping and synthesis, and in every G call (D step and G step, as
+theirs) the styles from a random crossover layer on, drawn from 1 .. num_ws - 1, come from a second latent
+with that probability (one coin and crossover per batch, applied on the device as a mask). Path length
+regularization (`pl_weight` > 0): on the first N / pl_batch_shrink latents of a G step,
+
+    g_i = J_i^T y for each style w_i, y ~ N(0, I) / sqrt(H W) of the image's shape,   a = sqrt(mean_i ||g_i||^2),
+    pl_mean <- lerp(pl_mean, mean a, pl_decay),   + pl_weight * E[(a - pl_mean)^2]   (the new pl_mean differentiated)
+
+Lazy regularization: the path length term runs at every `G_reg_interval`-th G step and the constraint's
+penalty (R1) at every `D_reg_interval`-th D step, each weighted by its interval, as NVIDIA's does; here it
+is added to that step's loss (one optimizer step), where NVIDIA's takes a separate optimizer step for it.
+`lazy_terms(net, step)` says which run at a step (the step's caller keys its captured graphs by it).
+pl_mean is a device tensor of the loss (`state_tensors`), not in the snapshot: a resumed run restarts it at 0,
+as NVIDIA's does.
 Channels-last memory format (`channels_last`) changes the layout of the networks' weights, not
 their values; it makes CPU convolutions faster (oneDNN) and is what tensor cores prefer.
 """
@@ -74,6 +89,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import warnings
 from typing import Callable
 
@@ -191,6 +207,12 @@ class GANLoss:
         linear_d: bool | None = None,       # GN D step with f in its affine form; None = iff D qualifies (see above).
         precision: str | Precision = 'fp32', # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
         channels_last: bool | None = None,  # Convert G's and D's weights to channels-last; None = on a CPU, or with bf16/fp16.
+        style_mixing_prob: float = 0.0,     # StyleGAN2 G (mapping + synthesis): probability of mixing two latents' styles.
+        pl_weight: float = 0.0,             # StyleGAN2 G: path length regularization weight (NVIDIA: 2), 0 = off.
+        pl_decay: float = 0.01,             # Decay of the path length average pl_mean.
+        pl_batch_shrink: int = 2,           # The path length term sees batch / pl_batch_shrink latents.
+        G_reg_interval: int = 1,            # The path length term at every this-many-th G step (NVIDIA: 4).
+        D_reg_interval: int = 1,            # The constraint's penalty (R1) at every this-many-th D step (NVIDIA: 16).
     ) -> None:
         dnnlib.util.check_choice('loss', loss, LOSSES)
         dnnlib.util.check_choice('norm', norm, tuple(CONSTRAINTS))
@@ -219,10 +241,46 @@ class GANLoss:
         if channels_last:
             G.to(memory_format=torch.channels_last)
             D.to(memory_format=torch.channels_last)
+        if G_reg_interval < 1 or D_reg_interval < 1 or pl_batch_shrink < 1:
+            raise ValueError('G_reg_interval, D_reg_interval and pl_batch_shrink must be at least 1')
+        if (style_mixing_prob > 0 or pl_weight > 0) and not (hasattr(G, 'mapping') and hasattr(G, 'synthesis')):
+            raise ValueError(f'style mixing and path length regularization need a G made of mapping and synthesis, '
+                             f'not {type(G).__name__}')
+        self.style_mixing_prob = style_mixing_prob
+        self.pl_weight, self.pl_decay, self.pl_batch_shrink = pl_weight, pl_decay, pl_batch_shrink
+        self.reg_intervals = dict(G=G_reg_interval, D=D_reg_interval)
+        self.pl_mean = torch.zeros([], device=None if param is None else param.device)
+        self._lazy = dict(G=True, D=True)  # Whether this step runs its lazy regularizer (lazy_terms).
+
+    def lazy_terms(self, net: str, step: int) -> bool:
+        """Whether the step of `net` ('D' or 'G') at G step `step` runs its lazily scheduled regularizer (path length
+        for G, the constraint's penalty for D), remembered for that step's accumulate_gradients calls."""
+        self._lazy[net] = step % self.reg_intervals[net] == 0
+        return self._lazy[net]
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Tensors the steps change besides the networks and optimizers (the path length average)."""
+        return [self.pl_mean]
 
     def run_G(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """G(z, c) in the loss's precision; the images come back in float32."""
-        return self.precision.run(self.G, z, c)
+        """G(z, c) in the loss's precision, with style mixing where asked; the images come back in float32."""
+        if self.style_mixing_prob == 0:
+            return self.precision.run(self.G, z, c)
+        return self.run_G_styles(z, c)[0]
+
+    def run_G_styles(self, z: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images, in float32 under autocast, and styles ws) of a mapping + synthesis G, the styles mixed with a second latent's from a
+        random crossover on with probability style_mixing_prob (device ops only, no host read)."""
+        with self.precision.autocast(z.device.type):
+            ws = self.G.mapping(z, c)
+            if self.style_mixing_prob > 0:
+                num_ws = ws.shape[1]
+                cutoff = torch.randint(1, num_ws, [], device=ws.device)
+                cutoff = cutoff.where(torch.rand([], device=ws.device) < self.style_mixing_prob, num_ws)
+                mixed = self.G.mapping(torch.randn_like(z), c, skip_w_avg_update=True)
+                ws = torch.where((torch.arange(num_ws, device=ws.device) >= cutoff).view(1, -1, 1), mixed, ws)
+            img = self.G.synthesis(ws)
+        return img if self.precision.autocast_dtype is None else img.to(torch.float32), ws
 
     def run_D(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """D(img, c) in the loss's precision; the scores come back in float32."""
@@ -294,9 +352,9 @@ class GANLoss:
             loss = loss + self.cr * cr_terms.mean()
             training_stats.report('Loss/cr', cr_terms)
 
-        if self.constraint.penalty is not None:
+        if self.constraint.penalty is not None and self._lazy['D']:
             penalty, grad_norm = self.constraint.penalty(self, real_img, real_c, gen_img)
-            loss = loss + penalty.mean()
+            loss = loss + penalty.mean() * self.reg_intervals['D']
             training_stats.report('Loss/grad_norm', grad_norm)
             training_stats.report('Loss/penalty', penalty)
 
@@ -324,3 +382,18 @@ class GANLoss:
             loss = g_loss_terms(self.loss, self.scores(gen_img, gen_c)[0]).mean()
             (loss * gain).backward()
         training_stats.report('Loss/G/loss', loss)
+        if self.pl_weight > 0 and self._lazy['G']:
+            self._path_length_backward(gen_z, gen_c, gain * self.reg_intervals['G'])
+
+    def _path_length_backward(self, gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float | torch.Tensor) -> None:
+        """Path length regularization (module docstring) on the first N / pl_batch_shrink latents, back-propagated."""
+        n = max(1, gen_z.shape[0] // self.pl_batch_shrink)
+        img, ws = self.run_G_styles(gen_z[:n], gen_c[:n])
+        noise = torch.randn_like(img) / math.sqrt(img.shape[2] * img.shape[3])
+        grads, = torch.autograd.grad((img * noise).sum(), ws, create_graph=True)
+        lengths = grads.to(torch.promote_types(grads.dtype, torch.float32)).square().sum(dim=2).mean(dim=1).sqrt()
+        pl_mean = self.pl_mean.to(lengths.dtype).lerp(lengths.mean(), self.pl_decay)  # Differentiated, as NVIDIA's.
+        self.pl_mean.copy_(pl_mean.detach())
+        penalty = (lengths - pl_mean).square()
+        training_stats.report('Loss/pl_penalty', penalty)
+        (penalty.mean() * self.pl_weight * gain).backward()

@@ -14,7 +14,8 @@ of this applies and the step is the plain eager one.
 The graph key of a step is what a replay cannot change: the shapes of its inputs, the accumulation
 rounds, and for progressive growing the active resolution and whether a fade-in is under way (its
 progress, the lod, is a device tensor that the networks read); the G step's key also holds the EMA
-decay, which the schedule changes at most once per phase.
+decay, which the schedule changes at most once per phase; and each key holds whether the step runs its lazily
+scheduled regularizer (the loss's `lazy_terms`: StyleGAN2's path length term and lazy R1).
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class TrainingStep:
         """One D update of G step `step` on this process's reals and the fakes of `gen_c`'s labels, in `rounds`
         accumulation rounds."""
         self.updaters['D'].set_step(step)
-        key = ('D', tuple(real_img.shape), tuple(real_c.shape), tuple(gen_c.shape), rounds, self._structure())
+        key = ('D', tuple(real_img.shape), tuple(real_c.shape), tuple(gen_c.shape), rounds, self._structure(),
+               self.loss.lazy_terms('D', step))
         self.captured['D'](key, functools.partial(self._discriminator_step, rounds=rounds),
                            dict(real_img=real_img, real_c=real_c, gen_c=gen_c))
 
@@ -108,7 +110,7 @@ class TrainingStep:
         """One G update of G step `step` on the fakes of `gen_c`'s labels, in `rounds` accumulation rounds; then
         G_ema <- ema_beta * G_ema + (1 - ema_beta) * G."""
         self.updaters['G'].set_step(step)
-        key = ('G', tuple(gen_c.shape), rounds, self._structure(), ema_beta)
+        key = ('G', tuple(gen_c.shape), rounds, self._structure(), ema_beta, self.loss.lazy_terms('G', step))
         self.captured['G'](key, functools.partial(self._generator_step, rounds=rounds, ema_beta=ema_beta),
                            dict(gen_c=gen_c))
 
@@ -138,4 +140,4 @@ class TrainingStep:
         for updater in self.updaters.values():
             tensors += [value for state in updater.optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
             tensors.append(updater.first_bad_step)
-        return tensors
+        return tensors + self.loss.state_tensors()
