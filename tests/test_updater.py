@@ -26,9 +26,16 @@ def test_update_ema_matches_formula():
         G.weight.copy_(torch.tensor([1.0, 2.0, 3.0]))
         G_ema.weight.copy_(torch.tensor([0.0, 0.0, 6.0]))
         G.running_mean.copy_(torch.tensor([5.0, 5.0, 5.0]))
+    G_ema_tensor_beta = copy.deepcopy(G_ema)
     update_ema(G_ema, G, beta=0.75)
     assert torch.allclose(G_ema.weight, torch.tensor([0.25, 0.5, 0.75 * 6 + 0.25 * 3]))
     assert torch.equal(G_ema.running_mean, G.running_mean)  # Buffers are copied, not averaged.
+    # The decay as a float64 device tensor (what a captured G step reads): the same float32 arithmetic, bit for bit.
+    for beta in (0.75, 0.999, 0.3):
+        a, b = copy.deepcopy(G_ema_tensor_beta), copy.deepcopy(G_ema_tensor_beta)
+        update_ema(a, G, beta=beta)
+        update_ema(b, G, beta=torch.tensor(beta, dtype=torch.float64))
+        assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
 
 #----------------------------------------------------------------------------
 # Steps of a least-squares "network" whose gradient is known by hand.

@@ -13,9 +13,9 @@ of this applies and the step is the plain eager one.
 
 The graph key of a step is what a replay cannot change: the shapes of its inputs, the accumulation
 rounds, and for progressive growing the active resolution and whether a fade-in is under way (its
-progress, the lod, is a device tensor that the networks read); the G step's key also holds the EMA
-decay, which the schedule changes at most once per phase; and each key holds whether the step runs its lazily
-scheduled regularizer (the loss's `lazy_terms`: StyleGAN2's path length term and lazy R1).
+progress, the lod, is a device tensor that the networks read), and whether the step runs its lazily
+scheduled regularizer (the loss's `lazy_terms`: StyleGAN2's path length term and lazy R1). The EMA
+decay, which gn-stylegan2's ramp-up changes at every step, is a device tensor the G step reads.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class TrainingStep:
                          'G': NetworkUpdater('G', G, G_opt, scaler(), group_size=group_size, ema=G_ema)}
         self.captured = {net: CapturedStep(net, self._state, graph_engine, log) for net in ('D', 'G')}
         self.lod: float | None = None  # The level of detail of progressive growing (None: none).
+        self.ema_beta = torch.zeros([], dtype=torch.float64, device=self.device)  # G_ema's decay, read by the G step.
 
     def release_graphs(self) -> None:
         """Free the graphs of both steps (they are captured again when next used)."""
@@ -110,19 +111,19 @@ class TrainingStep:
         """One G update of G step `step` on the fakes of `gen_c`'s labels, in `rounds` accumulation rounds; then
         G_ema <- ema_beta * G_ema + (1 - ema_beta) * G."""
         self.updaters['G'].set_step(step)
-        key = ('G', tuple(gen_c.shape), rounds, self._structure(), ema_beta, self.loss.lazy_terms('G', step))
-        self.captured['G'](key, functools.partial(self._generator_step, rounds=rounds, ema_beta=ema_beta),
-                           dict(gen_c=gen_c))
+        self.ema_beta.fill_(ema_beta)
+        key = ('G', tuple(gen_c.shape), rounds, self._structure(), self.loss.lazy_terms('G', step))
+        self.captured['G'](key, functools.partial(self._generator_step, rounds=rounds), dict(gen_c=gen_c))
 
     def _discriminator_step(self, real_img: torch.Tensor, real_c: torch.Tensor, gen_c: torch.Tensor, rounds: int) -> None:
         gen_z = torch.randn(real_img.shape[0], self.G.z_dim, device=self.device)
         self.updaters['D'].run(self.loss, [real_img, real_c, gen_z, gen_c], rounds)
 
-    def _generator_step(self, gen_c: torch.Tensor, rounds: int, ema_beta: float) -> None:
+    def _generator_step(self, gen_c: torch.Tensor, rounds: int) -> None:
         gen_z = torch.randn(gen_c.shape[0], self.G.z_dim, device=self.device)
         self.updaters['G'].run(self.loss, [None, None, gen_z, gen_c], rounds)
         if self.G_ema is not None:
-            self.updaters['G'].update_ema(ema_beta)
+            self.updaters['G'].update_ema(self.ema_beta)
 
     def _structure(self) -> tuple[int, bool] | None:
         """What of the level of detail decides which layers run: the active resolution, and a fade-in or not."""

@@ -101,10 +101,14 @@ def reset_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 @torch.no_grad()
-def update_ema(G_ema: torch.nn.Module, G: torch.nn.Module, beta: float) -> None:
-    """G_ema <- beta * G_ema + (1 - beta) * G for parameters; buffers (BN statistics, w_avg, lod) are copied."""
+def update_ema(G_ema: torch.nn.Module, G: torch.nn.Module, beta: float | torch.Tensor) -> None:
+    """G_ema <- beta * G_ema + (1 - beta) * G for parameters; buffers (BN statistics, w_avg, lod) are copied. beta may
+    be a float64 device tensor (read by a captured step, so that a new decay needs no new capture): 1 - beta is then
+    rounded once to float32, as torch rounds a Python number's."""
     # One fused kernel per list (torch's own swa_utils and optimizers use these foreach ops).
-    torch._foreach_lerp_(list(G_ema.parameters()), list(G.parameters()), 1 - beta)
+    params = list(G_ema.parameters())
+    weight = 1 - beta if not torch.is_tensor(beta) else [(1 - beta).to(params[0].dtype)] * len(params)
+    torch._foreach_lerp_(params, list(G.parameters()), weight)
     buffers = list(G_ema.buffers())
     if buffers:  # The foreach ops refuse empty lists.
         torch._foreach_copy_(buffers, list(G.buffers()))
@@ -176,6 +180,6 @@ class NetworkUpdater:
         self.accumulate(loss, batch, rounds)
         self.apply()
 
-    def update_ema(self, beta: float) -> None:
+    def update_ema(self, beta: float | torch.Tensor) -> None:
         """ema <- beta * ema + (1 - beta) * module (the generator's updater)."""
         update_ema(self.ema, self.module, beta)
