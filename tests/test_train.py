@@ -262,7 +262,7 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--metrics=fid1k_wrong'], 'unknown'),
     (['--cfg=gn-stylegan', '--resolution=64'], 'exceeds'),
     (['--tanh=1'], '--tanh: gn-stylegan only'),
-    (['--lr-rampdown=10', '--cmax=8'], '--cmax, --lr-rampdown: gn-stylegan only'),
+    (['--lr-rampdown=10', '--cmax=8'], '--cmax: gn-stylegan or gn-stylegan2 only; --lr-rampdown: gn-stylegan only'),
     # Metrics that could not be computed are found before the first step, not at the first snapshot.
     (['--metrics=fid10k_full', '--detector=/nonexistent/inception.pt'], 'cannot load the feature detector /nonexistent/inception.pt'),
     (['--metrics=is50k', '--detector={notes}'], 'pass --detector=PATH_OR_URL of a TorchScript detector'),
