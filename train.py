@@ -334,6 +334,10 @@ def _group_size_note(experiment: Experiment) -> str | None:
     schedule = experiment.schedule
     if experiment.gpus == 1 or schedule.group_size == 1:
         return None
+    if not hasattr(schedule, 'levels'):  # One batch for the whole run (gn-stylegan2).
+        n, one = min(schedule.group_size, schedule.batch_gpu_D), min(schedule.group_size, schedule.batch_D)
+        return None if n >= one else (f'Note: --gpus={experiment.gpus} shrinks D\'s minibatch-stddev groups, as a GPU\'s '
+                                      f'share of the batch is smaller than a group: {n} instead of {one} samples')
     spans = []  # [samples per group, on one GPU, first resolution, last resolution]
     for r in schedule.levels:
         n, one = min(schedule.group_size, schedule.batch_gpu[r]), min(schedule.group_size, schedule.batch[r])

@@ -262,7 +262,7 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--metrics=fid1k_wrong'], 'unknown'),
     (['--cfg=gn-stylegan', '--resolution=64'], 'exceeds'),
     (['--tanh=1'], '--tanh: gn-stylegan only'),
-    (['--lr-rampdown=10', '--cmax=8'], '--cmax, --lr-rampdown: gn-stylegan only'),
+    (['--lr-rampdown=10', '--cmax=8'], '--cmax: gn-stylegan or gn-stylegan2 only; --lr-rampdown: gn-stylegan only'),
     # Metrics that could not be computed are found before the first step, not at the first snapshot.
     (['--metrics=fid10k_full', '--detector=/nonexistent/inception.pt'], 'cannot load the feature detector /nonexistent/inception.pt'),
     (['--metrics=is50k', '--detector={notes}'], 'pass --detector=PATH_OR_URL of a TorchScript detector'),
@@ -587,3 +587,17 @@ def test_two_nodes_under_torchrun_train_as_two_gpus(dataset_zip, tmp_path):
         for (key, x), y in zip(a[name].state_dict().items(), b[name].state_dict().values()):
             assert torch.equal(x, y), f'{name}.{key}'
     assert 'Exiting...' in outputs[0] and 'Exiting...' not in outputs[1]  # Rank 0 reports; rank 1 trains silently.
+
+
+def test_dry_run_says_when_gpus_shrink_gn_stylegan2s_stddev_groups(tmp_path):
+    """gn-stylegan2 has one batch for the run: its groups of min(group, batch / gpus) samples are said when smaller
+    than on one GPU (--batch=8: 4 on 1 or 2 GPUs, 2 on 4)."""
+    from click.testing import CliRunner
+    import train
+    for gpus, said in [(1, None), (2, None), (4, '2 instead of 4 samples')]:
+        result = CliRunner().invoke(train.main, ['--cfg=gn-stylegan2', '--data=data/digits32.zip', f'--gpus={gpus}',
+                                                 '--batch=8', '--dry-run'])
+        assert result.exit_code == 0, result.output
+        notes = [line for line in result.output.splitlines() if 'minibatch-stddev' in line]
+        assert notes == ([] if said is None else [f'Note: --gpus={gpus} shrinks D\'s minibatch-stddev groups, as a '
+                                                  f'GPU\'s share of the batch is smaller than a group: {said}'])

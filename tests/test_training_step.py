@@ -229,7 +229,8 @@ def _snapshot_tensors(path):
 @pytest.mark.gpu
 @pytest.mark.parametrize('args', [
     ['--steps=24', '--batch=16', '--tick=0.064', '--snap=3'],
-    ['--cfg=gn-stylegan', '--cmax=16', '--batch=16', '--lod-kimg=0.2', '--kimg=0.6', '--tick=0.1', '--snap=2', '--xflip=0']])
+    ['--cfg=gn-stylegan', '--cmax=16', '--batch=16', '--lod-kimg=0.2', '--kimg=0.6', '--tick=0.1', '--snap=2', '--xflip=0'],
+    ['--cfg=gn-stylegan2', '--cmax=16', '--map-dim=32', '--batch=16', '--kimg=0.4', '--tick=0.1', '--snap=2', '--norm=r1']])
 def test_graph_and_eager_runs_write_identical_snapshots(tmp_path, args):
     """With --deterministic, train.py replaying its steps as CUDA graphs writes the snapshots the eager run writes."""
     graph_log = _train(tmp_path / 'graphs', '--cuda-graphs=on', *args)

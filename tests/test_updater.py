@@ -263,14 +263,15 @@ class HostReads(TorchDispatchMode):
 
 
 def _preset_step(cfg_name, norm):
-    """Narrow networks, optimizers, updaters and loss of a preset (gn-stylegan at 16x16, fading in from 8x8), as
-    the training loop builds them, and a batch of 4."""
+    """Narrow networks, optimizers, updaters and loss of a preset (gn-stylegan at 16x16, fading in from 8x8;
+    gn-stylegan2 at 16x16, its lazy regularizers due), as the training loop builds them, and a batch of 4."""
     cfg = configs.get_config(cfg_name, norm=norm)
     resolution = cfg.get('resolution', 16)
+    style = cfg.arch in ('stylegan', 'stylegan2')
     opts = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=resolution, img_channels=3,
-                            label_dim=10 if cfg.conditional else 0, batch=4, cmax=4 if cfg.arch == 'stylegan' else None,
-                            precision='fp32')
-    width = {} if cfg.arch == 'stylegan' else dict(ch=2)
+                            label_dim=10 if cfg.conditional else 0, batch=4, cmax=4 if style else None,
+                            map_dim=16 if cfg.arch == 'stylegan2' else None, precision='fp32')
+    width = {} if style else dict(ch=2)
     torch.manual_seed(0)
     G = dnnlib.util.construct_class_by_name(**dict(opts.G_kwargs, **width)).train().requires_grad_(False)
     D = dnnlib.util.construct_class_by_name(**dict(opts.D_kwargs, **width)).train().requires_grad_(False)
@@ -290,7 +291,8 @@ def _preset_step(cfg_name, norm):
 
 
 PRESET_NORMS = [(name, 'gn') for name in configs.PRESETS] + [
-    (name, norm) for name in ['quickstart', 'gn-stylegan'] for norm in configs.NORMS if norm != 'gn']
+    (name, norm) for name in ['quickstart', 'gn-stylegan'] for norm in configs.NORMS if norm != 'gn'] + [
+    ('gn-stylegan2', 'r1')]
 
 
 @pytest.mark.parametrize('cfg_name,norm', PRESET_NORMS)

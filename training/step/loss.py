@@ -269,8 +269,8 @@ class GANLoss:
         return self.run_G_styles(z, c)[0]
 
     def run_G_styles(self, z: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(images, in float32 under autocast, and styles ws) of a mapping + synthesis G, the styles mixed with a second latent's from a
-        random crossover on with probability style_mixing_prob (device ops only, no host read)."""
+        """(images, float32 under autocast; styles ws) of a mapping + synthesis G, the styles mixed with a second
+        latent's from a random crossover on with probability style_mixing_prob (device ops only, no host read)."""
         with self.precision.autocast(z.device.type):
             ws = self.G.mapping(z, c)
             if self.style_mixing_prob > 0:
