@@ -51,7 +51,8 @@ class Run:
     """A preset's narrow networks, optimizers and loss, as the training loop builds them, and the plans of a short
     schedule: 3 G steps of linear lr decay (SN-GAN and BigGAN presets; D batch 4, 2 from 128x128 up), or
     gn-stylegan at 16x16 from 8x8 in phases of 4 G steps of batch 4 (8x8, fade-in, 16x16: Adam resets, a fade-in), or
-    gn-stylegan2 at 16x16 for 5 G steps of batch 4 (its lazy regularizers at steps 0 and 4, R1 at step 0)."""
+    gn-stylegan2 at 16x16 for 9 G steps of batch 4 (its path length term at steps 0, 4 and 8: warmed up, captured,
+    replayed; R1 at step 0)."""
 
     def __init__(self, cfg_name: str, norm: str) -> None:
         cfg = configs.get_config(cfg_name, norm=norm)
@@ -60,7 +61,7 @@ class Run:
         options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4) if self.stylegan else dict(
             steps=RUN_STEPS, batch=4 if self.resolution < 128 else 2)
         if cfg.arch == 'stylegan2':
-            options = dict(steps=5, batch=4, cmax=8, map_dim=16)
+            options = dict(steps=9, batch=4, cmax=8, map_dim=16)
         self.experiment = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=self.resolution, img_channels=3,
                                            label_dim=10 if cfg.conditional else 0, precision='fp32', **options)
         width = {} if cfg.arch.startswith('stylegan') else dict(ch=2)
