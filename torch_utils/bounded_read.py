@@ -434,13 +434,14 @@ def _decompressor(magic: bytes, file: BinaryIO) -> BinaryIO | None:
 # Pickles read by Python's unpickler (CIFAR-10's batches).
 
 
-def check_pickle(data: bytes | BinaryIO, name: str, max_opcodes: int = MAX_PICKLE_OPCODES) -> None:
+def check_pickle(data: bytes | BinaryIO, name: str, max_opcodes: int | None = None) -> None:
     """Refuse (RefusedFileError) a pickle (its bytes, or a file from its position to the pickle's STOP) that Python's
     unpickler could not load within the bound, before it is loaded: one of more than `max_opcodes` opcodes (each
     makes at most one object, of at most ~120 bytes beside the bytes it carries), or whose memo indices skip ahead
-    (the C unpickler grows its memo array to twice the largest index: one opcode of 5 bytes would take 32 GiB).
-    What the opcodes may build is the unpickler's find_class to restrict."""
+    (the C unpickler grows its memo array to twice the largest index: one opcode of 5 bytes would take 32 GiB);
+    `max_opcodes` None: MAX_PICKLE_OPCODES. What the opcodes may build is the unpickler's find_class to restrict."""
     import pickletools
+    max_opcodes = MAX_PICKLE_OPCODES if max_opcodes is None else max_opcodes
     memo_size, opcodes = 0, pickletools.genops(data)
     for count in range(max_opcodes + 1):
         try:
