@@ -39,8 +39,9 @@ DATASET_CLASS = 'training.data.dataset.ImageFolderDataset'
 IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', 'glr', 'dlr', 'gamma', 'resolution',
             'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing')
 
-# How long and in which batches: taken from the snapshot on --resume when not given, and free to change.
-CONTINUED = ('batch', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
+# How long and in which batches (batch_gpu: the cap that made a run fit in its GPU's memory): taken from the snapshot
+# on --resume when not given, and free to change.
+CONTINUED = ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
 
 # gn-stylegan's options: None for every other preset.
 PROGRESSIVE_ONLY = ('cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'lod_kimg', 'lr_rampdown')
