@@ -157,5 +157,8 @@ def ours_over_authors(rows: list[dict], authors_rows: list[dict]) -> list[dict]:
     return out
 
 
+# Not a program: --help shows this module's docstring, and a run names the program to run instead.
+main = module_command(__doc__, 'bench/train_speed.py --authors-code=DIR')
+
 if __name__ == '__main__':
-    module_command(__doc__, 'bench/train_speed.py --authors-code=DIR')()
+    main()

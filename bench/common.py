@@ -150,5 +150,8 @@ def random_batch(G: torch.nn.Module, n: int, resolution: int, device: torch.devi
     return [real, labels(), torch.randn([n, G.z_dim], device=device), labels()]
 
 
+# Not a program: --help shows this module's docstring, and a run names the programs to run instead.
+main = module_command(__doc__, 'the bench scripts (bench/train_speed.py, bench/stylegan.py, bench/precision.py)')
+
 if __name__ == '__main__':
-    module_command(__doc__, 'the bench scripts (bench/train_speed.py, bench/stylegan.py, bench/precision.py)')()
+    main()
