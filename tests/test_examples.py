@@ -46,9 +46,11 @@ import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = ('train.py', 'generate.py', 'calc_metrics.py', 'dataset_tool.py')
-# The scripts whose module docstring holds their examples: every bench/ script that runs as a program, and legacy.py.
+# The scripts whose module docstring holds their examples: every bench/ script that runs as a program (not the modules
+# whose command line only names the program they are part of: bench/common.py's module_command), and legacy.py.
 SCRIPTS = tuple(sorted(f'bench/{name}' for name in os.listdir(os.path.join(REPO_ROOT, 'bench')) if name.endswith('.py')
-                       and "if __name__ == '__main__'" in open(os.path.join(REPO_ROOT, 'bench', name)).read())) + ('legacy.py',)
+                       and "if __name__ == '__main__'" in (text := open(os.path.join(REPO_ROOT, 'bench', name)).read())
+                       and 'main = module_command(' not in text)) + ('legacy.py',)
 # Programs other than `python <script>.py` whose arguments are checked (see the module docstring).
 LAUNCHERS = ('python -c', 'python -m', 'torchrun', 'srun', 'sbatch', 'pip')
 

@@ -67,8 +67,12 @@ def join_processes(context: torch.multiprocessing.ProcessContext, grace_period: 
     grace period is waited out here first."""
     if _JOIN_HAS_GRACE_PERIOD:
         return context.join(grace_period=grace_period)
-    multiprocessing.connection.wait(list(context.sentinels))  # Until one process ends (or has ended).
-    if any(process.exitcode not in (None, 0) for process in context.processes):
+    failed = False
+    for sentinel in multiprocessing.connection.wait(list(context.sentinels)):  # Until one process ends.
+        process = context.processes[context.sentinels[sentinel]]
+        process.join()  # Its exit status is known only once it is reaped: its sentinel is ready a moment before.
+        failed = failed or process.exitcode != 0
+    if failed:
         deadline = time.monotonic() + grace_period
         for process in context.processes:
             process.join(max(0.0, deadline - time.monotonic()))
