@@ -24,9 +24,10 @@ Examples:
   python train.py --outdir=training-runs --cfg=cifar10-resnet --data=cifar10.zip --resume=latest
 
 The options of the experiment (--cfg, --data and --norm to --style-mixing below), the length and the
-batches (--batch-gpu included) default, with --resume=PKL, to the snapshot's; an experiment option that differs from the
-snapshot's needs --resume-override. --resume=latest continues, in its own directory, the newest run in
---outdir of the experiment this command describes (from its newest complete snapshot), or starts one.
+batches (--batch-gpu included) default, with --resume=PKL, to the snapshot's; an experiment option
+that differs from the snapshot's needs --resume-override. --resume=latest continues, in its own
+directory, the newest run in --outdir of the experiment this command describes (from its newest
+complete snapshot), or starts one.
 A run's options, every default filled in, are printed first and written to training_options.json in
 its directory.
 
