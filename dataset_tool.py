@@ -44,6 +44,10 @@ from torch_utils.threads import set_threads, set_wait_policy
 
 set_wait_policy()  # Before torch is imported (training/data/dataset.py imports it; torch_utils/threads.py).
 
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
+
 import click  # noqa: E402
 import numpy as np  # noqa: E402
 import PIL  # noqa: E402

@@ -8,6 +8,7 @@ optimizer and scheduler states, fixed latents, best IS / FID and the step). Its 
 of training/networks/sngan.py and biggan.py under other module names, so such a checkpoint becomes
 one of our snapshots (`G` <- net_G, `G_ema` <- ema_G, `D` <- net_D) by renaming its tensors:
 
+\b
 * nn.Sequential indices become named layers (e.g. ResNet G `blocks.0.residual.3` -> `blocks.0.conv1`);
 * spectral norm (BigGAN G): the old-style `weight_orig` / `weight_u` / `weight_v` of
   torch.nn.utils.spectral_norm become the parametrization's `original` / `0._u` / `0._v`, with the
@@ -38,12 +39,16 @@ from torch_utils.threads import set_wait_policy
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
 
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
+
 import click  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
-from torch_utils import bounded_read, nvidia_pickle, persistence  # noqa: E402
+from torch_utils import bounded_read, compat, nvidia_pickle, persistence  # noqa: E402
 from training.recipes import configs  # noqa: E402
 
 #----------------------------------------------------------------------------
@@ -54,7 +59,8 @@ _OFFICIAL_NETWORKS = {'net_G': 'G', 'ema_G': 'G_ema', 'net_D': 'D'}  # Official 
 # Globals a checkpoint may name besides tensors: NumPy scalars, rebuilt from a dtype and raw bytes.
 # Pickles made with NumPy 1 name the scalar constructor numpy.core.multiarray.scalar.
 _NUMPY_SCALAR_GLOBALS = [np.dtype, np.dtypes.Float64DType, np.dtypes.Float32DType, np.dtypes.Int64DType,
-                         np._core.multiarray.scalar, (np._core.multiarray.scalar, 'numpy.core.multiarray.scalar')]
+                         np._core.multiarray.scalar,
+                         compat.named_global(np._core.multiarray.scalar, 'numpy.core.multiarray.scalar')]
 
 # Parameter names of the old-style torch.nn.utils.spectral_norm -> torch.nn.utils.parametrizations.spectral_norm.
 _SPECTRAL_NORM_NAMES = {'weight_orig': 'parametrizations.weight.original', 'weight_u': 'parametrizations.weight.0._u',

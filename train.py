@@ -27,12 +27,13 @@ Examples:
   # A job that a cluster may stop and requeue: the same command continues its own run.
   python train.py --outdir=training-runs --cfg=cifar10-resnet --data=cifar10.zip --resume=latest
 
-The options of the experiment (--cfg, --data and --norm to --style-mixing below) and the length and
-batches default, with --resume=PKL, to the snapshot's; an experiment option that differs from the
-snapshot's needs --resume-override. --resume=latest continues, in its own directory, the newest run in
---outdir of the experiment this command describes (from its newest complete snapshot), or starts one.
---resume of a StyleGAN2 pickle of NVIDIA's code starts a new run of the command line's experiment from its
-networks (G, G_ema, and D unless --resume-fresh-d), read as data, with fresh optimizers and counters.
+The options of the experiment (--cfg, --data and --norm to --style-mixing below), the length and the
+batches (--batch-gpu included) default, with --resume=PKL, to the snapshot's; an experiment option
+that differs from the snapshot's needs --resume-override. --resume=latest continues, in its own
+directory, the newest run in --outdir of the experiment this command describes (from its newest
+complete snapshot), or starts one. --resume of a StyleGAN2 pickle of NVIDIA's code starts a new run of
+the command line's experiment from its networks (G, G_ema, and D unless --resume-fresh-d), read as
+data, with fresh optimizers and counters.
 A run's options, every default filled in, are printed first and written to training_options.json in
 its directory.
 
@@ -60,11 +61,15 @@ from torch_utils.threads import set_threads, set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
 
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
+
 import click  # noqa: E402
 import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
-from torch_utils import devices, persistence  # noqa: E402
+from torch_utils import compat, devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
 from training.recipes.configs import SG2_SPECS  # noqa: E402
@@ -576,7 +581,7 @@ def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
                 join=False, start_method='spawn')
         stop.processes = [process.pid for process in context.processes]
         try:
-            while not context.join(grace_period=LEAVE_GRACE_S):
+            while not compat.join_processes(context, grace_period=LEAVE_GRACE_S):
                 pass
         except torch.multiprocessing.ProcessExitedException as e:  # The process printed its reason.
             sys.exit(128 - e.exit_code if e.exit_code < 0 else e.exit_code or 1)  # Killed by signal N: 128 + N, as a shell says.

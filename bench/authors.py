@@ -27,7 +27,10 @@ from typing import Callable
 import click
 import torch
 
-from torch_utils import devices
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import module_command  # noqa: E402
+from torch_utils import devices  # noqa: E402
 
 # Preset -> (module, G class, D class, number of classes, loss class) of the authors' repository and configs.
 ARCHITECTURES = {
@@ -152,3 +155,10 @@ def ours_over_authors(rows: list[dict], authors_rows: list[dict]) -> list[dict]:
                             G=row['sec_per_G_step'] / theirs['sec_per_G_step'],
                             iteration=row['sec_per_iteration'] / theirs['sec_per_iteration']))
     return out
+
+
+# Not a program: --help shows this module's docstring, and a run names the program to run instead.
+main = module_command(__doc__, 'bench/train_speed.py --authors-code=DIR')
+
+if __name__ == '__main__':
+    main()

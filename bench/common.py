@@ -32,6 +32,15 @@ from training.step.training_step import TrainingStep  # noqa: E402
 #----------------------------------------------------------------------------
 
 
+def module_command(doc: str, program: str) -> click.Command:
+    """The command line of a bench/ module that is part of another program: --help shows the module's docstring,
+    and a run says in one line which program to run instead."""
+    @click.command(help=doc)
+    def main() -> None:
+        raise click.ClickException(f'this module is a part of {program}; run that')
+    return main
+
+
 def parse_list(choices: tuple[str, ...]) -> Callable:
     """click callback: a comma-separated list, each item one of `choices`."""
     def callback(ctx: click.Context, param: click.Parameter, value: str) -> list[str]:
@@ -144,3 +153,10 @@ def random_batch(G: torch.nn.Module, n: int, resolution: int, device: torch.devi
         return torch.nn.functional.one_hot(torch.randint(G.c_dim, [n], device=device), G.c_dim).float()
     real = torch.rand([n, G.img_channels, resolution, resolution], device=device) * 2 - 1
     return [real, labels(), torch.randn([n, G.z_dim], device=device), labels()]
+
+
+# Not a program: --help shows this module's docstring, and a run names the programs to run instead.
+main = module_command(__doc__, 'the bench scripts (bench/train_speed.py, bench/stylegan.py, bench/precision.py)')
+
+if __name__ == '__main__':
+    main()

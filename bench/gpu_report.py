@@ -1,10 +1,10 @@
 """One command for whoever has a GPU: build, self-check, the whole test suite, op and training benchmarks, and a
 time-boxed GN-StyleGAN run on the embedded digits, scored; one report, kept up to date as the steps end.
 
-    python bench/gpu_report.py --quick                  # planned at most 360 s on one H100/H200
+    python bench/gpu_report.py --quick                  # planned at most 480 s on one H100/H200
     python bench/gpu_report.py --outdir=h100-report     # more repeats, configurations and training time
 
-Budget. The whole run is bounded by --budget seconds, counted from the start of the process (--quick: 360,
+Budget. The whole run is bounded by --budget seconds, counted from the start of the process (--quick: 480,
 the sum of its steps' plans below; the full run: the sum of its plans). A GPU is often lent for a fixed time
 with a retry after it, so the run must end inside the budget and keep whatever it measured: the steps run
 in order of value, each inside a time box, and each step's result is written into report.json and report.md
@@ -41,8 +41,9 @@ Steps, in order of value, with their planned seconds (--quick / full run):
   choices          10 /   60    the chooser's decision, kernel or reference, with both timings, for the
                                 activation and resampling StyleGAN runs at 8x8 ... 1024x1024 with its
                                 channel counts, in each dtype: what the kernels are worth, in seconds.
-  test suite      120 /  900    python -m pytest on the whole suite with the GPU visible (pytest-xdist, one
-                                worker per core, at most 16): counts, failures by name, wall time. The tests
+  test suite      240 /  900    python -m pytest on the whole suite with the GPU visible (pytest-xdist, one
+                                worker per core, at most 16; 232 s on an H200 with 16 cores in the first GPU
+                                run, docs/benchmarks.md): counts, failures by name, wall time. The tests
                                 marked gpu run only here; a failure weighs more than any timing below.
   ops              15 /  300    bench/ops.py: kernels against references, each case checked before timing,
                                 GB/s against the kernels' targets (--quick: the network cases at 8 and 32 px).
@@ -72,7 +73,7 @@ Steps, in order of value, with their planned seconds (--quick / full run):
                                 most 60 s with --quick and 600 s in the full run), its last snapshot scored by
                                 bench/quickstart_quality.py on the GPU, and its last image grid. The whole
                                 training pipeline on the GPU, but the least precise figure in a short box: last.
-  total           360 / 4725
+  total           480 / 4725
 
 The report ends with the targets of the training step (CUDA graphs) on one H100/H200, each measured value
 against its bound: the cifar10-resnet iteration with graphs at most 0.45x the authors' code with GN and 0.5x
@@ -114,6 +115,10 @@ sys.path.insert(0, ROOT)
 from torch_utils.threads import set_wait_policy  # noqa: E402  pylint: disable=wrong-import-position
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+from torch_utils.compat import require_supported_torch  # noqa: E402  pylint: disable=wrong-import-position
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
 
 import torch  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -452,7 +457,7 @@ STEPS = [
          ('gpu', 'built')),
     Step('choices', 'Kernel or reference (the chooser, first use of each shape)', op_choices, {True: 10, False: 60},
          ('gpu', 'built')),
-    Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: 120, False: 900}, ('gpu',)),
+    Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: 240, False: 900}, ('gpu',)),
     Step('bench_ops', 'Ops (bench/ops.py)', bench_step('bench/ops.py', {
         True: ['--repeats=5', '--warmup=2', '--sizes=8,32'], False: []}), {True: 15, False: 300}, ('gpu',)),
     Step('train_speed', 'Training speed, cifar10-resnet, CUDA graphs and eager (bench/train_speed.py)',
@@ -793,11 +798,11 @@ def _signals_stop() -> Iterator[None]:
 @click.command()
 @click.option('--outdir', default='gpu-report', show_default=True, type=click.Path(file_okay=False),
               help='Where report.md, report.json, logs.tar.gz and digits-fakes.png go.')
-@click.option('--quick', is_flag=True, help='The check sized for a GPU lent for 15 minutes with a retry: fewer '
-              'repeats and configurations, a short digits run; planned at most 360 s on one H100/H200.')
+@click.option('--quick', is_flag=True, help='The check sized for a GPU lent for 15 minutes: fewer '
+              'repeats and configurations, a short digits run; planned at most 480 s on one H100/H200.')
 @click.option('--budget', type=click.FloatRange(min=1), metavar='SECONDS',
               help='Most seconds for the whole run, from its start; steps that no longer fit are not started, a '
-              'running step is stopped at its time box  [default: the sum of the planned steps: 360 with --quick, '
+              'running step is stopped at its time box  [default: the sum of the planned steps: 480 with --quick, '
               f'{sum(s.seconds[False] or 0 for s in STEPS):.0f} without]')
 @click.option('--authors-code', type=click.Path(exists=True, file_okay=False), metavar='DIR',
               help='A checkout of the GN-GAN authors\' code (github.com/basiclab/GNGAN-PyTorch): their cifar10-resnet '

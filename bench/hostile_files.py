@@ -27,6 +27,10 @@ from torch_utils.threads import set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
 
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
+
 from bench.common import write_json_atomic  # noqa: E402
 from tests.hostile_files import REPO, LoopbackServer, hostile_cases, run_cli, send  # noqa: E402
 
@@ -37,6 +41,8 @@ from tests.hostile_files import REPO, LoopbackServer, hostile_cases, run_cli, se
 @click.option('--only',     help='Only the cases whose entry point or file contains one of these', metavar='TEXT,...')
 @click.option('--out',      help='Write the results as JSON to this file', metavar='JSON')
 def main(bomb_mib: int, repo: str, only: str | None, out: str | None) -> None:
+    """Every entry point on hostile files (bombs, lying and truncated archives, oversized downloads): peak memory,
+    time and message of each refusal, as a Markdown table."""
     rows = []
     print('| entry point | file | file size | peak memory | time | exit | last line of stderr |')
     print('|---|---|---|---|---|---|---|')

@@ -4,7 +4,7 @@
     python bench/stylegan.py --resolutions=1024 --impl=cuda --steps=50 --out=bench-stylegan.json
 
 One measured step is what the training loop does per minibatch of the gn-stylegan schedule, run
-by the loop's own code (bench/common.py: NetworkUpdater.step on GANLoss): a discriminator step
+by the loop's own code (bench/common.py: NetworkUpdater.run on GANLoss): a discriminator step
 with gradient normalization and the hinge loss (GN differentiates D's input gradient, so every D
 layer runs a double backward) followed by a generator step (exact GN path: StyleGAN's D is not
 piecewise linear), each with its Adam update. The networks are the full StyleGAN v1 pair of the
@@ -32,6 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch_utils.threads import set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
 
 import torch  # noqa: E402
 

@@ -8,7 +8,7 @@ For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; 
 the GN variants), GN's D step in affine form or plain (--linear-d; GN only, see training/step/gradnorm.py),
 one or separate D calls per D step (--fuse-d) and precision (--precisions), it builds G, D, the
 optimizers and GANLoss with an Experiment (training/experiment.py), as train.py does, and times the
-training loop's own D step and G step (NetworkUpdater.step of training/step/updater.py: zero_grad,
+training loop's own D step and G step (NetworkUpdater.run of training/step/updater.py: zero_grad,
 GANLoss.accumulate_gradients, gradient check, optimizer step through the loss scaler; shared with
 the other bench scripts through bench/common.py), on random images and latents (the data pipeline
 is not part of the measurement). gn-stylegan's networks are built for --resolution and run at
@@ -57,6 +57,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch_utils.threads import set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
 
 import torch  # noqa: E402
 

@@ -56,6 +56,16 @@ def _write_switches(switches: dict) -> None:
     conv2d_gradfix.weight_gradients_disabled = switches['gradfix_no_weight_gradients']
 
 
+@pytest.fixture
+def switches():
+    """Set torch's process-wide switches for one test by their names in devices.read_switches
+    (`switches(matmul_tf32=True)`); restored after the test. Not monkeypatch.setattr: cuBLAS's switches are no
+    attributes of their object, and pytest 9.2's monkeypatch deletes such an attribute on undo."""
+    before = devices.read_switches()
+    yield lambda **changes: devices.write_switches(dict(devices.read_switches(), **changes))
+    devices.write_switches(before)
+
+
 @pytest.fixture(autouse=True)
 def backend_switches_kept():
     """Fail a test after which the process-wide switches differ from before it (and restore them)."""

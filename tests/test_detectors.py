@@ -26,10 +26,9 @@ def test_run_detector_repeats_grayscale():
 
 
 @pytest.fixture
-def tf32_on(monkeypatch):
+def tf32_on(switches):
     """TF32 allowed for matmuls and convolutions, as PyTorch's default (convolutions) or --precision=tf32 sets it."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', True)
-    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', True)
+    switches(matmul_tf32=True, cudnn_tf32=True)
 
 
 def spy_on_detectors(monkeypatch) -> list[dict]:

@@ -72,9 +72,9 @@ def test_each_process_takes_its_gpu_and_cpu_processes_use_gloo(visible_gpus):
 
 @pytest.mark.parametrize('device', ['cpu', 'cuda'])
 @pytest.mark.parametrize('deterministic', [False, True])
-def test_run_switches_are_set_for_the_run_and_restored(device, deterministic, monkeypatch):
+def test_run_switches_are_set_for_the_run_and_restored(device, deterministic, monkeypatch, switches):
     monkeypatch.delenv(devices.CUBLAS_WORKSPACE_ENV, raising=False)
-    monkeypatch.setattr(torch.backends.cudnn, 'benchmark', False)
+    switches(cudnn_benchmark=False)
     before = devices.read_switches()
     with devices.run_switches(torch.device(device), allow_tf32=False, deterministic=deterministic):
         inside = devices.read_switches()
@@ -85,9 +85,9 @@ def test_run_switches_are_set_for_the_run_and_restored(device, deterministic, mo
                           cublas_workspace=':4096:8' if deterministic and device == 'cuda' else None)
 
 
-def test_run_switches_are_restored_when_the_run_fails(monkeypatch):
+def test_run_switches_are_restored_when_the_run_fails(monkeypatch, switches):
     monkeypatch.setenv(devices.CUBLAS_WORKSPACE_ENV, ':16:8')  # The user's own choice is kept, and restored.
-    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
+    switches(matmul_tf32=False)
     before = devices.read_switches()
     with pytest.raises(RuntimeError, match='diverged'):
         with devices.run_switches(torch.device('cuda'), allow_tf32=True, deterministic=True):

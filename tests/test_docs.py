@@ -1,5 +1,5 @@
-"""The documentation matches the code: generated docs are current, references exist, and every figure presented as
-measured says on what and when it was measured."""
+"""The documentation matches the code: generated docs are current, references exist, the Python examples run, the
+README's layout names every module, and every figure presented as measured says on what and when it was measured."""
 
 import ast
 import io
@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 import tokenize
+
+import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -192,3 +194,58 @@ def test_the_readme_and_the_code_carry_no_dates():
                 path = os.path.join(folder, name)
                 assert dates_in_comments(open(path, encoding='utf-8').read()) == [], os.path.relpath(path, REPO_ROOT)
     assert dates_in_comments('"""Measured 2026-11-22."""\nx = \'2026-11-23\'  # or 2026-11\n') == ['2026-11-22', '2026-11']
+
+
+#----------------------------------------------------------------------------
+# The Python examples of the docs run: every ```python block of README.md and docs/*.md is a complete program, run
+# from the repository root on the CPU (a fragment that needs a context goes in a plain ``` block).
+
+
+def python_examples(text: str) -> list[tuple[int, str]]:
+    """(line number, code) of each fenced ```python block of a Markdown text."""
+    examples, code, start = [], None, 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if code is None and re.match(r'^```python\s*$', line):
+            code, start = [], number
+        elif code is not None and line.startswith('```'):
+            examples.append((start, '\n'.join(code) + '\n'))
+            code = None
+        elif code is not None:
+            code.append(line)
+    return examples
+
+
+PYTHON_EXAMPLES = [(f'{os.path.relpath(path, REPO_ROOT)}:{line}', code) for path in _markdown_files()
+                   for line, code in python_examples(open(path, encoding='utf-8').read())]
+
+
+def test_the_public_api_examples_are_found():
+    assert any(where.startswith('docs/gradnorm.md:') for where, _ in PYTHON_EXAMPLES)
+    assert python_examples('x\n```python\nprint(1)\n```\n```\nnot run\n```\n  ```python\nindented\n```\n') == [
+        (2, 'print(1)\n')]
+
+
+@pytest.mark.parametrize('where, code', PYTHON_EXAMPLES, ids=[where for where, _ in PYTHON_EXAMPLES])
+def test_python_example_runs(where, code):
+    result = subprocess.run([sys.executable, '-c', code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=''))
+    assert result.returncode == 0, f'{where}: the example fails:\n{result.stderr[-3000:]}'
+
+#----------------------------------------------------------------------------
+# The README's layout names every module of torch_utils/ and of training/ and its parts (networks/ aside: the
+# layout names its network families).
+
+
+def layout_omissions() -> list[str]:
+    readme = open(os.path.join(REPO_ROOT, 'README.md'), encoding='utf-8').read()
+    layout = readme[readme.index('## Layout'):].split('\n## ')[0]
+    missing = []
+    for folder in ('torch_utils', 'training', 'training/data', 'training/step', 'training/run', 'training/recipes'):
+        for name in sorted(os.listdir(os.path.join(REPO_ROOT, folder))):
+            if name.endswith('.py') and name != '__init__.py' and not re.search(rf'\b{name[:-3]}\b', layout):
+                missing.append(f'{folder}/{name}')
+    return missing
+
+
+def test_the_readme_layout_names_every_module():
+    assert layout_omissions() == []

@@ -46,9 +46,11 @@ import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = ('train.py', 'generate.py', 'calc_metrics.py', 'dataset_tool.py')
-# The scripts whose module docstring holds their examples: every bench/ script that runs as a program, and legacy.py.
+# The scripts whose module docstring holds their examples: every bench/ script that runs as a program (not the modules
+# whose command line only names the program they are part of: bench/common.py's module_command), and legacy.py.
 SCRIPTS = tuple(sorted(f'bench/{name}' for name in os.listdir(os.path.join(REPO_ROOT, 'bench')) if name.endswith('.py')
-                       and "if __name__ == '__main__'" in open(os.path.join(REPO_ROOT, 'bench', name)).read())) + ('legacy.py',)
+                       and "if __name__ == '__main__'" in (text := open(os.path.join(REPO_ROOT, 'bench', name)).read())
+                       and 'main = module_command(' not in text)) + ('legacy.py',)
 # Programs other than `python <script>.py` whose arguments are checked (see the module docstring).
 LAUNCHERS = ('python -c', 'python -m', 'torchrun', 'srun', 'sbatch', 'pip')
 
@@ -387,3 +389,43 @@ def test_train_example_runs_dry(where, args, tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and 'Dry run' in result.stdout, f'{where}: {result.stderr.strip()}'
     assert not os.path.exists(tmp_path / 'training-runs')
+
+
+#----------------------------------------------------------------------------
+# --help of every tool: each bench/ module answers it with a description (run as a user runs it, in a fresh
+# process), and the lists of a help text stay lists.
+
+BENCH_FILES = tuple(sorted(f'bench/{name}' for name in os.listdir(os.path.join(REPO_ROOT, 'bench'))
+                           if name.endswith('.py') and name != '__init__.py'))
+
+
+def test_every_bench_file_answers_help():
+    processes = {script: subprocess.Popen([sys.executable, script, '--help'], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True) for script in BENCH_FILES}
+    failures = []
+    for script, process in processes.items():
+        out, err = process.communicate(timeout=300)
+        description = out.split('\n\n')[1] if out.count('\n\n') >= 2 else ''
+        if process.returncode != 0 or not out.startswith(f'Usage: {os.path.basename(script)} ') or \
+                description.strip().startswith('Options:') or not description.strip():
+            failures.append(f'{script} --help: exit {process.returncode}, {(out + err).strip()[-300:]!r}')
+    assert len(processes) >= 10 and failures == []
+
+
+def help_lists_folded(help_source: str, shown: str) -> list[str]:
+    """The list items ('* ' or '- ' at the start of a line) of a help text that its --help does not show at the start
+    of a line: click reflows a paragraph into running text unless it follows a \\b line."""
+    starts = [line.strip() for line in shown.splitlines()]
+    return [item for item in (line.strip() for line in help_source.splitlines()) if re.match(r'^[*-] \S', item)
+            and not any(start.startswith(item[:30]) for start in starts)]
+
+
+def test_help_lists_stay_lists():
+    folded = []
+    for script in TOOLS + SCRIPTS:
+        command = _command_of(script)
+        folded += [f'{script}: {item}' for item in help_lists_folded(
+            command.help or '', command.get_help(click.Context(command, info_name=script)))]
+    assert folded == []
+    command = click.Command('x', help='Items:\n\n* one\n* two\n\n\b\n* three\n* four')
+    assert help_lists_folded(command.help, command.get_help(click.Context(command))) == ['* two']

@@ -53,12 +53,12 @@ def test_report_without_gpu(tmp_path, monkeypatch):
         if key not in ('environment', 'build'):
             assert (entry['status'], entry['why'], entry['result']) == ('not run', 'no GPU', None)
             assert f'### {entry["title"]}\n\nNot run: no GPU.' in text
-    assert data['budget_s'] == 360 and data['stopped'] is None
+    assert data['budget_s'] == 480 and data['stopped'] is None
     assert sorted(os.listdir(tmp_path / 'report')) == ['notes.txt', 'report.json', 'report.md']
 
 
-def test_the_plan_is_the_docstrings_table_and_quick_fits_360_seconds():
-    """The docstring's table is the plan, step by step; --quick's plans add up to its default budget of 360 s, and the
+def test_the_plan_is_the_docstrings_table_and_quick_fits_480_seconds():
+    """The docstring's table is the plan, step by step; --quick's plans add up to its default budget of 480 s, and the
     full run plans every step that --quick runs."""
     doc = gpu_report.__doc__
     table = doc[doc.index('  step            planned s'):doc.index('  total')]
@@ -66,8 +66,8 @@ def test_the_plan_is_the_docstrings_table_and_quick_fits_360_seconds():
              for quick, full in re.findall(r'^  .{15}\s*(\d+|-) /\s+(\d+)    ', table, re.MULTILINE)]
     assert plans == [(step.seconds[True], step.seconds[False]) for step in gpu_report.STEPS]
     quick, full = gpu_report.planned_steps(True), gpu_report.planned_steps(False)
-    assert sum(step.seconds[True] for step in quick) == 360 and {s.key for s in quick} <= {s.key for s in full}
-    assert f'  total           360 / {sum(step.seconds[False] for step in full):4d}\n' in doc
+    assert sum(step.seconds[True] for step in quick) == 480 and {s.key for s in quick} <= {s.key for s in full}
+    assert f'  total           480 / {sum(step.seconds[False] for step in full):4d}\n' in doc
 
 
 def _fake_step(key, plan, action=lambda ctx: None, needs=()):
@@ -231,6 +231,7 @@ def test_pytest_stopped_by_sigint_reports_the_tests_that_finished(tmp_path):
     assert (counts['passed'], counts['failures'], counts['errors']) == (1, 0, 0)
 
 
+@pytest.mark.skipif(torch.version.cuda is not None, reason='a CUDA build of torch would build the plugins here')
 def test_build_step_reports_each_plugins_cause(tmp_path):
     """The build step's subprocesses (one per plugin, at once) on this CPU build of torch: each plugin's failure comes
     back with custom_ops' one-line cause, and nothing is loaded."""
@@ -271,7 +272,7 @@ def test_self_check_step_measures_every_configuration(tmp_path, host_kernels, cp
 
 
 def test_markdown_flags_failed_checks_and_lists_choices():
-    report = gpu_report.Report('.', '.', quick=True, budget=360, steps=gpu_report.planned_steps(True), start=0.0)
+    report = gpu_report.Report('.', '.', quick=True, budget=480, steps=gpu_report.planned_steps(True), start=0.0)
     report.step('environment').update(status='ok', result=gpu_report.environment(None), box_s=5, seconds=0.1)
     report.step('self_check').update(status='failed', why=None, box_s=10, seconds=1.0, result=dict(ok=False, rows=[dict(
         op='upfirdn2d', dtype='float16', error=float('nan'), tolerance=0.02, where='exception', ms=3.0, ok=False,
@@ -286,7 +287,7 @@ def test_markdown_flags_failed_checks_and_lists_choices():
     assert any(line.startswith('| filter2d [1,2,1]') and '0.125' in line and 'reference' in line for line in lines)
     assert '**Stopped at its time box** after 15 s (box 15 s).' in lines
     assert 'stopped at its time box after 1 of 60 calls.' in lines
-    assert '| Test suite (python -m pytest, GPU visible) | 120 |  |  | not run: not reached yet |' in lines
+    assert '| Test suite (python -m pytest, GPU visible) | 240 |  |  | not run: not reached yet |' in lines
 
 
 def test_suite_results_name_each_failure(tmp_path, monkeypatch):
@@ -341,7 +342,7 @@ def test_digits_run_is_stopped_by_its_time_box_and_its_last_snapshot_scored(tmp_
     assert 0 < scored[0][2] <= gpu_report.DIGITS_SCORING  # The scoring gets the rest of the box.
     grids = sorted(name for name in os.listdir(run_dir) if name.startswith('fakes0'))
     assert (outdir / 'digits-fakes.png').read_bytes() == open(os.path.join(run_dir, grids[-1]), 'rb').read()
-    report = gpu_report.Report(str(outdir), str(workdir), quick=True, budget=360, steps=gpu_report.planned_steps(True),
+    report = gpu_report.Report(str(outdir), str(workdir), quick=True, budget=480, steps=gpu_report.planned_steps(True),
                                start=time.monotonic())
     report.write()
     with tarfile.open(outdir / 'logs.tar.gz') as tar:

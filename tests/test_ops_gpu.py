@@ -44,7 +44,7 @@ def plugins():
 
 
 @pytest.fixture
-def kernel_calls(plugins, monkeypatch):
+def kernel_calls(plugins, monkeypatch, switches):
     """Counts kernel launches per op; self-check and chooser are off, so every launch belongs to the test."""
     calls = collections.Counter()
     for name, op in (('bias_act', bias_act), ('upfirdn2d', upfirdn2d)):
@@ -55,8 +55,7 @@ def kernel_calls(plugins, monkeypatch):
         op._plugin.plans = {}  # decided afresh, under the switches below
     monkeypatch.setenv(kernel_choice.SELF_CHECK_ENV, '0')
     monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '0')
-    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)  # float32 convolutions in float32
-    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
+    switches(cudnn_tf32=False, matmul_tf32=False)  # float32 convolutions and matmuls in float32
     return calls
 
 

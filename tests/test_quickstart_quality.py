@@ -53,13 +53,12 @@ def test_generator_grown_to_16x16_is_judged_and_a_64x64_one_refused(tmp_path):
         quickstart_quality.generate(str(tmp_path / 'snapshot64.pkl'), num=2, seed=0)
 
 
-def test_classifier_and_features_at_full_precision_whatever_the_switches(tmp_path, monkeypatch):
+def test_classifier_and_features_at_full_precision_whatever_the_switches(tmp_path, monkeypatch, switches):
     """With TF32 allowed when the script starts, every classifier call (training and judging) sees it off; it is on
     again afterwards."""
     from click.testing import CliRunner
     from torch_utils import devices
-    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', True)
-    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', True)
+    switches(matmul_tf32=True, cudnn_tf32=True)
     load = quickstart_quality.load_digits
     monkeypatch.setattr(quickstart_quality, 'load_digits', lambda path: tuple(t[:300] for t in load(path)))  # Faster.
     seen = []

@@ -456,16 +456,18 @@ def test_full_disk_ends_the_run_with_one_line(tmp_path, monkeypatch):
 
 
 def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
-    """--resume without --loss/--seed/--data/--batch continues the snapshot's experiment and its batches; given and
-    different, experiment options are refused in one line before anything is written, unless --resume-override,
-    which training_options.json records."""
+    """--resume without --loss/--seed/--data/--batch/--batch-gpu continues the snapshot's experiment and its batches
+    (also the --batch-gpu that made it fit in memory); given and different, experiment options are refused in one
+    line before anything is written, unless --resume-override, which training_options.json records. --batch-gpu
+    given is taken as it is."""
     outdir = str(tmp_path / 'runs')
     common = [f'--outdir={outdir}', '--steps=2', '--tick=0.004', '--snap=1', '--workers=0']
-    run_cli('train.py', *common, '--batch=4', f'--data={dataset_zip}', '--loss=ns', '--seed=3', '--glr=1e-3')
+    run_cli('train.py', *common, '--batch=4', '--batch-gpu=2', f'--data={dataset_zip}', '--loss=ns', '--seed=3', '--glr=1e-3')
     snap = os.path.join(only_run_dir(outdir), snapshots(only_run_dir(outdir))[-1])
     recorded = persistence.load_snapshot(snap).experiment
     assert (recorded['cfg'], recorded['norm'], recorded['loss'], recorded['seed'], recorded['glr'], recorded['dlr'],
-            recorded['batch'], recorded['data']) == ('quickstart', 'gn', 'ns', 3, 1e-3, 2e-3, 4, os.path.abspath(dataset_zip))
+            recorded['batch'], recorded['batch_gpu'], recorded['data']) == ('quickstart', 'gn', 'ns', 3, 1e-3, 2e-3, 4, 2,
+                                                                            os.path.abspath(dataset_zip))
 
     # At once, each into a folder of its own: a resume, a resume with other experiment options (refused), and the
     # same with --resume-override.
@@ -473,13 +475,14 @@ def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
     resumed_run, refused, overridden_run = run_clis(
         [*resume, f'--outdir={tmp_path / "resumed"}'],
         [*resume, f'--outdir={tmp_path / "refused"}', '--norm=gp1', '--loss=ns', '--seed=4', '--xflip=1'],
-        [*resume, f'--outdir={tmp_path / "overridden"}', '--seed=4', '--resume-override'], check=False)
+        [*resume, f'--outdir={tmp_path / "overridden"}', '--seed=4', '--resume-override', '--batch-gpu=4'], check=False)
     assert resumed_run.returncode == 0 and overridden_run.returncode == 0, (resumed_run.stderr, overridden_run.stderr)
     resumed = json.load(open(os.path.join(only_run_dir(tmp_path / 'resumed'), 'training_options.json')))
     assert {key: resumed[key] for key in recorded if key not in ('steps', 'workers')} == \
         {key: value for key, value in recorded.items() if key not in ('steps', 'workers')}
     assert resumed['steps'] == 3 and resumed['loss_kwargs']['loss'] == 'ns' and resumed['resume_overrides'] == []
     assert resumed['G_opt_kwargs']['lr'] == 1e-3 and resumed['schedule_kwargs']['batch_D'] == 4
+    assert resumed['batch_gpu'] == 2 and resumed['schedule_kwargs']['batch_gpu'] == 2
 
     assert refused.returncode != 0 and refused.stderr.strip().splitlines() == [
         f'Error: --resume: {snap} was trained with other options: --norm=gp1 (was gn); --seed=4 (was 3); --xflip=True '
@@ -489,6 +492,7 @@ def test_resume_takes_the_experiment_from_the_snapshot(dataset_zip, tmp_path):
 
     overridden = json.load(open(os.path.join(only_run_dir(tmp_path / 'overridden'), 'training_options.json')))
     assert overridden['resume_overrides'] == ['--seed=4 (was 3)'] and overridden['seed'] == 4
+    assert overridden['batch_gpu'] == 4 and overridden['schedule_kwargs']['batch_gpu'] == 4
 
 
 def test_the_printed_flags_are_the_experiment(tmp_path):

@@ -166,7 +166,7 @@ def test_resume_continues_bit_for_bit(tmp_path, device):
             assert torch.equal(x, y), f'{name}.{key}'
 
 
-def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch):
+def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch, switches):
     """TF32 off for an fp32 run, deterministic algorithms on when asked, cuDNN benchmarking off on a CPU; as before
     once the run ends."""
     from tests.test_metric_main import write_dataset_zip
@@ -177,9 +177,7 @@ def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch):
     run = NetworkUpdater.run
     monkeypatch.setattr(NetworkUpdater, 'run', lambda self, *a, **kw: (seen.append(devices.read_switches()),
                                                                       run(self, *a, **kw))[1])
-    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', True)
-    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', True)
-    monkeypatch.setattr(torch.backends.cudnn, 'benchmark', True)
+    switches(matmul_tf32=True, cudnn_tf32=True, cudnn_benchmark=True)
     before = devices.read_switches()
     experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=1, batch=2, tick=1, precision='fp32',
                                   deterministic=True)

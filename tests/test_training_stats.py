@@ -45,16 +45,16 @@ class _OpCounter(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        self.ops = self.kernels = 0
+        self.ops, self.kernels = [], 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
+        self.ops.append(func)
         self.kernels += not func.is_view
         return func(*args, **(kwargs or {}))
 
 
 def test_reports_cost_one_view_each_and_a_flush_a_few_kernels(monkeypatch):
-    """A report dispatches one op, a view (its detach); a flush of 300 reports of three names, float32 and float64,
+    """A report dispatches its detach alone, a view (torch 2.5 dispatches that detach twice); a flush of 300 reports of three names, float32 and float64,
     scalars and arrays, with NaN and Inf, runs a few kernels; automatic flushes past MAX_PENDING; the moments equal
     numpy's."""
     monkeypatch.setattr(training_stats, 'MAX_PENDING', 300)
@@ -73,7 +73,7 @@ def test_reports_cost_one_view_each_and_a_flush_a_few_kernels(monkeypatch):
             with counter:
                 training_stats.report(name, tensor)
             if report_index != 299:  # The 300th flushes.
-                assert (counter.ops, counter.kernels) == (1, 0)
+                assert set(counter.ops) == {torch.ops.aten.detach.default} and counter.kernels == 0
             report_index += 1
     counter = _OpCounter()
     with counter:

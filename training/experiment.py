@@ -39,8 +39,9 @@ DATASET_CLASS = 'training.data.dataset.ImageFolderDataset'
 IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', 'glr', 'dlr', 'gamma', 'resolution',
             'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'sg2_cfg', 'pl_weight')
 
-# How long and in which batches: taken from the snapshot on --resume when not given, and free to change.
-CONTINUED = ('batch', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
+# How long and in which batches (batch_gpu: the cap that made a run fit in its GPU's memory): taken from the snapshot
+# on --resume when not given, and free to change.
+CONTINUED = ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
 
 # Options of some presets only: None for every other preset.
 PRESET_OPTIONS = {'stylegan': ('cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'lod_kimg', 'lr_rampdown'),

@@ -1,0 +1,126 @@
+"""torch_utils/compat.py: the oldest supported PyTorch, the one line every program gives on an older one, and the
+differences between supported releases."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from torch_utils import compat
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OLDEST = '.'.join(map(str, compat.OLDEST_TORCH))
+
+
+@pytest.mark.parametrize('version, release', [('2.5.1+cu124', (2, 5)), ('2.13.0+cpu', (2, 13)), ('2.6.0a0+git1a2b3c', (2, 6)),
+                                              ('2.5.0a0+e000cf0ad9.nv24.10', (2, 5)), ('10.0', (10, 0))])
+def test_release_of_a_version(version, release):
+    assert compat.release(version) == release
+
+
+def test_supported_versions():
+    assert compat.unsupported_reason(torch.__version__) is None  # The suite's own torch.
+    for version in (f'{OLDEST}.0', f'{OLDEST}.0a0+git1234', '2.15.0', '3.0.0'):
+        assert compat.unsupported_reason(version) is None, version
+    major, minor = compat.OLDEST_TORCH
+    older = f'{major}.{minor - 1}.1+cu121'
+    assert compat.unsupported_reason(older) == (
+        f'PyTorch {older} is too old: this code needs torch {OLDEST} or newer (pip install "torch>={OLDEST}", the build '
+        f'for your CUDA driver; requirements.txt)')
+    with pytest.raises(ValueError, match='not a torch version'):
+        compat.release('nightly')
+
+
+def test_requirements_and_readme_name_the_oldest_torch():
+    requirements = open(os.path.join(REPO_ROOT, 'requirements.txt')).read()
+    assert re.findall(r'^torch\b.*$', requirements, re.M) == [f'torch>={OLDEST}']
+    readme = open(os.path.join(REPO_ROOT, 'README.md')).read()
+    assert f'PyTorch {OLDEST} or newer' in readme
+
+#----------------------------------------------------------------------------
+# Every program on a torch older than the oldest supported: one line, exit status 1, nothing written.
+
+# Runs a program as `python PROGRAM ARGS` would, with torch reporting VERSION once imported.
+_AGED_TORCH = '''
+import importlib.machinery, os, runpy, sys
+VERSION = sys.argv.pop(1)
+class AgedTorch:
+    def find_spec(self, name, path, target=None):
+        if name != 'torch':
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+        def exec_aged(module):
+            exec_module(module)
+            module.__version__ = VERSION
+        spec.loader.exec_module = exec_aged
+        return spec
+sys.meta_path.insert(0, AgedTorch())
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name='__main__')
+'''
+
+PROGRAMS = [
+    ['train.py', '--outdir={tmp}/runs', '--steps=1'],
+    ['generate.py', '--network={tmp}/none.pkl', '--seeds=0', '--outdir={tmp}/out'],
+    ['calc_metrics.py', '--network={tmp}/none.pkl', '--metrics=fid50k_full'],
+    ['dataset_tool.py', '--source=data/digits32.zip', '--dest={tmp}/digits.zip'],
+    ['legacy.py', '--source={tmp}/model.pt', '--cfg=cifar10-resnet', '--dest={tmp}/converted.pkl'],
+    ['bench/compare.py', '--outdir={tmp}/compare'],
+    ['bench/gpu_report.py', '--outdir={tmp}/report'],
+    ['bench/hostile_files.py', '--out={tmp}/hostile.json'],
+    ['bench/ops.py', '--out={tmp}/ops.json'],
+    ['bench/precision.py', '--out={tmp}/precision.json'],
+    ['bench/quickstart_quality.py', '--out={tmp}/quality.json'],
+    ['bench/stylegan.py', '--out={tmp}/stylegan.json'],
+    ['bench/train_speed.py', '--out={tmp}/speed.json'],
+]
+
+
+def test_every_program_on_an_older_torch_says_so_in_one_line(tmp_path):
+    major, minor = compat.OLDEST_TORCH
+    older = f'{major}.{minor - 1}.1'
+    processes = [subprocess.Popen([sys.executable, '-c', _AGED_TORCH, older] + [a.format(tmp=tmp_path) for a in argv],
+                                  cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for argv in PROGRAMS]
+    for argv, process in zip(PROGRAMS, processes):
+        out, err = process.communicate(timeout=300)
+        assert (process.returncode, out, err) == (1, '', compat.unsupported_reason(older) + '\n'), argv[0]
+    assert os.listdir(tmp_path) == []
+    # Every program that checks is here: the scripts that set the wait policy for torch are the programs.
+    programs = {argv[0] for argv in PROGRAMS}
+    for folder in ('.', 'bench'):
+        for name in os.listdir(os.path.join(REPO_ROOT, folder)):
+            path = os.path.normpath(os.path.join(folder, name))
+            if name.endswith('.py') and 'require_supported_torch()' in open(os.path.join(REPO_ROOT, path)).read():
+                assert path in programs
+
+#----------------------------------------------------------------------------
+# join_processes on a torch whose join has no grace_period (torch 2.5), against the behaviour torch 2.6+ documents.
+
+
+def _process(index: int, ready_dir: str) -> None:
+    open(os.path.join(ready_dir, str(index)), 'w').close()
+    if index == 0:  # Fails once every process has started.
+        while len(os.listdir(ready_dir)) < 3:
+            time.sleep(0.05)
+        sys.exit(3)
+    time.sleep(0.5 if index == 1 else 600)  # 1 ends by itself within the grace period; 2 never would.
+
+
+def test_join_without_grace_period_gives_the_others_that_long(tmp_path, monkeypatch):
+    monkeypatch.setattr(compat, '_JOIN_HAS_GRACE_PERIOD', False)
+    context = torch.multiprocessing.start_processes(_process, args=(str(tmp_path),), nprocs=3, join=False,
+                                                    start_method='spawn')
+    with pytest.raises(torch.multiprocessing.ProcessExitedException) as raised:
+        while not compat.join_processes(context, grace_period=10):
+            pass
+    assert raised.value.error_index == 0 and raised.value.exit_code == 3
+    # Process 1 ended on its own (status 0, not SIGTERM's -15); process 2 was terminated after the grace period.
+    assert [p.exitcode for p in context.processes] == [3, 0, -15]

@@ -1,0 +1,93 @@
+"""The PyTorch releases the code runs on: the oldest one, the check every program makes before any work, and the
+differences between the supported releases, each handled here and nowhere else.
+
+OLDEST_TORCH is the oldest release supported: CI runs the test suite on it and on the newest release the package
+source offers (.ci/run), and requirements.txt and the README name it. It covers two years of releases; torch 2.4
+and older also lack `torch.OutOfMemoryError` and `torch.serialization.safe_globals`, which the code uses directly.
+What a supported release lacks and how the code gets by:
+
+    missing in        feature                                      handled by
+    torch 2.5         ProcessContext.join(grace_period=...)        join_processes: waits out the grace period itself
+    torch 2.5         (object, 'module.name') entries of the       named_global: a function carrying the name, which
+                      weights_only allow-list                      every release's allow-list accepts
+"""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing.connection
+import re
+import sys
+import time
+from typing import Callable
+
+import torch
+
+#----------------------------------------------------------------------------
+
+OLDEST_TORCH = (2, 5)  # requirements.txt and the README say the same (tests/test_compat.py).
+
+
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string: '2.5.1+cu124', '2.6.0a0+git1234' and '2.5.0a0+e00.nv24.10' (a source
+    or vendor build of the release's code, before its tag) are all that release."""
+    match = re.match(r'(\d+)\.(\d+)', version)
+    if match is None:
+        raise ValueError(f'"{version}" is not a torch version')
+    return int(match.group(1)), int(match.group(2))
+
+
+def unsupported_reason(version: str) -> str | None:
+    """The one line that tells a user their torch `version` is too old, or None when it is supported."""
+    if release(version) >= OLDEST_TORCH:
+        return None
+    oldest = '.'.join(map(str, OLDEST_TORCH))
+    return (f'PyTorch {version} is too old: this code needs torch {oldest} or newer (pip install "torch>={oldest}", '
+            f'the build for your CUDA driver; requirements.txt)')
+
+
+def require_supported_torch() -> None:
+    """Exit with one line when the torch installed is older than OLDEST_TORCH. Every program calls it first, before
+    it imports the rest of the project, so that an old torch never ends in a traceback halfway through a run."""
+    reason = unsupported_reason(torch.__version__)
+    if reason is not None:
+        sys.exit(reason)
+
+#----------------------------------------------------------------------------
+
+
+_JOIN_HAS_GRACE_PERIOD = 'grace_period' in inspect.signature(torch.multiprocessing.ProcessContext.join).parameters
+
+
+def join_processes(context: torch.multiprocessing.ProcessContext, grace_period: float) -> bool:
+    """`context.join(grace_period=grace_period)`: wait for the processes of `context` (torch.multiprocessing's
+    start_processes); when one fails, the others have `grace_period` seconds to end by themselves before they are
+    terminated, and ProcessExitedException (or ProcessRaisedException) is raised. True when all have ended well,
+    False while some still run. torch 2.5 has no grace_period: its join terminates the others at once, so the
+    grace period is waited out here first."""
+    if _JOIN_HAS_GRACE_PERIOD:
+        return context.join(grace_period=grace_period)
+    failed = False
+    for sentinel in multiprocessing.connection.wait(list(context.sentinels)):  # Until one process ends.
+        process = context.processes[context.sentinels[sentinel]]
+        process.join()  # Its exit status is known only once it is reaped: its sentinel is ready a moment before.
+        failed = failed or process.exitcode != 0
+    if failed:
+        deadline = time.monotonic() + grace_period
+        for process in context.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+    return context.join()
+
+
+def named_global(function: Callable, name: str) -> Callable:
+    """An entry of `torch.serialization.safe_globals` that lets a weights_only load call `function` where a pickle
+    names it `name` ('module.qualname', e.g. an older library's path of the same function). torch 2.6 and newer
+    take the pair (function, name); torch 2.5 finds a global by the __module__ and __name__ of the entries, which
+    newer releases also do, so a function carrying the name works on every release."""
+    def call(*args, **kwargs):
+        return function(*args, **kwargs)
+    call.__module__, _, call.__name__ = name.rpartition('.')
+    call.__qualname__ = call.__name__
+    return call
+
+#----------------------------------------------------------------------------
