@@ -162,6 +162,13 @@ def _has_gpu() -> bool:
 # Subprocesses: each in its own process group, stopped with it.
 
 
+def _take_stop_signals() -> None:
+    """In a child before it runs: SIGINT and SIGTERM as the program sets them, not ignored as they are inherited from a
+    parent started in the background by a non-interactive shell (pytest that ignores SIGINT writes no report)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 class Child:
     """A subprocess of the repository root in its own process group (so that stopping it also stops what it
     started), its output into a log."""
@@ -170,7 +177,7 @@ class Child:
         self.command, self.log_name, self.start = list(command), os.path.basename(log_path), time.monotonic()
         with open(log_path, 'w') as log:
             self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=_take_stop_signals)
 
     def wait(self, deadline: float, stop: int = signal.SIGTERM, grace: float = STOP_GRACE,
              leader_only: bool = False) -> Optional[int]:

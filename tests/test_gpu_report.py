@@ -209,7 +209,7 @@ def test_a_subprocess_is_stopped_at_its_box_with_the_processes_it_started(tmp_pa
 
 def test_pytest_stopped_by_sigint_reports_the_tests_that_finished(tmp_path):
     """What the test-suite step relies on at its box: stopped as it stops the suite, pytest still writes the JUnit
-    XML, with the tests that finished."""
+    XML, with the tests that finished, also when the report itself was started with SIGINT ignored."""
     (tmp_path / 'pytest.ini').write_text('[pytest]\n')
     (tmp_path / 'test_two.py').write_text(textwrap.dedent(f"""
         import time
@@ -220,8 +220,12 @@ def test_pytest_stopped_by_sigint_reports_the_tests_that_finished(tmp_path):
             time.sleep(600)
         """))
     xml = tmp_path / 'tests.xml'
-    child = gpu_report.Child([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-c', str(tmp_path / 'pytest.ini'),
-                              str(tmp_path / 'test_two.py'), f'--junitxml={xml}'], str(tmp_path / 'tests.log'))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # As a non-interactive shell starts a background job.
+    try:
+        child = gpu_report.Child([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-c', str(tmp_path / 'pytest.ini'),
+                                  str(tmp_path / 'test_two.py'), f'--junitxml={xml}'], str(tmp_path / 'tests.log'))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 120
     while not (tmp_path / 'started').exists():
         assert child.process.poll() is None and time.monotonic() < deadline
