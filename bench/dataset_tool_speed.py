@@ -127,6 +127,7 @@ def other_processes(top: int = 5) -> list[str]:
 @click.option('--workers',    help='Numbers of workers to time  [default: 1, 2, 4, ... and one per core]', metavar='INT,...')
 @click.option('--out',        help='Write the results as JSON to this file', metavar='JSON')
 def main(sizes: list[str], formats: list[str], images: int, resolution: int, workers: str | None, out: str | None) -> None:
+    """dataset_tool.py's conversion speed by number of worker processes, on synthetic PNG and WebP sources."""
     cores = dataset_tool.default_workers()
     counts = sorted({int(w) for w in workers.split(',')} if workers else {2**i for i in range(cores.bit_length()) if 2**i < cores} | {1, cores})
     machine = dict(cpu=cpu_model(), cores=cores, python=platform.python_version(), pillow=PIL.__version__)

@@ -13,7 +13,7 @@ from typing import BinaryIO
 import torch
 
 import dnnlib
-from torch_utils import bounded_read, devices
+from torch_utils import bounded_read, compat, devices
 
 # Inception-v3 of the official TensorFlow FID and IS code (inception-2015-12-05.tgz), as exported to
 # TorchScript by StyleGAN2-ADA.
@@ -65,7 +65,7 @@ def get_feature_detector(url: str, device: torch.device = torch.device('cpu'), n
     error = None
     try:
         with dnnlib.util.open_url(url, verbose=verbose and rank == 0) as f:
-            _detectors[key] = torch.jit.load(_check_torchscript(f, url), map_location=device).eval()
+            _detectors[key] = compat.load_torchscript(_check_torchscript(f, url), map_location=device).eval()
     except (OSError, RuntimeError, ValueError) as e:
         error = e
     if num_gpus > 1 and rank == 0:

@@ -246,6 +246,7 @@ def test_failing_process_reason_is_shown(run):
                           cwd=REPO_ROOT, capture_output=True, text=True, env=dict(os.environ), timeout=300)
     assert proc.returncode == 1
     assert 'Traceback' not in proc.stderr + proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith(f'Error: cannot decode 00000/img00000015.png in dataset {broken}: ') and line.endswith(' (process 1)')
 

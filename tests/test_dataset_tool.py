@@ -664,8 +664,20 @@ def test_workers_write_the_bytes_of_one_process(tmp_path, monkeypatch, kind):
     else:
         assert open(dests[3], 'rb').read() == open(dests[1], 'rb').read()
 
+_children_before_the_test: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_of_earlier_tests():
+    """The processes this test process had before the test (DataLoader workers and trackers of earlier tests in the
+    same process), which assert_no_workers_left leaves out."""
+    _children_before_the_test.clear()
+    _children_before_the_test.update(p.pid for p in psutil.Process().children(recursive=True))
+    yield
+
+
 def assert_no_workers_left() -> None:
-    children = psutil.Process().children(recursive=True)
+    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in _children_before_the_test]
     assert children == [], children
 
 def test_refusal_inside_a_worker(tmp_path, monkeypatch):

@@ -91,3 +91,12 @@ def named_global(function: Callable, name: str) -> Callable:
     return call
 
 #----------------------------------------------------------------------------
+
+
+def load_torchscript(f, map_location: torch.device) -> torch.jit.ScriptModule:
+    """torch.jit.load(f), without the FutureWarning that torch 2.14 gives it (`torch.jit.load` is deprecated for
+    torch.export): the feature networks of the official metrics are published as TorchScript only."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message=r'`torch\.jit\.load` is deprecated', category=FutureWarning)
+        return torch.jit.load(f, map_location=map_location)

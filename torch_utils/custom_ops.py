@@ -42,7 +42,22 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import filelock  # a dependency of torch itself
 import torch
-import torch.utils.cpp_extension
+
+
+def _import_cpp_extension() -> None:
+    """torch.utils.cpp_extension, without the line a CUDA build of torch logs at its import on a machine without a GPU
+    ("No CUDA runtime is found"): this module finds the toolkit itself and says in one line why a kernel is not built."""
+    import logging
+    cpp_logger = logging.getLogger('torch.utils.cpp_extension')
+    level = cpp_logger.level
+    cpp_logger.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    finally:
+        cpp_logger.setLevel(level)
+
+
+_import_cpp_extension()
 
 VERBOSE_BUILD_ENV = 'GNGAN_VERBOSE_BUILD'  # 1: show the toolkit found, the target architectures and the full build log
 

@@ -65,7 +65,8 @@ NOISE_MARGIN = 4.0      # ...plus this many times the difference between two eag
 NOISE_DOMINATED = 0.1   # a tensor whose two eager runs differ by more than this share of their change is not judged;
 NOISY_TOLERANCE = 0.25  # where kernels are noisy, a replay may land this share of the step's change away;
 FAILING_SHARE = 0.01    # and of the tensors judged against the noise, the worst holding this share of their elements
-                        # are set aside.
+                        # are set aside;
+ROUNDING_ULPS = 4       # and any tensor may land this many units in the last place of its values away.
 KEYS_KEPT = 2           # Graph keys of one kind of step kept at once (a step and its lazily regularised variant).
 
 
@@ -98,10 +99,14 @@ def replay_error(before: Sequence[torch.Tensor], eager: Sequence[torch.Tensor], 
     Per tensor, with moved = max|eager - before|, off = max|replayed - eager| and noise = max|eager_again - eager|
     (eager_again: a second eager run of the same step from the same state; None: deterministic kernels, noise 0):
 
-        noise == 0 (the kernels reproduce it bit for bit):  off / (TOLERANCE * moved)
-        0 < noise <= NOISE_DOMINATED * moved:               off / max(TOLERANCE * moved + NOISE_MARGIN * noise,
+        noise == 0 (the kernels reproduce it bit for bit):  off / (TOLERANCE * moved + ulps)
+        0 < noise <= NOISE_DOMINATED * moved:               off / max(TOLERANCE * moved + NOISE_MARGIN * noise + ulps,
                                                                       NOISY_TOLERANCE * moved)
         noise > NOISE_DOMINATED * moved:                    not judged
+
+    with ulps = ROUNDING_ULPS units in the last place of the tensor's largest value: a change of a few units (a
+    weight with a small learning rate) rounds to the same value in two eager runs and to the next in a replay whose
+    gradient carries other noise.
 
     A tensor of the last kind changes by the kernels' noise alone (Adam turning the rounding of a zero gradient into a
     full step, and its moments with it): it tells nothing of the graph. Where kernels are noisy, rounding also flips
@@ -110,15 +115,16 @@ def replay_error(before: Sequence[torch.Tensor], eager: Sequence[torch.Tensor], 
     And one pair of eager runs gauges the noise of a tensor of a few elements poorly, so of the tensors of the middle
     kind the worst holding up to FAILING_SHARE of their elements are set aside. A wrong graph (a value baked in, an
     input not copied) moves nearly every tensor by about its whole change or more. The result is the largest error of
-    what is left; a tensor that neither eager run moved must stay exactly."""
+    what is left; a tensor that neither eager run moved may move by those few units in the last place at most."""
     worst, noisy = 0.0, []  # noisy: (error, elements) of the tensors judged against the kernels' noise.
     for index, (b, e, r) in enumerate(zip(before, eager, replayed)):
+        eps = torch.finfo(e.dtype).eps if e.is_floating_point() else 0.0
         b, e, r = b.detach().double(), e.detach().double(), r.detach().double()
         moved, off = (e - b).abs().max(), (r - e).abs().max()
         noise = 0.0 if eager_again is None else (eager_again[index].detach().double() - e).abs().max()
         if noise > NOISE_DOMINATED * moved:
             continue
-        allowed = TOLERANCE * moved + NOISE_MARGIN * noise
+        allowed = TOLERANCE * moved + NOISE_MARGIN * noise + ROUNDING_ULPS * eps * e.abs().max()
         if noise > 0:
             allowed = max(allowed, NOISY_TOLERANCE * moved)
         error = float(off / allowed) if allowed > 0 else float('inf') if off > 0 else 0.0
