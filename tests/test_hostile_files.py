@@ -255,6 +255,7 @@ def test_dataset_json_larger_than_labels_can_be_is_refused(tmp_path):
     for name, text in [('long.zip', b'{"labels": null}' + b' ' * 5000), ('deep.zip', b'[' * 4000 + b']' * 4000),
                        ('lists.zip', b'{"labels": [' + b'[], ' * 1000 + b'[]]}')]:
         (tmp_path / name).write_bytes(zip_bytes(images + [deflated('dataset.json', text)]))
+        gc.collect()  # Files left open by earlier tests in this process warn now, not below.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always', ResourceWarning)
             with pytest.raises(DatasetError) as info:

@@ -166,6 +166,31 @@ def test_resume_continues_bit_for_bit(tmp_path, device):
             assert torch.equal(x, y), f'{name}.{key}'
 
 
+def test_stylegan2_resume_continues_bit_for_bit(tmp_path):
+    """gn-stylegan2 with path length regularization (at every 4th G step) and style mixing: 6 G steps in one go, and
+    the same run stopped after step 3 and resumed (the path length average goes on from the snapshot)."""
+    from tests.test_metric_main import write_dataset_zip
+    from torch_utils import persistence
+    write_dataset_zip(str(tmp_path / 'data.zip'), num_images=12, resolution=8)
+
+    def run(name, **kw):
+        (tmp_path / name).mkdir()
+        experiment = Experiment.build(cfg='gn-stylegan2', data=str(tmp_path / 'data.zip'), img_resolution=8,
+                                      img_channels=3, cmax=4, map_dim=8, batch=4, kimg=0.024, tick=0.012, snap=1,
+                                      pl_weight=2)
+        training_loop.training_loop(experiment, run_dir=str(tmp_path / name), **kw)
+        return persistence.load_snapshot(str(tmp_path / name / 'network-snapshot-000000.024.pkl'))
+
+    full = run('full')
+    half = persistence.load_snapshot(str(tmp_path / 'full' / 'network-snapshot-000000.012.pkl'))
+    assert half.loss_states[0]['pl_mean'].item() > 0  # Updated at G step 0; used again at step 4.
+    resumed = run('resumed', resume=half)
+    for name in ('G', 'D', 'G_ema'):
+        for (key, x), y in zip(full[name].state_dict().items(), resumed[name].state_dict().values()):
+            assert torch.equal(x, y), f'{name}.{key}'
+    assert torch.equal(full.loss_states[0]['pl_mean'], resumed.loss_states[0]['pl_mean'])
+
+
 def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch, switches):
     """TF32 off for an fp32 run, deterministic algorithms on when asked, cuDNN benchmarking off on a CPU; as before
     once the run ends."""

@@ -33,6 +33,7 @@ snapshot that can be (training/run/write_failure.py), and the arithmetic (traini
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import time
@@ -66,13 +67,14 @@ def training_loop(
     """Train G and D as `experiment` says, by the algorithm in the module docstring; write everything into `run_dir`."""
     # Set up: arithmetic, random streams, data, networks, loss, schedule, optimizers. The process-wide switches
     # (TF32, cuDNN, determinism) and the stop signal's handlers hold for the run and are restored when it ends,
-    # however it ends; out of GPU memory ends it with one line.
+    # however it ends, and its progress files are closed; out of GPU memory ends it with one line.
     start_time = time.time()
     device = torch.device(device)
     num_gpus, seed, precision, schedule = experiment.gpus, experiment.seed, experiment.arithmetic, experiment.schedule
     state = RunState(seed, num_gpus, rank, device, experiment.best_metric)  # Seeds every stream.
     stop = StopSignal() if stop is None else stop
-    with devices.run_switches(device, precision.allow_tf32, experiment.deterministic), stop, explain_out_of_memory(experiment, state):
+    with devices.run_switches(device, precision.allow_tf32, experiment.deterministic), stop, explain_out_of_memory(experiment, state), \
+            contextlib.ExitStack() as closing:
         log = (lambda *a: print(*a, flush=True)) if rank == 0 else (lambda *a: None)
         training_set_kwargs = experiment.training_set_kwargs
         training_set = dnnlib.util.construct_class_by_name(**training_set_kwargs)
@@ -89,7 +91,7 @@ def training_loop(
 
         # Resume, then the same networks in every process.
         if resume is not None:
-            state.resume(resume, nets, optimizers, log)
+            state.resume(resume, nets, optimizers, loss, log)
             log(f'Resumed at G step {state.step}, {state.cur_nimg / 1000:g} kimg')
         for name, net in (initial or {}).items():
             misc.copy_params_and_buffers(net, nets[name], require_all=True)
@@ -103,14 +105,14 @@ def training_loop(
                                 device=device, num_workers=experiment.workers, consumed=state.resume_position, xflip=experiment.xflip,
                                 max_resolution=G.img_resolution)
         fake_labels = LabelSampler(training_set, state.label_rng, device)
-        reporter = TickReporter(run_dir, schedule, state, experiment.tick, start_time, device, log)
+        reporter = closing.enter_context(TickReporter(run_dir, schedule, state, experiment.tick, start_time, device, log))
         deferred = Deferred()  # A grid or metric record that cannot be written waits for the snapshot (write_failure.py).
         evaluator = MetricEvaluator(list(experiment.metrics), experiment.metric_kwargs, training_set_kwargs, run_dir, num_gpus,
                                     rank, device, log, stop, deferred)
         grids = ImageGrids(run_dir, training_set, G.z_dim, seed, device) if rank == 0 else None
         if grids is not None and resume is None:
             grids.save(G_ema, '_init')
-        snapshot = lambda: state.snapshot(nets, optimizers, reals.consumed, training_set_kwargs, experiment.record())
+        snapshot = lambda: state.snapshot(nets, optimizers, loss, reals.consumed, training_set_kwargs, experiment.record())
         snapshot_path = lambda label: os.path.join(run_dir, f'network-snapshot-{label}.pkl')
         last_grid = None
         log(f'Training: {schedule.describe()[0]}')
@@ -161,7 +163,6 @@ def training_loop(
             deferred.raise_error()
 
     # Done: say where the results are.
-    reporter.close()
     log('Exiting...')
     if state.last_snapshot is not None:
         log(f'Final snapshot: {state.last_snapshot}')

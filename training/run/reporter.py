@@ -196,6 +196,12 @@ class TickReporter:
         self.timed_nimg, self.tick_start_step, self.tick_start_time = state.cur_nimg, state.step, time.time()
         self.maintenance_time = self.tick_start_time - self.maintenance_start
 
+    def __enter__(self) -> TickReporter:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.stats_jsonl is not None:
             self.stats_jsonl.close()

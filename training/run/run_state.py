@@ -9,12 +9,15 @@ generator of the fakes' labels). A snapshot (torch_utils/persistence.py: plain d
     G_opt_state, D_opt_state    the optimizers' state dicts
     progress                    step, cur_nimg, cur_tick, tick_start_nimg, consumed, best_metric, best
     rng_states                  one {torch, cuda, labels} per process
+    loss_states                 one loss state_dict per process (StyleGAN2's path length average; absent in snapshots
+                                written before it was kept, whose resumed runs start it at 0)
     training_set_kwargs         the data it was trained on
     experiment                  the run's Experiment as plain data (training/experiment.py), which a
                                 resumed run takes unless told otherwise
 
 REQUIRED_KEYS are what a resumed run needs; train.py refuses any other file with that list. On
-resume, random streams restart from the seed when the process count differs (they are per process).
+resume, random streams restart from the seed when the process count differs (they are per process), and every process
+takes the mean of the saved loss states.
 A snapshot may be taken between ticks (on a stop signal, training/run/stop_signal.py): with the
 start of its tick recorded, the resumed run ends that tick, and writes its snapshots, at the same
 kimg as a run that was never stopped.
@@ -30,6 +33,7 @@ import torch
 
 import dnnlib
 from torch_utils import misc, persistence
+from training.step.loss import LOSS_STATE_KEYS, GANLoss
 from training.step.updater import portable_state_dict
 
 #----------------------------------------------------------------------------
@@ -47,6 +51,12 @@ def load_resumable(path: str) -> dnnlib.EasyDict:
     if missing:
         raise ValueError(f'{path} lacks {", ".join(missing)}; only snapshots written by train.py '
                          f'(network-snapshot-*.pkl) can be resumed')
+    loss_states = snapshot.get('loss_states', [])
+    if not isinstance(loss_states, list) or not all(
+            isinstance(s, dict) and sorted(s) == sorted(LOSS_STATE_KEYS) and all(torch.is_tensor(v) and v.shape == ()
+                                                                                  and v.is_floating_point() for v in s.values())
+            for s in loss_states):
+        raise ValueError(f'{path}: loss_states must be a list of {{{", ".join(LOSS_STATE_KEYS)}}} scalars, one per process')
     return snapshot
 
 
@@ -90,16 +100,17 @@ class RunState:
         return dict(torch=torch.get_rng_state(), labels=self.label_rng.bit_generator.state,
                     cuda=torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None)
 
-    def snapshot(self, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer], consumed: int,
-                 training_set_kwargs: dict, experiment: dict | None = None) -> dict:
+    def snapshot(self, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer], loss: GANLoss,
+                 consumed: int, training_set_kwargs: dict, experiment: dict | None = None) -> dict:
         """Everything a resumed run needs, `consumed` being the images this process has taken from its real-image
-        stream (every process calls this: the random states are gathered)."""
-        rng_states = [self._rng_state()] * self.num_gpus
+        stream (every process calls this: the random states and loss states are gathered)."""
+        per_process = [(self._rng_state(), loss.state_dict())] * self.num_gpus
         if self.num_gpus > 1:
-            torch.distributed.all_gather_object(rng_states, rng_states[0])
+            torch.distributed.all_gather_object(per_process, per_process[0])
         return dict(**{name: nets[name] for name in NETWORKS},
                     **{f'{name}_state': portable_state_dict(optimizers[name]) for name in OPTIMIZERS},
-                    training_set_kwargs=dnnlib.util.to_plain(training_set_kwargs), rng_states=rng_states,
+                    training_set_kwargs=dnnlib.util.to_plain(training_set_kwargs),
+                    rng_states=[rng for rng, _ in per_process], loss_states=[losses for _, losses in per_process],
                     experiment=dnnlib.util.to_plain(experiment or {}),
                     progress=dict(step=self.step, cur_nimg=self.cur_nimg, cur_tick=self.cur_tick,
                                   tick_start_nimg=self.tick_start_nimg, consumed=consumed,
@@ -115,8 +126,8 @@ class RunState:
         self.saved_step, self.last_snapshot = self.step, paths[0]
 
     def resume(self, snapshot: dict, nets: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer],
-               log: Callable[[str], None]) -> None:
-        """Continue from a loaded snapshot: networks, optimizer states, progress and random streams."""
+               loss: GANLoss, log: Callable[[str], None]) -> None:
+        """Continue from a loaded snapshot: networks, optimizer states, the loss's state, progress and random streams."""
         for name in NETWORKS:
             misc.copy_params_and_buffers(snapshot[name], nets[name], require_all=True)
         for name in OPTIMIZERS:
@@ -130,6 +141,11 @@ class RunState:
         self.saved_step = self.step
         self.resume_position = progress['consumed']
         self.best = progress['best'] if progress['best_metric'] == self.best_metric else None
+        loss_states = snapshot.get('loss_states')
+        if loss_states:
+            own = len(loss_states) == self.num_gpus
+            loss.load_state_dict(loss_states[self.rank] if own else
+                                 {key: torch.stack([s[key] for s in loss_states]).mean(0) for key in loss_states[0]})
         rng_states = snapshot['rng_states']
         if len(rng_states) != self.num_gpus:
             log(f'Warning: the snapshot was written by {len(rng_states)} processes, this run has {self.num_gpus}; '

@@ -79,8 +79,8 @@ Lazy regularization: the path length term runs at every `G_reg_interval`-th G st
 penalty (R1) at every `D_reg_interval`-th D step, each weighted by its interval, as NVIDIA's does; here it
 is added to that step's loss (one optimizer step), where NVIDIA's takes a separate optimizer step for it.
 `lazy_terms(net, step)` says which run at a step (the step's caller keys its captured graphs by it).
-pl_mean is a device tensor of the loss (`state_tensors`), not in the snapshot: a resumed run restarts it at 0,
-as NVIDIA's does.
+pl_mean is a device tensor of the loss (`state_tensors`), one per process as NVIDIA's (each process averages its own
+latents); snapshots keep it (`state_dict`), so a resumed run goes on with it where NVIDIA's restarts it at 0.
 Channels-last memory format (`channels_last`) changes the layout of the networks' weights, not
 their values; it makes CPU convolutions faster (oneDNN) and is what tensor cores prefer.
 """
@@ -109,6 +109,7 @@ from training.step.precision import Precision
 LOSSES = ('hinge', 'ns', 'ns-nosigmoid', 'wasserstein')
 AFFINE_CHECK_SAMPLES = 4       # Samples of the first batch on which D's affine form is checked, in float64.
 AFFINE_CHECK_TOLERANCE = 1e-9  # Largest relative error in float64 (rounding gives ~1e-15; a missed term ~1e-1).
+LOSS_STATE_KEYS = ('pl_mean',)  # What GANLoss.state_dict holds: float scalars.
 
 
 def _bce_on_scores(scores: torch.Tensor, target: float) -> torch.Tensor:
@@ -260,7 +261,16 @@ class GANLoss:
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Tensors the steps change besides the networks and optimizers (the path length average)."""
-        return [self.pl_mean]
+        return [getattr(self, key) for key in LOSS_STATE_KEYS]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The state_tensors by name, on the CPU, for a snapshot."""
+        return {key: getattr(self, key).detach().cpu().clone() for key in LOSS_STATE_KEYS}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Continue from a snapshot's state_dict (in place: captured CUDA graphs keep their tensors)."""
+        for key in LOSS_STATE_KEYS:
+            getattr(self, key).copy_(state[key])
 
     def run_G(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """G(z, c) in the loss's precision, with style mixing where asked; the images come back in float32."""
