@@ -160,8 +160,8 @@ at 1024x1024 and 0.0025 below, gamma 0.0002 R^2 / batch, EMA half-life batch x 1
 Every configuration else has style mixing (probability 0.9, `--style-mixing`) and path length
 regularization (weight 2, `--pl-weight`; decay 0.01, on half the batch) every 4th G step, with G's
 Adam lr times 4/5 and betas to the power 4/5, as NVIDIA's lazy regularization; `--norm=r1` runs R1
-every 16th D step (weighted by 16; lr times 16/17, betas to the power 16/17), their baseline. Here the
-lazy term joins that step's loss where NVIDIA's takes a separate optimizer step for it. Every `--norm`
+every 16th D step (weighted by 16; lr times 16/17, betas to the power 16/17), their baseline. Each lazy
+term is an optimizer step of its own after the step's main loss, as in NVIDIA's phases. Every `--norm`
 works; `sn` (not in NVIDIA's code) builds `stylegan2.SNDiscriminator`, their D with every weight divided
 by its spectral norm in place of the equalized-lr scale. `--precision=fp16` computes the top 4
 resolutions of G and D in float16 on CUDA (float32 on a CPU), as NVIDIA's mixed precision; convolution

@@ -674,26 +674,45 @@ def test_style_mixing_crossover():
     torch.testing.assert_close(G.mapping.w_avg, w_avg.lerp(G.mapping.eval()(z, None)[:, 0].mean(dim=0), 1 - 0.995))
 
 
-def test_lazy_r1_every_interval_weighted_by_it():
-    """R1 every 16th D step, weighted by 16: at step 0 the D gradient is that of R1 with gamma * 16 every step, at
-    step 1 that of no penalty at all."""
+def test_lazy_regularizers_are_phases_of_their_own_weighted_by_the_interval():
+    """NVIDIA's phases: R1 every 16th D step and path length every 4th G step, each an optimizer step of its own
+    after the main loss. The 'reg' phase's gradient is R1 with gamma * 16 alone (the gradient of the loss with R1
+    every step less the loss without it), or the path length term's with weight * 4 alone (tested against the
+    Jacobian above); the 'main' phase's is that of the loss without the term."""
     G, D = _stylegan2_pair()
     real, c = torch.randn(4, 1, 8, 8, dtype=torch.float64), torch.zeros(4, 0, dtype=torch.float64)
     z = torch.randn(4, 8, dtype=torch.float64)
+    G.mapping.w_avg_beta = None  # Keep w_avg still: every call below starts from the same networks.
 
-    def d_grads(step, **kwargs):
+    def grads(net, phase, **kwargs):
         loss = GANLoss(G, D, channels_last=False, **kwargs)
-        loss.lazy_terms('D', step)
-        D.requires_grad_(True).zero_grad(set_to_none=True)
+        loss.set_phase(net, phase)
+        module = D if net == 'D' else G
+        module.requires_grad_(True).zero_grad(set_to_none=True)
         torch.manual_seed(0)
-        loss.accumulate_gradients('D', real, c, z, c)
-        D.requires_grad_(False)
-        return [p.grad.clone() for p in D.parameters()]
+        loss.accumulate_gradients(net, real, c, z, c)
+        module.requires_grad_(False)
+        return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in module.parameters()]
 
-    lazy0, lazy1 = d_grads(0, norm='r1', r1_gamma=0.5, D_reg_interval=16), d_grads(1, norm='r1', r1_gamma=0.5, D_reg_interval=16)
-    every, none = d_grads(0, norm='r1', r1_gamma=8.0), d_grads(1, norm='none')
-    for a, b in zip(lazy0, every):
-        torch.testing.assert_close(a, b)
-    for a, b in zip(lazy1, none):
-        torch.testing.assert_close(a, b)
-    assert any(not torch.allclose(a, b) for a, b in zip(lazy0, lazy1))
+    lazy_r1 = dict(norm='r1', r1_gamma=0.5, D_reg_interval=16)
+    reg, main = grads('D', 'reg', **lazy_r1), grads('D', 'main', **lazy_r1)
+    with_r1, without_r1 = grads('D', 'both', norm='r1', r1_gamma=8.0), grads('D', 'both', norm='none')
+    for a, b, m, n in zip(reg, with_r1, main, without_r1):
+        torch.testing.assert_close(a, b - n)
+        torch.testing.assert_close(m, n)
+    lazy_pl = dict(norm='none', pl_weight=0.5, G_reg_interval=4)
+    reg, main, without_pl = grads('G', 'reg', **lazy_pl), grads('G', 'main', **lazy_pl), grads('G', 'both', norm='none')
+    G.requires_grad_(True).zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    GANLoss(G, D, norm='none', pl_weight=2.0, channels_last=False)._path_length_backward(z, c, gain=1.0)
+    G.requires_grad_(False)
+    for a, p, m, n in zip(reg, G.parameters(), main, without_pl):
+        torch.testing.assert_close(a, torch.zeros_like(p) if p.grad is None else p.grad)
+        torch.testing.assert_close(m, n)
+    assert any(a.abs().max() > 0 for a in reg)
+    loss = GANLoss(G, D, channels_last=False, pl_weight=0.5, G_reg_interval=4, **lazy_r1)
+    assert [loss.phases('D', step) for step in (0, 1, 15, 16)] == [('main', 'reg'), ('main',), ('main',), ('main', 'reg')]
+    assert [loss.phases('G', step) for step in (0, 3, 4)] == [('main', 'reg'), ('main',), ('main', 'reg')]
+    # No lazy interval, or nothing to regularize: one phase.
+    assert GANLoss(G, D, channels_last=False, norm='r1').phases('D', 0) == ('both',)
+    assert GANLoss(G, D, channels_last=False, norm='gn', D_reg_interval=16, G_reg_interval=4).phases('G', 0) == ('both',)

@@ -131,13 +131,14 @@ def train_as_before_graphs(run: Run) -> None:
                 net.set_lod(plan.lod)
         for net, module, opt, batches in [('D', run.D, run.D_opt, d_batches), ('G', run.G, run.G_opt, [(None, None, g_labels)])]:
             for real_img, real_c, gen_c in batches:
-                gen_z = torch.randn(gen_c.shape[0], run.G.z_dim)
-                run.loss.lazy_terms(net, index)  # StyleGAN2's lazily scheduled regularizers.
-                module.requires_grad_(True)
-                opt.zero_grad(set_to_none=True)
-                run.loss.accumulate_gradients(net, real_img, real_c, gen_z, gen_c, gain=1.0)
-                module.requires_grad_(False)
-                opt.step()
+                for phase in run.loss.phases(net, index):  # StyleGAN2's lazy regularizers: an Adam step of their own.
+                    gen_z = torch.randn(gen_c.shape[0], run.G.z_dim)
+                    run.loss.set_phase(net, phase)
+                    module.requires_grad_(True)
+                    opt.zero_grad(set_to_none=True)
+                    run.loss.accumulate_gradients(net, real_img, real_c, gen_z, gen_c, gain=1.0)
+                    module.requires_grad_(False)
+                    opt.step()
         with torch.no_grad():
             for p_ema, p in zip(run.G_ema.parameters(), run.G.parameters()):
                 p_ema.lerp_(p, 1 - plan.ema_beta)
@@ -157,6 +158,16 @@ def test_cpu_steps_train_as_the_eager_steps_before_graphs(cfg_name):
     train_as_before_graphs(reference)
     train_with_training_step(run)
     assert_same(run.tensors(), reference.tensors())
+    training_stats._pending.clear()
+
+
+def test_stylegan2_lazy_regularizers_take_optimizer_steps_of_their_own():
+    """NVIDIA's count of Adam steps in 9 G steps: G 9 + 3 (path length at steps 0, 4 and 8), D with R1 9 + 1 (R1 at
+    step 0 of every 16)."""
+    run = Run('gn-stylegan2', 'r1')
+    train_with_training_step(run)
+    counts = [int(next(iter(opt.state.values()))['step']) for opt in (run.G_opt, run.D_opt)]
+    assert counts == [12, 10]
     training_stats._pending.clear()
 
 

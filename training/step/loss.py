@@ -75,10 +75,11 @@ regularization (`pl_weight` > 0): on the first N / pl_batch_shrink latents of a 
     g_i = J_i^T y for each style w_i, y ~ N(0, I) / sqrt(H W) of the image's shape,   a = sqrt(mean_i ||g_i||^2),
     pl_mean <- lerp(pl_mean, mean a, pl_decay),   + pl_weight * E[(a - pl_mean)^2]   (the new pl_mean differentiated)
 
-Lazy regularization: the path length term runs at every `G_reg_interval`-th G step and the constraint's
-penalty (R1) at every `D_reg_interval`-th D step, each weighted by its interval, as NVIDIA's does; here it
-is added to that step's loss (one optimizer step), where NVIDIA's takes a separate optimizer step for it.
-`lazy_terms(net, step)` says which run at a step (the step's caller keys its captured graphs by it).
+Lazy regularization, NVIDIA's phases: with an interval k > 1 the path length term (G, `G_reg_interval`) and the
+constraint's penalty (D, `D_reg_interval`: R1) run at every k-th step as an optimizer step of their own, weighted by
+k, after the step's main loss ('main', then 'reg'); with k = 1 both are one loss and one optimizer step ('both').
+`phases(net, step)` lists a step's phases (its caller runs an optimizer step for each, `set_phase` before it, and
+keys its captured graphs by them).
 pl_mean is a device tensor of the loss (`state_tensors`), one per process as NVIDIA's (each process averages its own
 latents); snapshots keep it (`state_dict`), so a resumed run goes on with it where NVIDIA's restarts it at 0.
 Channels-last memory format (`channels_last`) changes the layout of the networks' weights, not
@@ -110,6 +111,7 @@ LOSSES = ('hinge', 'ns', 'ns-nosigmoid', 'wasserstein')
 AFFINE_CHECK_SAMPLES = 4       # Samples of the first batch on which D's affine form is checked, in float64.
 AFFINE_CHECK_TOLERANCE = 1e-9  # Largest relative error in float64 (rounding gives ~1e-15; a missed term ~1e-1).
 LOSS_STATE_KEYS = ('pl_mean',)  # What GANLoss.state_dict holds: float scalars.
+PHASES = ('both', 'main', 'reg')  # A step's loss with its regularizer, without it, the regularizer alone (phases()).
 
 
 def _bce_on_scores(scores: torch.Tensor, target: float) -> torch.Tensor:
@@ -174,6 +176,7 @@ class Constraint:
     gn_zeta: str | float | None = None  # GN's zeta: the loss sees f / (||grad_x f|| + zeta); None: the raw f.
     spectral_norm: bool = False         # D is built with spectral normalization (its spectral_norm kwarg).
     penalty: Callable | None = None     # Extra D-step term (loss, real_img, real_c, gen_img) -> (per sample, ||grad||).
+    penalty_on_fakes: bool = False      # The penalty reads gen_img (else it gets None in a 'reg' phase).
 
 
 CONSTRAINTS = {
@@ -181,8 +184,8 @@ CONSTRAINTS = {
     'gn1':  Constraint(gn_zeta=1),
     'gn0':  Constraint(gn_zeta=0),
     'sn':   Constraint(spectral_norm=True),
-    'gp1':  Constraint(penalty=functools.partial(interpolate_penalty, center=1.0)),
-    'gp0':  Constraint(penalty=functools.partial(interpolate_penalty, center=0.0)),
+    'gp1':  Constraint(penalty=functools.partial(interpolate_penalty, center=1.0), penalty_on_fakes=True),
+    'gp0':  Constraint(penalty=functools.partial(interpolate_penalty, center=0.0), penalty_on_fakes=True),
     'r1':   Constraint(penalty=r1_penalty),
     'none': Constraint(),
 }
@@ -212,8 +215,8 @@ class GANLoss:
         pl_weight: float = 0.0,             # StyleGAN2 G: path length regularization weight (NVIDIA: 2), 0 = off.
         pl_decay: float = 0.01,             # Decay of the path length average pl_mean.
         pl_batch_shrink: int = 2,           # The path length term sees batch / pl_batch_shrink latents.
-        G_reg_interval: int = 1,            # The path length term at every this-many-th G step (NVIDIA: 4).
-        D_reg_interval: int = 1,            # The constraint's penalty (R1) at every this-many-th D step (NVIDIA: 16).
+        G_reg_interval: int = 1,            # The path length term at every this-many-th G step, own phase (NVIDIA: 4).
+        D_reg_interval: int = 1,            # The constraint's penalty (R1) at every this-many-th D step, own phase (NVIDIA: 16).
     ) -> None:
         dnnlib.util.check_choice('loss', loss, LOSSES)
         dnnlib.util.check_choice('norm', norm, tuple(CONSTRAINTS))
@@ -251,13 +254,21 @@ class GANLoss:
         self.pl_weight, self.pl_decay, self.pl_batch_shrink = pl_weight, pl_decay, pl_batch_shrink
         self.reg_intervals = dict(G=G_reg_interval, D=D_reg_interval)
         self.pl_mean = torch.zeros([], device=None if param is None else param.device)
-        self._lazy = dict(G=True, D=True)  # Whether this step runs its lazy regularizer (lazy_terms).
+        self._phase = dict(G='both', D='both')  # What accumulate_gradients computes (set_phase).
 
-    def lazy_terms(self, net: str, step: int) -> bool:
-        """Whether the step of `net` ('D' or 'G') at G step `step` runs its lazily scheduled regularizer (path length
-        for G, the constraint's penalty for D), remembered for that step's accumulate_gradients calls."""
-        self._lazy[net] = step % self.reg_intervals[net] == 0
-        return self._lazy[net]
+    def phases(self, net: str, step: int) -> tuple[str, ...]:
+        """The phases of the step of `net` ('D' or 'G') at G step `step`, an optimizer step each, in order: ('both',)
+        where its regularizer (path length for G, the constraint's penalty for D) is not lazy or absent, else
+        ('main', 'reg') at every reg_interval-th step and ('main',) between."""
+        regularized = self.pl_weight > 0 if net == 'G' else self.constraint.penalty is not None
+        if self.reg_intervals[net] == 1 or not regularized:
+            return ('both',)
+        return ('main', 'reg') if step % self.reg_intervals[net] == 0 else ('main',)
+
+    def set_phase(self, net: str, phase: str) -> None:
+        """What the following accumulate_gradients calls of `net` compute: one of PHASES."""
+        dnnlib.util.check_choice('phase', phase, PHASES)
+        self._phase[net] = phase
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Tensors the steps change besides the networks and optimizers (the path length average)."""
@@ -338,8 +349,15 @@ class GANLoss:
 
     def _discriminator_step(self, real_img: torch.Tensor, real_c: torch.Tensor, gen_z: torch.Tensor,
                             gen_c: torch.Tensor, gain: float | torch.Tensor) -> None:
-        with torch.no_grad():
-            gen_img = self.run_G(gen_z, gen_c)
+        phase = self._phase['D']
+        gen_img = None
+        if phase != 'reg' or self.constraint.penalty_on_fakes:
+            with torch.no_grad():
+                gen_img = self.run_G(gen_z, gen_c)
+        if phase == 'reg':  # The penalty alone, weighted by its interval.
+            penalty = self._report_penalty(real_img, real_c, gen_img)
+            (penalty * self.reg_intervals['D'] * gain).backward()
+            return
         if self.bias_layers is not None and not self.linear_d_checked:
             self._check_linear_d(real_img, real_c)
         imgs, labels = [real_img, gen_img], [real_c, gen_c]
@@ -362,14 +380,18 @@ class GANLoss:
             loss = loss + self.cr * cr_terms.mean()
             training_stats.report('Loss/cr', cr_terms)
 
-        if self.constraint.penalty is not None and self._lazy['D']:
-            penalty, grad_norm = self.constraint.penalty(self, real_img, real_c, gen_img)
-            loss = loss + penalty.mean() * self.reg_intervals['D']
-            training_stats.report('Loss/grad_norm', grad_norm)
-            training_stats.report('Loss/penalty', penalty)
+        if self.constraint.penalty is not None and phase == 'both':
+            loss = loss + self._report_penalty(real_img, real_c, gen_img)
 
         training_stats.report('Loss/D/loss', loss)
         (loss * gain).backward()
+
+    def _report_penalty(self, real_img: torch.Tensor, real_c: torch.Tensor, gen_img: torch.Tensor | None) -> torch.Tensor:
+        """The constraint's penalty, averaged over the batch (its per-sample values and norms reported)."""
+        penalty, grad_norm = self.constraint.penalty(self, real_img, real_c, gen_img)
+        training_stats.report('Loss/grad_norm', grad_norm)
+        training_stats.report('Loss/penalty', penalty)
+        return penalty.mean()
 
     def _check_linear_d(self, img: torch.Tensor, c: torch.Tensor) -> None:
         """Measure the affine identity once, on a float64 copy of D with random biases (gradnorm.affine_form_error)
@@ -383,16 +405,18 @@ class GANLoss:
         self.linear_d_checked = True
 
     def _generator_step(self, gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float | torch.Tensor) -> None:
-        gen_img = self.run_G(gen_z, gen_c)
-        if self.constraint.gn_zeta is not None and self.fast_g:
-            loss, _ = generator_backward_fast(self.run_D, gen_img, gen_c, zeta=self.constraint.gn_zeta,
-                                              loss_fn=lambda s: g_loss_terms(self.loss, s).mean(),
-                                              grad_norm_scale=self.input_grad_scale(), gain=gain)
-        else:
-            loss = g_loss_terms(self.loss, self.scores(gen_img, gen_c)[0]).mean()
-            (loss * gain).backward()
-        training_stats.report('Loss/G/loss', loss)
-        if self.pl_weight > 0 and self._lazy['G']:
+        phase = self._phase['G']
+        if phase != 'reg':
+            gen_img = self.run_G(gen_z, gen_c)
+            if self.constraint.gn_zeta is not None and self.fast_g:
+                loss, _ = generator_backward_fast(self.run_D, gen_img, gen_c, zeta=self.constraint.gn_zeta,
+                                                  loss_fn=lambda s: g_loss_terms(self.loss, s).mean(),
+                                                  grad_norm_scale=self.input_grad_scale(), gain=gain)
+            else:
+                loss = g_loss_terms(self.loss, self.scores(gen_img, gen_c)[0]).mean()
+                (loss * gain).backward()
+            training_stats.report('Loss/G/loss', loss)
+        if self.pl_weight > 0 and phase != 'main':  # 'reg': weighted by its interval; 'both': the interval is 1.
             self._path_length_backward(gen_z, gen_c, gain * self.reg_intervals['G'])
 
     def _path_length_backward(self, gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float | torch.Tensor) -> None:

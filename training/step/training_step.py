@@ -4,8 +4,9 @@
     discriminator(real_img, real_c, gen_c, ...)     # z ~ N(0, I) on the device; one D update
     generator(gen_c, ...)                           # z ~ N(0, I) on the device; one G update, then G_ema
 
-Each step is one `NetworkUpdater.run` (training/step/updater.py) on the `GANLoss` (training/step/loss.py),
-with its latents drawn inside the step from the device's generator. On CUDA each kind of step is
+Each step is one `NetworkUpdater.run` (training/step/updater.py) on the `GANLoss` (training/step/loss.py) per phase
+of the loss (one, but for StyleGAN2's lazy regularization), with its latents drawn inside the step from the device's
+generator. On CUDA each kind of step is
 replayed as a CUDA graph where that passes its check (training/step/graphs.py; `cuda_graphs`): the
 caller never knows which. So that the eager and the replayed step compute the same, on CUDA the
 optimizers are capturable either way (step counts and learning rates on the device); on a CPU nothing
@@ -13,8 +14,8 @@ of this applies and the step is the plain eager one.
 
 The graph key of a step is what a replay cannot change: the shapes of its inputs, the accumulation
 rounds, and for progressive growing the active resolution and whether a fade-in is under way (its
-progress, the lod, is a device tensor that the networks read), and whether the step runs its lazily
-scheduled regularizer (the loss's `lazy_terms`: StyleGAN2's path length term and lazy R1). The EMA
+progress, the lod, is a device tensor that the networks read), and the step's phases (the loss's `phases`:
+StyleGAN2's lazily scheduled path length term and R1 take an optimizer step of their own). The EMA
 decay, which gn-stylegan2's ramp-up changes at every step, is a device tensor the G step reads.
 """
 
@@ -102,9 +103,9 @@ class TrainingStep:
         """One D update of G step `step` on this process's reals and the fakes of `gen_c`'s labels, in `rounds`
         accumulation rounds."""
         self.updaters['D'].set_step(step)
-        key = ('D', tuple(real_img.shape), tuple(real_c.shape), tuple(gen_c.shape), rounds, self._structure(),
-               self.loss.lazy_terms('D', step))
-        self.captured['D'](key, functools.partial(self._discriminator_step, rounds=rounds),
+        phases = self.loss.phases('D', step)
+        key = ('D', tuple(real_img.shape), tuple(real_c.shape), tuple(gen_c.shape), rounds, self._structure(), phases)
+        self.captured['D'](key, functools.partial(self._discriminator_step, rounds=rounds, phases=phases),
                            dict(real_img=real_img, real_c=real_c, gen_c=gen_c))
 
     def generator(self, gen_c: torch.Tensor, rounds: int, step: int, ema_beta: float = 0.0) -> None:
@@ -112,16 +113,22 @@ class TrainingStep:
         G_ema <- ema_beta * G_ema + (1 - ema_beta) * G."""
         self.updaters['G'].set_step(step)
         self.ema_beta.fill_(ema_beta)
-        key = ('G', tuple(gen_c.shape), rounds, self._structure(), self.loss.lazy_terms('G', step))
-        self.captured['G'](key, functools.partial(self._generator_step, rounds=rounds), dict(gen_c=gen_c))
+        phases = self.loss.phases('G', step)
+        key = ('G', tuple(gen_c.shape), rounds, self._structure(), phases)
+        self.captured['G'](key, functools.partial(self._generator_step, rounds=rounds, phases=phases), dict(gen_c=gen_c))
 
-    def _discriminator_step(self, real_img: torch.Tensor, real_c: torch.Tensor, gen_c: torch.Tensor, rounds: int) -> None:
-        gen_z = torch.randn(real_img.shape[0], self.G.z_dim, device=self.device)
-        self.updaters['D'].run(self.loss, [real_img, real_c, gen_z, gen_c], rounds)
+    def _discriminator_step(self, real_img: torch.Tensor, real_c: torch.Tensor, gen_c: torch.Tensor, rounds: int,
+                            phases: tuple[str, ...]) -> None:
+        for phase in phases:  # Each with its own latents, as NVIDIA's.
+            gen_z = torch.randn(real_img.shape[0], self.G.z_dim, device=self.device)
+            self.loss.set_phase('D', phase)
+            self.updaters['D'].run(self.loss, [real_img, real_c, gen_z, gen_c], rounds)
 
-    def _generator_step(self, gen_c: torch.Tensor, rounds: int) -> None:
-        gen_z = torch.randn(gen_c.shape[0], self.G.z_dim, device=self.device)
-        self.updaters['G'].run(self.loss, [None, None, gen_z, gen_c], rounds)
+    def _generator_step(self, gen_c: torch.Tensor, rounds: int, phases: tuple[str, ...]) -> None:
+        for phase in phases:
+            gen_z = torch.randn(gen_c.shape[0], self.G.z_dim, device=self.device)
+            self.loss.set_phase('G', phase)
+            self.updaters['G'].run(self.loss, [None, None, gen_z, gen_c], rounds)
         if self.G_ema is not None:
             self.updaters['G'].update_ema(self.ema_beta)
 
