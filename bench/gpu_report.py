@@ -73,7 +73,10 @@ Steps, in order of value, with their planned seconds (--quick / full run):
                                 most 60 s with --quick and 600 s in the full run), its last snapshot scored by
                                 bench/quickstart_quality.py on the GPU, and its last image grid. The whole
                                 training pipeline on the GPU, but the least precise figure in a short box: last.
-  total           480 / 4725
+  (full run only)   - /  420    bench/compare.py: docs/results.md's gn-stylegan2 comparison on the digits (GN,
+                                NVIDIA's R1 and no constraint, its CPU-sized networks, 60 kimg each, seed 0)
+                                on the GPU, every run that ends in the box scored, the final samples.
+  total           480 / 5145
 
 The report ends with the targets of the training step (CUDA graphs) on one H100/H200, each measured value
 against its bound: the cifar10-resnet iteration with graphs at most 0.45x the authors' code with GN and 0.5x
@@ -81,9 +84,9 @@ without a constraint (needs --authors-code), GN's cost over no constraint at mos
 for every SN-GAN and BigGAN preset, the --cmax=32 digits step at most 20 ms.
 
 Without a GPU the report says "no GPU" for the steps after the build and still records the environment and
-the build (with a CUDA build of torch, the real build). --outdir receives at most four files: report.md
-(meant for docs/benchmarks.md), report.json (the same data), logs.tar.gz (every step's log) and
-digits-fakes.png. Exit status 1 if a step that ran failed, crashed or was stopped at its time box.
+the build (with a CUDA build of torch, the real build). --outdir receives at most five files: report.md
+(meant for docs/benchmarks.md), report.json (the same data), logs.tar.gz (every step's log),
+digits-fakes.png and (full run) digits-stylegan2.png. Exit status 1 if a step that ran failed, crashed or was stopped at its time box.
 """
 
 import contextlib
@@ -133,7 +136,12 @@ DIGITS_COMMAND = ['train.py', '--cfg=gn-stylegan', '--data=data/digits32.zip', '
                   '--tanh=1', '--tick=2', '--snap=2']
 DIGITS_TRAINING_MAX = {True: 60, False: 600}  # Most seconds of digits training, by --quick.
 DIGITS_SCORING = 15  # Seconds of the digits step kept for scoring the last snapshot.
-OUTPUTS = ('report.md', 'report.json', 'logs.tar.gz', 'digits-fakes.png')  # Everything written to --outdir.
+# docs/results.md's comparison of GN, NVIDIA's R1 and no constraint in gn-stylegan2 on the digits (its CPU-sized
+# networks and length), seed 0, on the GPU.
+SG2_DIGITS_COMPARE = ['bench/compare.py', '--cfg=gn-stylegan2', '--settings=gn:hinge,r1:ns,none:ns', '--seeds=0',
+                      '--kimg=60', '--snaps=6', '--num=1000']
+SG2_DIGITS_EXTRA = '--cmax=16 --map-dim=32 --batch=32'
+OUTPUTS = ('report.md', 'report.json', 'logs.tar.gz', 'digits-fakes.png', 'digits-stylegan2.png')  # All of --outdir.
 REPORT_RESERVE = 2  # Seconds of the budget kept for writing the last report.
 STOP_GRACE = 5  # Seconds a stopped subprocess gets to end before SIGKILL.
 # How the test suite is stopped at its box: SIGINT to pytest alone (its xdist workers are its to end), which then
@@ -430,6 +438,25 @@ def digits_run(ctx: Context, device: str = 'cuda') -> dict:
     return result
 
 
+def digits_stylegan2_run(ctx: Context, device: str = 'cuda') -> dict:
+    """SG2_DIGITS_COMPARE on `device` in the box: every run that ended with its final scores and time per kimg; the
+    runs' final samples (compare.py's samples.png) copied to outdir/digits-stylegan2.png."""
+    out = os.path.join(ctx.workdir, 'compare-stylegan2')
+    command = [sys.executable, *SG2_DIGITS_COMPARE, f'--out={out}', f'--extra={SG2_DIGITS_EXTRA} --device={device}']
+    result = run_child(command, os.path.join(ctx.workdir, 'digits-stylegan2.log'), ctx.deadline - time.monotonic())
+    manifest_path = os.path.join(out, 'manifest.json')
+    runs = json.load(open(manifest_path))['runs'] if os.path.isfile(manifest_path) else {}
+    result['runs'] = [dict(run=key, **run['snapshots'][-1], sec_per_kimg=run['sec_per_kimg'])
+                      for key, run in runs.items() if run['snapshots']]
+    for row in result['runs']:
+        del row['path']
+    if os.path.isfile(os.path.join(out, 'samples.png')):
+        with dnnlib.util.atomic_path(os.path.join(ctx.outdir, 'digits-stylegan2.png')) as tmp:
+            shutil.copyfile(os.path.join(out, 'samples.png'), tmp)
+        result['samples'] = 'digits-stylegan2.png'
+    return result
+
+
 def score_digits(ctx: Context, snapshot: str, device: str, score_args: Sequence[str] = ()) -> dict:
     """bench/quickstart_quality.py on `snapshot` (on `device`, with `score_args`) for what is left of the box."""
     return _json_bench('bench/quickstart_quality.py', [f'--network={snapshot}', f'--device={device}', *score_args],
@@ -505,6 +532,8 @@ STEPS = [
          {True: None, False: 300}, ('gpu',)),
     Step('digits', 'GN-StyleGAN on the embedded digits, time-boxed, scored (bench/quickstart_quality.py)', digits_run,
          {True: 25, False: 750}, ('gpu',)),
+    Step('digits_stylegan2', 'gn-stylegan2 on the digits: GN, R1 and no constraint at equal kimg, docs/results.md\'s '
+         'comparison on the GPU, time-boxed (bench/compare.py)', digits_stylegan2_run, {True: None, False: 420}, ('gpu',)),
 ]
 
 
@@ -701,6 +730,13 @@ def _digits_lines(result: dict) -> List[str]:
     return lines
 
 
+def _digits_stylegan2_lines(result: dict) -> List[str]:
+    lines = [_subprocess_line(result), f'Samples of the final snapshots: {result.get("samples", "none")}.']
+    if result['runs']:
+        lines += [''] + _table(result['runs'], ['run', 'kimg', 'confident', 'classes', 'as_asked', 'fd', 'sec_per_kimg'])
+    return lines
+
+
 def targets(data: dict) -> List[dict]:
     """The training step's targets (module docstring), each with the value the report measured (None: not measured)
     and whether it is met."""
@@ -737,7 +773,7 @@ def _target_lines(data: dict) -> List[str]:
 
 
 RENDER = dict(build=_build_lines, self_check=_self_check_lines, choices=_choices_lines, test_suite=_suite_lines,
-              bench_ops=_ops_lines, digits=_digits_lines)
+              bench_ops=_ops_lines, digits=_digits_lines, digits_stylegan2=_digits_stylegan2_lines)
 
 
 def _status_line(entry: dict) -> str:
@@ -804,7 +840,7 @@ def _signals_stop() -> Iterator[None]:
 
 @click.command()
 @click.option('--outdir', default='gpu-report', show_default=True, type=click.Path(file_okay=False),
-              help='Where report.md, report.json, logs.tar.gz and digits-fakes.png go.')
+              help='Where report.md, report.json, logs.tar.gz, digits-fakes.png and digits-stylegan2.png go.')
 @click.option('--quick', is_flag=True, help='The check sized for a GPU lent for 15 minutes: fewer '
               'repeats and configurations, a short digits run; planned at most 480 s on one H100/H200.')
 @click.option('--budget', type=click.FloatRange(min=1), metavar='SECONDS',

@@ -353,6 +353,43 @@ def test_digits_run_is_stopped_by_its_time_box_and_its_last_snapshot_scored(tmp_
         assert sorted(tar.getnames()) == ['digits-quality.log', 'digits-train.log']
 
 
+def test_stylegan2_digits_comparison_runs_and_is_reported(tmp_path, monkeypatch):
+    """The gn-stylegan2 comparison step through the real bench/compare.py and train.py, narrowed (two settings, 8 real
+    images, a judge trained for one epoch): each run's final scores come back in the report, the samples are kept."""
+    quick_compare = ("import sys; sys.path.insert(0, '.'); from bench import compare; judge = compare.trained_judge; "
+                     "compare.trained_judge = lambda epochs, seed: judge(1, seed); compare.main()")
+    monkeypatch.setattr(gpu_report, 'SG2_DIGITS_COMPARE', ['-c', quick_compare, '--cfg=gn-stylegan2', '--seeds=0',
+                                                           '--settings=gn:hinge,none:ns', '--kimg=0.008', '--snaps=1', '--num=20'])
+    monkeypatch.setattr(gpu_report, 'SG2_DIGITS_EXTRA', '--cmax=4 --map-dim=8 --batch=4 --workers=0')
+    workdir, outdir = tmp_path / 'work', tmp_path / 'out'
+    workdir.mkdir()
+    outdir.mkdir()
+    ctx = gpu_report.Context(workdir=str(workdir), outdir=str(outdir), quick=False, deadline=time.monotonic() + 300)
+    result = gpu_report.digits_stylegan2_run(ctx, device='cpu')
+    assert result['ok'], open(workdir / 'digits-stylegan2.log').read()
+    written = json.load(open(workdir / 'compare-stylegan2' / 'results.json'))['runs']
+    assert [row['run'] for row in result['runs']] == ['gn-hinge-seed0', 'none-ns-seed0']
+    for row, run in zip(result['runs'], written):
+        assert row == dict({k: v for k, v in run['snapshots'][-1].items() if k != 'path'}, run=row['run'],
+                           sec_per_kimg=run['sec_per_kimg'])
+        assert row['kimg'] == 0.008
+    assert (outdir / 'digits-stylegan2.png').read_bytes() == (workdir / 'compare-stylegan2' / 'samples.png').read_bytes()
+    lines = gpu_report.RENDER['digits_stylegan2'](result)
+    assert lines[1] == 'Samples of the final snapshots: digits-stylegan2.png.'
+    assert sum(line.startswith('| gn-hinge-seed0 |') or line.startswith('| none-ns-seed0 |') for line in lines) == 2
+
+
+def test_stylegan2_digits_comparison_is_the_one_in_the_docs():
+    """The GPU runs docs/results.md's command: its settings, length, snapshots, samples and networks (one seed)."""
+    import shlex
+    text = open(os.path.join(REPO_ROOT, 'docs', 'results.md')).read()
+    command = text[text.index('python bench/compare.py --out=compare-stylegan2'):]
+    docs = dict(arg.split('=', 1) for arg in shlex.split(command[:command.index('```')].replace('\\\n', ' '))[2:])
+    ours = dict(arg.split('=', 1) for arg in gpu_report.SG2_DIGITS_COMPARE[1:])
+    assert ours.pop('--seeds') == '0' and docs.pop('--seeds').startswith('0') and docs.pop('--out')
+    assert docs == dict(ours, **{'--extra': gpu_report.SG2_DIGITS_EXTRA})
+
+
 def test_digits_snapshot_is_scored(tmp_path):
     """The scoring of the digits step (bench/quickstart_quality.py in a subprocess) on a snapshot of untrained
     GN-StyleGAN networks for the digits: its table comes back with the snapshot's row."""
