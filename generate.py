@@ -24,6 +24,8 @@ Examples:
 --mix-styles takes coarse (layers 0-3), middle (4-7), fine (8-) or a list such as 0-3; by default
 the rows are split 3:2:1 into coarse, middle and fine, as in StyleGAN's figure, whose noise is const.
 With random noise, StyleGAN's images are made one at a time, each depending on its seed only.
+StyleGAN2 generators (gn-stylegan2, NVIDIA's pickles) default to NVIDIA's generate.py: const noise,
+truncation of every style layer, so that a seed gives the image their tool gives.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import torch  # noqa: E402
 import dnnlib  # noqa: E402
 import legacy  # noqa: E402
 from torch_utils import devices, misc, persistence  # noqa: E402
+from training.networks import stylegan2  # noqa: E402
 
 MAX_SEED = 2 ** 32 - 1            # np.random.RandomState takes seeds in [0, 2^32).
 V1_TRUNCATION_CUTOFF = 8          # StyleGAN v1 truncates the first 8 style layers (resolutions 4 to 32).
@@ -161,8 +164,8 @@ def _style_ranges(spec: str | None, num_rows: int, num_ws: int) -> list[list[int
 
 # StyleGAN networks.
 @click.option('--trunc', 'truncation_psi',            help='Truncation psi (1 = off)', metavar='FLOAT',                                type=float, default=1, show_default=True)
-@click.option('--trunc-cutoff', 'truncation_cutoff',  help='Truncate only the first N style layers  [default: 8]', metavar='INT',      type=click.IntRange(min=0))
-@click.option('--noise-mode',                         help='Per-layer noise  [default: random, seeded by the image\'s seed]',         type=click.Choice(['const', 'random', 'none']))
+@click.option('--trunc-cutoff', 'truncation_cutoff',  help='Truncate only the first N style layers  [default: 8; StyleGAN2: all]', metavar='INT', type=click.IntRange(min=0))
+@click.option('--noise-mode',                         help='Per-layer noise  [default: random, seeded by the image\'s seed; StyleGAN2: const]', type=click.Choice(['const', 'random', 'none']))
 @click.option('--mix-rows',                           help='Style mixing: seeds of the rows', metavar='SEEDS',                         type=str)
 @click.option('--mix-cols',                           help='Style mixing: seeds of the columns', metavar='SEEDS',                      type=str)
 @click.option('--mix-styles',                         help='Style mixing: layers taken from the columns  [default: coarse/middle/fine]', metavar='STYLES', type=str)
@@ -196,7 +199,8 @@ def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, trunc
     is_stylegan = hasattr(G, 'mapping') and hasattr(G, 'synthesis')
     if not is_stylegan and (truncation_psi != 1 or truncation_cutoff is not None or noise_mode is not None or mixing):
         raise click.ClickException('--trunc, --trunc-cutoff, --noise-mode and style mixing need a StyleGAN snapshot')
-    if is_stylegan and truncation_cutoff is None and truncation_psi != 1:
+    is_stylegan2 = isinstance(G, stylegan2.Generator)  # NVIDIA's defaults: every layer truncated, const noise.
+    if is_stylegan and not is_stylegan2 and truncation_cutoff is None and truncation_psi != 1:
         truncation_cutoff = V1_TRUNCATION_CUTOFF
     trunc = dict(truncation_psi=truncation_psi, truncation_cutoff=truncation_cutoff)
     styles = _style_ranges(mix_styles, len(row_seeds), G.num_ws) if mixing else None
@@ -209,8 +213,9 @@ def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, trunc
             path = _style_mixing_figure(G, row_seeds, col_seeds, styles, c, trunc, noise_mode or 'const', device, outdir)
             print(f'Wrote {path}')
         else:
-            images = _generate(G, seed_list, c, trunc if is_stylegan else {}, (noise_mode or 'random') if is_stylegan else None,
-                               batch, device, outdir)
+            default_noise = 'const' if is_stylegan2 else 'random'
+            images = _generate(G, seed_list, c, trunc if is_stylegan else {}, (noise_mode or default_noise) if is_stylegan
+                               else None, batch, device, outdir)
             print(f'Wrote {len(seed_list)} images to {outdir}')
             if grid:
                 path = os.path.join(outdir, 'grid.png')

@@ -191,17 +191,19 @@ def test_generate_calc_metrics_and_legacy_take_nvidia_pickles(tmp_path, monkeypa
     path = tmp_path / 'network-snapshot-000100.pkl'
     path.write_bytes(hostile_files.nvidia_pickle(dict(networks, augment_pipe=None), hostile_files.nvidia_source()))
 
-    # generate.py: NVIDIA's latents (RandomState(seed).randn(z_dim)) and const noise give G's images.
-    outdir = tmp_path / 'out'
-    result = CliRunner().invoke(generate.main, [f'--network={path}', '--seeds=5,9', '--class=2', '--noise-mode=const',
-                                                f'--outdir={outdir}'])
-    assert result.exit_code == 0, result.output
+    # generate.py at its defaults, as NVIDIA's: their latents (RandomState(seed).randn(z_dim)), const noise, and
+    # truncation of every style layer give G's images.
     z = torch.from_numpy(np.stack([np.random.RandomState(s).randn(8) for s in (5, 9)])).float()
-    with torch.no_grad():
-        img = networks['G_ema'](z, torch.eye(3)[[2, 2]], noise_mode='const')
-    expected = (img.permute(0, 2, 3, 1) * 127.5 + 128).clamp(0, 255).to(torch.uint8).numpy()
-    for i, seed in enumerate((5, 9)):
-        assert np.array_equal(np.asarray(PIL.Image.open(outdir / f'seed{seed:04d}.png')), expected[i])
+    for trunc in ([], ['--trunc=0.5']):
+        outdir = tmp_path / f'out{len(trunc)}'
+        result = CliRunner().invoke(generate.main, [f'--network={path}', '--seeds=5,9', '--class=2', *trunc,
+                                                    f'--outdir={outdir}'])
+        assert result.exit_code == 0, result.output
+        with torch.no_grad():
+            img = networks['G_ema'](z, torch.eye(3)[[2, 2]], truncation_psi=0.5 if trunc else 1, noise_mode='const')
+        expected = (img.permute(0, 2, 3, 1) * 127.5 + 128).clamp(0, 255).to(torch.uint8).numpy()
+        for i, seed in enumerate((5, 9)):
+            assert np.array_equal(np.asarray(PIL.Image.open(outdir / f'seed{seed:04d}.png')), expected[i])
 
     # calc_metrics.py: IS of its G_ema.
     data = str(tmp_path / 'data.zip')
@@ -356,8 +358,8 @@ def test_pickle_of_nvidia_code_gives_their_images_through_generate_and_trains(c_
     path = tmp_path / 'nvidia.pkl'
     theirs = np.load(tmp_path / 'images.npy')
     outdir = tmp_path / 'out'
-    args = [f'--network={path}', '--noise-mode=const', f'--outdir={outdir}'] + (['--class=2'] if c_dim else [])
-    for seeds, trunc in [('3,11', []), ('3', ['--trunc=0.6', '--trunc-cutoff=999'])]:
+    args = [f'--network={path}', f'--outdir={outdir}'] + (['--class=2'] if c_dim else [])  # NVIDIA's defaults.
+    for seeds, trunc in [('3,11', []), ('3', ['--trunc=0.6'])]:
         result = CliRunner().invoke(generate.main, args + [f'--seeds={seeds}', *trunc])
         assert result.exit_code == 0, result.output
         assert 'dropped augment_pipe (training.augment.AugmentPipe)' in result.output
