@@ -716,6 +716,11 @@ def slow_writestr(archive: zipfile.ZipFile, *args, original=zipfile.ZipFile.writ
 
 SLOWED = {'busy workers': 'dataset_tool.convert = t.slow_convert', 'idle workers': 'zipfile.ZipFile.writestr = t.slow_writestr'}
 
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before it runs: SIGINT at its default, not ignored as it is inherited when the tests were started in
+    the background by a non-interactive shell."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 @pytest.mark.parametrize('slowed', list(SLOWED))
 def test_ctrl_c_stops_every_worker(tmp_path, slowed):
     """Ctrl-C in a terminal signals the whole process group, workers included, whether they are converting or waiting
@@ -726,7 +731,8 @@ def test_ctrl_c_stops_every_worker(tmp_path, slowed):
     script = (f'import sys, zipfile, dataset_tool, tests.test_dataset_tool as t; {SLOWED[slowed]}; '
               'sys.argv[0] = "dataset_tool.py"; dataset_tool.main()')
     proc = subprocess.Popen([sys.executable, '-c', script, f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--workers=2'],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_sigint_as_in_a_terminal)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (os.listdir(tmp_path / 'out') and len(psutil.Process(proc.pid).children()) == 2):
         time.sleep(0.05)

@@ -6,9 +6,8 @@
 
 Each step is one `NetworkUpdater.run` (training/step/updater.py) on the `GANLoss` (training/step/loss.py) per phase
 of the loss (one, but for StyleGAN2's lazy regularization), with its latents drawn inside the step from the device's
-generator. On CUDA each kind of step is
-replayed as a CUDA graph where that passes its check (training/step/graphs.py; `cuda_graphs`): the
-caller never knows which. So that the eager and the replayed step compute the same, on CUDA the
+generator. On CUDA each kind of step is replayed as a CUDA graph where that passes its check
+(training/step/graphs.py; `cuda_graphs`): the caller never knows which. So that the eager and the replayed step compute the same, on CUDA the
 optimizers are capturable either way (step counts and learning rates on the device); on a CPU nothing
 of this applies and the step is the plain eager one.
 
