@@ -105,7 +105,7 @@ def _worker(rank, init_file, result_file):
 def test_two_process_reduction(tmp_path):
     result_file = str(tmp_path / 'result.pt')
     torch.multiprocessing.spawn(_worker, args=(str(tmp_path / 'init'), result_file), nprocs=2)
-    result = torch.load(result_file)
+    result = torch.load(result_file, weights_only=True)
     assert result['num'] == 6
     assert result['mean'] == pytest.approx(np.mean([0, 1, 2, 10, 11, 12]))
     assert result['only1'] == 5.0
