@@ -446,10 +446,8 @@ def digits_stylegan2_run(ctx: Context, device: str = 'cuda') -> dict:
     result = run_child(command, os.path.join(ctx.workdir, 'digits-stylegan2.log'), ctx.deadline - time.monotonic())
     manifest_path = os.path.join(out, 'manifest.json')
     runs = json.load(open(manifest_path))['runs'] if os.path.isfile(manifest_path) else {}
-    result['runs'] = [dict(run=key, **run['snapshots'][-1], sec_per_kimg=run['sec_per_kimg'])
-                      for key, run in runs.items() if run['snapshots']]
-    for row in result['runs']:
-        del row['path']
+    result['runs'] = [dict(run=key, **{k: v for k, v in run['snapshots'][-1].items() if k != 'path'},
+                           sec_per_kimg=run['sec_per_kimg']) for key, run in runs.items() if run['snapshots']]
     if os.path.isfile(os.path.join(out, 'samples.png')):
         with dnnlib.util.atomic_path(os.path.join(ctx.outdir, 'digits-stylegan2.png')) as tmp:
             shutil.copyfile(os.path.join(out, 'samples.png'), tmp)
