@@ -59,7 +59,7 @@ import torch  # noqa: E402
 import dnnlib  # noqa: E402
 import legacy  # noqa: E402
 from metrics import detectors, features, frechet_inception_distance, metric_main  # noqa: E402
-from torch_utils import devices, persistence  # noqa: E402
+from torch_utils import compat, devices, persistence  # noqa: E402
 
 # Problems of the user's making (no detector, missing, mismatched or unreadable data): one line, exit code 1.
 _USER_ERRORS = (detectors.DetectorUnavailableError, ValueError, OSError)
@@ -148,7 +148,11 @@ def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
         raise
     finally:
         if args.num_gpus > 1:
-            torch.distributed.destroy_process_group()
+            destroyed = compat.destroy_process_group()
+    if args.num_gpus > 1 and not destroyed:  # Left to the process's end (compat): it ends now, its work done.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _spawn(args: dnnlib.EasyDict) -> None:

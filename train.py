@@ -131,14 +131,14 @@ def _run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_t
                 _end_with_parent()
             _train_process(rank, run, init_method, num_threads, stop)
     except SystemExit as e:
-        if init_method is None:
+        if run.experiment.gpus == 1:
             raise
         code = e.code if isinstance(e.code, int) else 1
     else:
         code = 0
-    if init_method is not None:  # Spawned: its work is done (process group down, files closed), so it ends at once; the
-        sys.stdout.flush()       # interpreter's own teardown of gloo's threads could abort it with a C++ runtime message.
-        sys.stderr.flush()
+    if run.experiment.gpus > 1:  # One of several processes (spawned or torchrun's): its work is done, its files closed,
+        sys.stdout.flush()       # so it ends at once. The interpreter's own teardown of gloo's threads could abort it
+        sys.stderr.flush()       # with a C++ runtime message, and a group left to it (compat) would be destroyed there.
         os._exit(code)
 
 
@@ -187,7 +187,7 @@ def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num
         if logger is not None:
             logger.close()
         if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+            compat.destroy_process_group()
 
 
 def _local_rank(rank: int) -> int:

@@ -10,6 +10,8 @@ What a supported release lacks and how the code gets by:
     torch 2.5         ProcessContext.join(grace_period=...)        join_processes: waits out the grace period itself
     torch 2.5         (object, 'module.name') entries of the       named_global: a function carrying the name, which
                       weights_only allow-list                      every release's allow-list accepts
+    torch 2.5 - 2.7   a process group's destructor that releases   destroy_process_group: leaves a gloo group to the
+                      the GIL (a gloo group could deadlock)        process's end (os._exit)
 """
 
 from __future__ import annotations
@@ -77,6 +79,23 @@ def join_processes(context: torch.multiprocessing.ProcessContext, grace_period: 
         for process in context.processes:
             process.join(max(0.0, deadline - time.monotonic()))
     return context.join()
+
+
+# torch 2.8 releases the GIL in a process group's destructor (pytorch/pytorch#154976). Before, gloo's
+# destructor holds the GIL while it joins gloo's worker threads, and a worker that is still releasing the tensor of a
+# finished collective, one that Python has already dropped (a temporary), waits for the GIL to free its Python object:
+# a deadlock, now and then, at the end of a multi-process CPU run (seen in torch 2.5.1: the suite's gloo test hung).
+_DESTRUCTOR_RELEASES_GIL = release(torch.__version__) >= (2, 8)
+
+
+def destroy_process_group() -> bool:
+    """`torch.distributed.destroy_process_group()` at the end of a process, where torch can do it safely; True when
+    done. On torch 2.5 to 2.7 a gloo group is left as it is (False): the caller's process then ends with os._exit,
+    which tears nothing down (the interpreter's own exit would destroy the group just the same)."""
+    if not _DESTRUCTOR_RELEASES_GIL and torch.distributed.get_backend() == 'gloo':
+        return False
+    torch.distributed.destroy_process_group()
+    return True
 
 
 def named_global(function: Callable, name: str) -> Callable:
