@@ -136,7 +136,8 @@ def _rounds_of_groups(rank: int, folder: str) -> None:
     and compat.destroy_process_group, as the programs end. Where compat leaves the group, the process ends there."""
     torch.set_num_threads(1)
     for done in range(ROUNDS):
-        torch.distributed.init_process_group('gloo', init_method=f'file://{folder}/store{done}', rank=rank, world_size=2)
+        store = f'file://{folder}/store{done}'
+        torch.distributed.init_process_group('gloo', init_method=store, rank=rank, world_size=2)
         torch.distributed.all_reduce(torch.ones(1000) * rank)
         destroyed = compat.destroy_process_group()
         with open(os.path.join(folder, f'rounds{rank}'), 'w') as f:
@@ -146,9 +147,9 @@ def _rounds_of_groups(rank: int, folder: str) -> None:
 
 
 def test_a_gloo_group_is_destroyed_only_where_that_never_deadlocks(tmp_path):
-    """torch 2.5.1 deadlocked in destroy_process_group within 15 rounds in each of 4 runs of this loop (a worker
-    thread of gloo waits for the GIL that the destructor holds; docs/benchmarks.md): compat leaves the group there,
-    after one round. torch 2.13 and 2.14 destroy it every round."""
+    """Where compat destroys the group (torch 2.8+), every round ends. Before 2.8 such a loop deadlocks within a few
+    rounds (a worker thread of gloo waits for the GIL that the destructor holds; docs/benchmarks.md), and compat
+    leaves the group after the first round."""
     context = torch.multiprocessing.start_processes(_rounds_of_groups, args=(str(tmp_path),), nprocs=2, join=False,
                                                     start_method='spawn')
     deadline = time.monotonic() + 120

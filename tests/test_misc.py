@@ -92,7 +92,7 @@ def _gloo_worker(rank, store, out_dir, data):
     misc.all_reduce_mean_grads([weight, unused, bias])
     np.savez(os.path.join(out_dir, f'rank{rank}.npz'), weight=weight.grad.numpy(), bias=bias.grad.numpy(),
              unused_is_none=unused.grad is None)
-    if not compat.destroy_process_group():  # As the programs end a process of a group (torch 2.5: gloo could deadlock).
+    if not compat.destroy_process_group():  # As the programs end a group's process (torch < 2.8: gloo may deadlock).
         os._exit(0)
 
 

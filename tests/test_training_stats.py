@@ -101,7 +101,7 @@ def _worker(rank, init_file, result_file):
     if rank == 0:
         torch.save({'mean': collector.mean('Dist/x'), 'num': collector.num('Dist/x'),
                     'only1': collector.mean('Dist/only1')}, result_file)
-    if not compat.destroy_process_group():  # As the programs end a process of a group (torch 2.5: gloo could deadlock).
+    if not compat.destroy_process_group():  # As the programs end a group's process (torch < 2.8: gloo may deadlock).
         os._exit(0)
 
 

@@ -1,12 +1,12 @@
 """A watchdog over every test (a pytest plugin, registered by tests/conftest.py): a test still running after
-GNGAN_TEST_TIME_LIMIT seconds (default 900; the slowest test takes about 30 s on 2 cores) is taken as hung.
+GNGAN_TEST_TIME_LIMIT seconds (default 900, far beyond any test's time) is taken as hung.
 
 It prints, on the stderr that pytest found (not a test's captured one, so a CI log shows it), the test's name, the
 stacks of every thread of its process, and the child processes it kills: a test that waits for a child (a
 subprocess, spawned workers) then fails as any other would. A test still running GRACE_S seconds later waits for
 something else (a thread, a lock), and its process ends with status 70: under pytest-xdist the worker is replaced
 and the suite goes on, without it the run ends. Either way the suite ends, with the stacks, instead of running
-into CI's time limit as one of torch 2.5's gloo deadlocks once did (torch_utils/compat.py, destroy_process_group).
+into CI's time limit with nothing said.
 """
 
 from __future__ import annotations
