@@ -81,8 +81,10 @@ def sg2_spec(name: str, resolution: int, gpus: int) -> dnnlib.EasyDict:
 
 _SNGAN_SMALL = dict(z_dim=128, betas=[0.0, 0.9], batch_D=64, batch_G=128, total_steps=200_000, ema_beta=None,
                     ema_start=0, conditional=False)
+# The large presets are the configs that the authors run with their train_ddp.py, which has no learning-rate
+# scheduler: the learning rates stay constant (the paper's appendix states no decay for these runs).
 _SNGAN_LARGE = dict(arch='resnet', z_dim=128, loss='hinge', lr_G=2e-4, lr_D=2e-4, betas=[0.0, 0.9], n_dis=5,
-                    batch_D=64, batch_G=128, total_steps=100_000, lr_decay='linear', ema_beta=0.9999, conditional=False)
+                    batch_D=64, batch_G=128, total_steps=100_000, lr_decay='none', ema_beta=0.9999, conditional=False)
 
 PRESETS = {
     'cifar10-cnn':        dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='ns', lr_G=2e-4, lr_D=2e-4, n_dis=1, lr_decay='none',
