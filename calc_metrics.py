@@ -32,7 +32,7 @@ Examples:
 
 Results are printed as a table and appended as JSON lines to metric-<name>.jsonl next to the snapshot
 (printed instead for --images or a URL).
-Valid metrics: fid50k_full, fid30k_full, fid10k_full, fid50k, fid10k, is50k, kid50k_full, pr50k3_full.
+Valid metrics: fid50k_full, fid30k_full, fid10k_full, fid50k, fid10k, fid3k, is50k, kid50k_full, pr50k3_full.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ def setup(tmp_path, monkeypatch):
 
 
 def test_registry_lists_the_protocols():
-    for name in ['fid50k_full', 'fid10k_full', 'fid50k', 'fid10k', 'is50k', 'kid50k_full', 'pr50k3_full', 'fid30k_full']:
+    for name in ['fid50k_full', 'fid10k_full', 'fid50k', 'fid10k', 'fid3k', 'is50k', 'kid50k_full', 'pr50k3_full', 'fid30k_full']:
         assert metric_main.is_valid_metric(name)
     assert not metric_main.is_valid_metric('fid5k')
     assert set(metric_main.list_valid_metrics()) >= {'fid50k_full', 'is50k'}
@@ -172,6 +172,19 @@ def test_fid_of_constant_generator(setup):
     expected = np.sum((gen - real.mean(axis=0)) ** 2) + np.trace(np.cov(real, rowvar=False))
     assert result.results.fid50k_full == pytest.approx(expected, rel=1e-5)
     assert result.metric == 'fid50k_full' and result.num_gen == 20 and result.num_gpus == 1
+
+
+def test_fid3k_is_3000_generated_images_against_the_reference_split(setup):
+    # The authors' CelebA-HQ 128 protocol: 3k generated images against the held-out last 3k (here a 10-image split).
+    ref_path = str(setup['tmp_path'] / 'ref3k.zip')
+    ref_images = write_dataset_zip(ref_path, num_images=10, seed=2)
+    result = metric_main.calc_metric('fid3k', G=ConstantGenerator(values=[-0.5]), dataset_kwargs={},
+                                     ref_dataset_kwargs=dataset_kwargs_of(ref_path), detector_url=setup['detector_path'])
+    real = features_of(setup['detector'], ref_images)
+    gen = features_of(setup['detector'], expected_constant_image(-0.5))[0]
+    expected = np.sum((gen - real.mean(axis=0)) ** 2) + np.trace(np.cov(real, rowvar=False))
+    assert result.results.fid3k == pytest.approx(expected, rel=1e-5)
+    assert result.num_gen == 3000 and result.ref_data == os.path.abspath(ref_path)
 
 
 def test_fid_against_reference_split_with_mirror(setup):
