@@ -82,7 +82,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                 detector_url: str | None = None, pr_detector_url: str | None = None, cache: bool = True,
                 progress: Callable[[str], None] | None = None, mirror: bool = False, num_gen: int | None = None,
                 max_real: int | None = None, num_workers: int | None = None,
-                interrupt: Callable[[], None] | None = None) -> dnnlib.EasyDict:
+                interrupt: Callable[[], None] | None = None, generator: str | None = None,
+                bn_batch: int | None = None) -> dnnlib.EasyDict:
     """Evaluate one metric of generator G, or of the images of `images_kwargs` standing in for G; every
     process of a torch.distributed group calls it together.
 
@@ -95,14 +96,16 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
     mirror: add x-flipped real images (not the paper protocol); num_gen / max_real: override the
     protocol's image counts (tests, quick looks); num_workers: data loader worker processes (None = 3,
     or fewer on fewer CPUs); interrupt: called after every batch by every process together, an exception
-    it raises abandons the evaluation (a training run's stop signal).
+    it raises abandons the evaluation (a training run's stop signal); generator: which of a snapshot's generators G
+    is ('G' or 'G_ema'), recorded with the result; bn_batch: None scores G in eval mode, N in training mode on N
+    images per call, its BatchNorm layers normalizing with each batch's statistics (the authors' evaluation).
 
     The whole metric (G's images, the detector's features, the metric's own arithmetic) runs with TF32 off
     (torch_utils/devices.full_precision) whatever the caller's switches, e.g. a --precision=tf32 training run's,
     and the switches are restored afterwards.
 
     Returns EasyDict(results={name: value}, metric, total_time, total_time_str, num_gpus, num_gen, and
-    as far as they apply num_real, data, ref_data, ref_stats, images (absolute paths), max_real, mirror,
+    as far as they apply num_real, data, ref_data, ref_stats, images (absolute paths), max_real, mirror, generator, bn_batch,
     detector, pr_detector), with the same results on every rank. Raises DetectorUnavailableError when
     the detector cannot be fetched, ValueError for an unknown metric, missing or mismatched data.
     """
@@ -114,7 +117,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                                   images_kwargs=images_kwargs, ref_stats=ref_stats if is_fid_metric(metric) else None,
                                   num_gpus=num_gpus, rank=rank, device=device, detector_url=detector_url,
                                   pr_detector_url=pr_detector_url, cache=cache, progress=progress, mirror=mirror,
-                                  num_gen=num_gen, max_real=max_real, num_workers=num_workers, interrupt=interrupt)
+                                  num_gen=num_gen, max_real=max_real, num_workers=num_workers, interrupt=interrupt,
+                                  bn_batch=bn_batch)
     start_time = time.time()
     with devices.full_precision():  # G's images and the metric's distances too, not only the features.
         results = _metric_dict[metric](opts)
@@ -130,7 +134,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
     result = dnnlib.EasyDict(results=dnnlib.EasyDict(results), metric=metric, total_time=total_time,
                              total_time_str=dnnlib.util.format_time(total_time), num_gpus=num_gpus)
     detectors = dict(pr_detector=pr_detector_url) if metric in _VGG16_METRICS else dict(detector=detector_url)
-    fields = dict(opts.info, max_real=max_real, mirror=mirror or None, **detectors)
+    fields = dict(opts.info, max_real=max_real, mirror=mirror or None, generator=generator, **detectors)
     result.update({name: value for name, value in fields.items() if value is not None})
     return result
 
