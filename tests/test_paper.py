@@ -69,3 +69,14 @@ def test_stylegan_figure_and_speed_table_are_the_papers(tex):
 def test_rows_with_a_command_name_a_preset_of_their_dataset(row):
     assert paper.PRESET_DATASETS[row.cfg] == row.dataset and row.cfg in PRESETS
     assert row in paper.rows_for(row.cfg, row.norm, row.loss, row.cr)
+
+
+def test_speed_rows_cost_relative_to_vanilla():
+    from bench.paper_speed import speed_rows
+    results = {'Vanilla': dict(G_its=2.0, D_its=8.0), 'SN': dict(G_its=1.6, D_its=6.4), '1-GP': dict(G_its=1.0, D_its=4.0),
+               'GN': dict(G_its=0.8, D_its=2.5)}
+    rows = {row['method']: row for row in speed_rows(results)}
+    assert rows['GN']['D_cost'] == pytest.approx(8.0 / 2.5) and rows['GN']['G_cost'] == pytest.approx(2.0 / 0.8)
+    assert rows['GN']['paper_D_cost'] == pytest.approx(2.43, abs=0.005)  # 15.73 / 6.48, the paper's GN D step.
+    assert rows['GN']['paper_G_cost'] == pytest.approx(1.88, abs=0.005)  # 6.91 / 3.68, its G step.
+    assert rows['Vanilla']['D_cost'] == 1.0 and rows['SN']['paper_G_cost'] == pytest.approx(6.91 / 6.52)
