@@ -114,3 +114,11 @@ def test_unknown_values_raise_with_valid_names():
         get_config('cifar10-cnn', loss='wgan')
     with pytest.raises(ValueError):
         get_config('cifar10-cnn', cr=-1)
+
+
+def test_every_paper_preset_names_the_source_of_each_value():
+    from training.recipes.configs import PRESETS, SOURCES
+    named = [name for names in SOURCES for name in names]
+    assert sorted(named) == sorted(set(PRESETS) - {'quickstart', 'gn-stylegan2'})  # The two not from the paper.
+    for sources in SOURCES.values():
+        assert list(sources) == list(next(iter(SOURCES.values())))  # The same values, in the table's order.
