@@ -12,6 +12,12 @@ empty ("-") is absent. Which of our metrics gives each column: COLUMNS (the pape
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import module_command  # noqa: E402
 
 CITATION = 'Wu et al., Gradient Normalization for Generative Adversarial Networks, ICCV 2021'
 
@@ -67,7 +73,7 @@ def _row(table, section, method, dataset, values, cfg=None, norm=None, loss=None
 
 
 REIMPL = "the paper's re-implementation"
-THEIRS = 'the STL-10 figures are the paper\'s implementation (the original reports none)'
+THEIRS = 'the paper\'s own run: the CR paper has no STL-10 figures'
 
 ROWS = [
     # Table 2, CIFAR-10 and STL-10, standard CNN (NS loss) and ResNet (hinge loss); mean and std of 5 seeds.
@@ -133,3 +139,11 @@ def rows_for(cfg: str, norm: str, loss: str, cr: float) -> list[PaperRow]:
     table's GN rows can coincide)."""
     return [row for row in ROWS if row.cfg is not None and (row.cfg, row.norm, row.loss) == (cfg, norm, loss)
             and bool(row.cr) == bool(cr)]
+
+
+
+# Not a program: --help shows this module's docstring, and a run names the programs that print its figures.
+main = module_command(__doc__, 'bench/paper_table.py and bench/paper_speed.py')
+
+if __name__ == '__main__':
+    main()

@@ -8,6 +8,7 @@ The paper reports, for each setting, the mean and standard deviation over 5 seed
 run by FID (its section "Experiments" and Table 2). This command does the same with the run directories of
 train.py given to it, which must hold runs of one setting (the same --cfg, --norm, --loss and --cr):
 
+\b
   * scores: the metrics recorded for the run's snapshots in its metric-<name>.jsonl files (train.py --metrics at
     every snapshot, or calc_metrics.py afterwards, e.g. FID(test) with --metrics=fid10k --ref-data=...); with
     --digits (runs on the embedded digits, which have no Inception statistics), every snapshot is judged by the
