@@ -170,11 +170,13 @@ class _Refused(Exception):
 # Text of the file, as data.
 
 
-def _text(value: Any, limit: int = 100) -> str:
+def _text(value: Any, limit: int = 100, quoted: bool = False) -> str:
     """What the file holds, for a message: a string escaped (no control character, no newline) and cut to `limit`
-    characters, a small number as written, anything else by its type (never by str(), which would expand it)."""
+    characters (`quoted`: in quotes), a small number as written, anything else by its type (never by str(), which
+    would expand it)."""
     if isinstance(value, str):
-        return repr(value[:limit])[1:-1] + ('...' if len(value) > limit else '')
+        text = repr(value[:limit])[1:-1] + ('...' if len(value) > limit else '')
+        return f"'{text}'" if quoted else text
     if isinstance(value, (bool, float, type(None))) or isinstance(value, int) and abs(value) < 10 ** 18:
         return repr(value)[:limit]
     if isinstance(value, int):
@@ -352,9 +354,12 @@ class _Persistent(_Record):
         self.class_name, self.module_src, self.state = class_name, module_src, state
 
 
-def _persistent(load: _Load, meta: Any) -> _Persistent:
+def _persistent(load: _Load, *args: Any) -> _Persistent:
     """NVIDIA's persistence._reconstruct_persistent_obj(meta), as a record of the meta dict."""
     keys = {'type', 'version', 'module_src', 'class_name', 'state'}
+    if len(args) != 1:
+        raise _Refused(f'calls NVIDIA\'s persistent-object constructor with {len(args)} arguments instead of its meta dict')
+    meta = args[0]
     if not isinstance(meta, dict) or not all(isinstance(key, str) for key in meta) or set(meta) != keys:
         raise _Refused(f'a persistent object\'s meta is not a dict of {", ".join(sorted(keys))}')
     if meta['type'] != 'class' or not _count(meta['version']):
@@ -622,7 +627,7 @@ def _check_kwargs(kwargs: dict, where: str) -> None:
     """NVIDIA's kwargs (_KWARG_RULES), at every level of their nesting, before anything is built from them."""
     for key, value in kwargs.items():
         if key in _KWARG_RULES and not _KWARG_RULES[key][1](value):
-            raise _Refused(f'{where}.{key} is {_text(value, 40)}, not {_KWARG_RULES[key][0]}')
+            raise _Refused(f'{where}.{key} is {_text(value, 40, quoted=True)}, not {_KWARG_RULES[key][0]}')
         if isinstance(value, dict):
             _check_kwargs(value, f'{where}.{key}')
 
@@ -761,6 +766,9 @@ def load_network_pickle(f: BinaryIO, path_or_url: str, dropped: Callable[[str], 
         del data
         if not isinstance(snapshot, dict) or not any(key in snapshot for key in _SNAPSHOT_NETWORKS):
             raise _Refused(f'is not a StyleGAN2 snapshot of NVIDIA\'s code (a dict with {", ".join(_SNAPSHOT_NETWORKS)})')
+        for key in snapshot:
+            if not isinstance(key, str):
+                raise _Refused(f'names an entry by {_text(key)}, not by a string as NVIDIA\'s snapshots do')
         result = dnnlib.EasyDict(training_set_kwargs=None)
         for key, value in snapshot.items():
             if key in _SNAPSHOT_NETWORKS:

@@ -219,13 +219,14 @@ class _ShapesOnly(torch.overrides.TorchFunctionMode):
 _shapes_cache: dict[tuple[str, str, int], dict[str, tuple[int, ...]]] = {}  # G and G_ema share one probe.
 
 
-def _shapes_of(cls: type, kwargs: dict, max_bytes: int) -> dict[str, tuple[int, ...]]:
+def _shapes_of(cls: type, kwargs: dict, max_bytes: int, max_tensors: int | None = None) -> dict[str, tuple[int, ...]]:
     """State dict shapes of the network cls(**kwargs), built on the meta device without storage.
 
-    Building stops as soon as the registered parameters and buffers exceed max_bytes, so a loop
-    asking for millions of layers ends early too.
+    Building stops as soon as the registered parameters and buffers exceed max_bytes, or number more
+    than max_tensors (None: any number), so a loop asking for millions of layers, however small,
+    ends early too.
     """
-    key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_bytes)
+    key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_bytes, max_tensors)
     if key in _shapes_cache:
         return _shapes_cache[key]
     nbytes, seen, thread = 0, set(), threading.get_ident()
@@ -238,6 +239,9 @@ def _shapes_of(cls: type, kwargs: dict, max_bytes: int) -> dict[str, tuple[int, 
             if nbytes > max_bytes:
                 raise UnsafeSnapshotError(f'asks for a network of more than {max_bytes:,} bytes of parameters and '
                                           f'buffers, far more than the file holds')
+            if max_tensors is not None and len(seen) > max_tensors:
+                raise UnsafeSnapshotError(f'asks for a network of more than {max_tensors:,} parameters and buffers, '
+                                          f'far more than the file holds')
     hooks = [torch.nn.modules.module.register_module_parameter_registration_hook(count),
              torch.nn.modules.module.register_module_buffer_registration_hook(count)]
     try:
@@ -286,14 +290,15 @@ def rebuild_network(name: Any, kwargs: Any, state: Any, where: str) -> torch.nn.
     except dnnlib.util.ConfigError as e:
         raise UnsafeSnapshotError(str(e)) from None
 
-    # Build on the meta device first: kwargs asking for more than the state dict holds are refused
-    # before anything is allocated. The bound leaves room for what is registered but not saved
-    # (non-persistent buffers such as filters, tensors a parametrization replaces).
+    # Build on the meta device first: kwargs asking for more than the state dict holds (bytes, or layers:
+    # tensors) are refused before anything is allocated, and before a loop of many layers has run long.
+    # The bounds leave room for what is registered but not saved (non-persistent buffers such as filters,
+    # tensors a parametrization replaces).
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
     stored = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}  # Shared once.
     max_bytes = 2 * sum(stored.values()) + 2 ** 20
     try:
-        shapes = _shapes_of(cls, kwargs, max_bytes)
+        shapes = _shapes_of(cls, kwargs, max_bytes, max_tensors=2 * len(state) + 64)
     except UnsafeSnapshotError as e:
         raise UnsafeSnapshotError(f'{where}: {name} {e}') from None
     except Exception as e:  # The kwargs come from the file: any failure of the constructor means a bad file.
