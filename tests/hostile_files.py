@@ -726,10 +726,12 @@ class Outcome:
         return lines[-1] if lines else ''
 
 
-def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None = None, url: str | None = None) -> list[Case]:
+def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None = None, url: str | None = None,
+                  variant_bytes: int = 1 << 20) -> list[Case]:
     """The command lines that read hostile files, one per entry point and file, with the reason each must give;
     only those of `scripts` (default: all). The files are written to `folder` as the cases need them (bombs
-    expanding to `bomb_bytes`); `url` is a server's address whose /detector.pt sends more than DOWNLOAD_CAP."""
+    expanding to `bomb_bytes`, the NVIDIA pickle variants' long source and storage of `variant_bytes`); `url` is a
+    server's address whose /detector.pt sends more than DOWNLOAD_CAP."""
     made: dict[str, str] = {}
 
     def made_once(name: str, make) -> str:
@@ -804,6 +806,10 @@ def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None 
                                              f'carries 16 bytes',
         'NVIDIA pickle nested 200,000 deep': 'training_set_kwargs: nested deeper than 32 levels',
     }
+    for name, (make, reason) in nvidia_variants(variant_bytes).items():
+        file = f'NVIDIA pickle {name}'
+        files[file] = (f'nvidia-{name.split()[0]}.pkl', make)
+        nvidia_reasons[file] = reason
     for file, reason in nvidia_reasons.items():
         add('generate.py --network', file, reason, '--network={path}', '--seeds=0', f'--outdir={out}')
         if scripts is None or 'calc_metrics.py' in scripts:

@@ -320,12 +320,20 @@ class _Load:
     """One file being read: its size, and what has been read of it against the bounds (module docstring)."""
 
     def __init__(self, file_size: int, interrupt: Callable[[], None]) -> None:
-        self.file_size, self.interrupt = file_size, interrupt
+        self.file_size, self._interrupt = file_size, interrupt
+        self.interrupted: BaseException | None = None  # What interrupt() raised (passed through the unpickler).
         self.storage_bytes = 0           # Elements of the storages read so far: at most the file's size.
         self.sources: dict[int, str] = {}  # id -> module source of the records (the strings kept alive here).
         self.distinct_sources: set[str] = set()  # Their sha256.
         self.network_bytes = 0           # What the networks built from the file take (NETWORK_ALLOWANCE).
         self.plain_items = 0             # Values of plain data read (MAX_PLAIN_ITEMS).
+
+    def interrupt(self) -> None:
+        try:
+            self._interrupt()
+        except BaseException as e:
+            self.interrupted = e
+            raise
 
     def max_network_bytes(self) -> int:
         return 2 * self.file_size + NETWORK_ALLOWANCE
@@ -740,6 +748,8 @@ def _unpickle(data: bytes, load: _Load) -> Any:
     except _Refused:
         raise
     except Exception as e:  # noqa: BLE001 - arbitrary bytes can fail the unpickler in any way; only our stand-ins ran.
+        if load.interrupted is not None:
+            raise load.interrupted from None
         raise _Refused(f'is not a pickle that can be read as data ({type(e).__name__}: {_text(dnnlib.util.first_line(e), 200)})') from None
 
 
@@ -778,7 +788,7 @@ def load_network_pickle(f: BinaryIO, path_or_url: str, dropped: Callable[[str], 
                 result[key] = _training_set_kwargs(value, dropped, path_or_url, load)
             elif value is not None:
                 what = _module_of(value.module_src).qualname(value.class_name) if isinstance(value, _Persistent) else \
-                    _text(value).removeprefix('a ')
+                    type(value).__name__.strip('_').lower()
                 dropped(_one_line(f'{path_or_url}: dropped {_text(key)} ({what}): this project does not use it'))
     except _Refused as e:
         raise NvidiaPickleError(_one_line(f'{path_or_url}: refused to load: {e}; nothing in it was run')) from None
