@@ -16,7 +16,8 @@ pickled as `torch.storage._load_from_bytes(<a legacy torch.save of the storage>)
 here (their layout: pickles of the magic number, protocol 1001 and sys_info, the storage's persistent id
 ('storage', torch.<T>Storage, key, location, numel), the list of keys, then per key an int64 element count
 and the raw little-endian elements). Any other global, a persistent id, or state set on a record is
-refused: `NvidiaPickleError`, one line, nothing of the file run.
+refused: `NvidiaPickleError`, one line, nothing of the file run. So is a file whose reading would go
+beyond the bound below, before it does.
 
 The embedded source is never compiled or run: it is parsed (ast.parse, at most MAX_SOURCE_CHARS) only to
 tell which of NVIDIA's modules it is, by the persistent classes it defines, since the pickle records no
@@ -39,14 +40,29 @@ checked against the class, shapes compared on the meta device, the tensors loade
 not describe a dataset of ours (NVIDIA's ImageFolderDataset takes the same kwargs as ours) and any other
 entry.
 
-Memory (torch_utils/bounded_read.py's bound, MEMORY_FACTOR x file size + MEMORY_ALLOWANCE): the file is
-read whole (1x), passes bounded_read.check_pickle (opcodes and memo, so the objects it makes stay within the
-allowance) and unpickles; the storages' bytes live in the unpickler (1x) while each is copied into its
-tensor (1x), and only after its declared element count was found within those bytes (the five small
-pickles before them at most MAX_STORAGE_OPCODES opcodes each). A tensor must lie within its storage
-without broadcast strides. Sources are parsed one at a time, their syntax trees dropped at once (at most
-~60 MiB for MAX_SOURCE_CHARS). After unpickling only the tensors remain, and the networks built from
-them (1x).
+Memory (torch_utils/bounded_read.py's bound, MEMORY_FACTOR x file size + MEMORY_ALLOWANCE) and time: the file
+is read whole (1x); its opcodes are checked before it is unpickled (_check_opcodes: at most
+MAX_PICKLE_OPCODES, each making one small object; no string beyond MAX_STRING_BYTES, no memo index
+skipping ahead; and the tuples hashed as dict keys or set items, counted as the tuples hashing visits, a
+memoized tuple each time, at most MAX_HASH_VISITS), without decoding them. The unpickler's stand-ins are
+functions (or _Dict, which takes no arguments), so NEWOBJ, OBJ and INST reach them only through their
+checks. The storages' bytes live in the unpickler (1x) while each is copied into its tensor, and only after
+its declared element count was found within those bytes (the five small pickles before them checked as
+the file is, at most MAX_STORAGE_OPCODES opcodes each); the storages made may hold at most the file's
+size in all (1x), so a blob the memo hands to many calls counts each time. A tensor must lie within its
+storage without broadcast strides. At most MAX_SOURCES distinct sources are parsed, one at a time, their
+syntax trees dropped at once (at most ~60 MiB for MAX_SOURCE_CHARS). What the records expand to is
+counted before it is made: plain data (kwargs, training_set_kwargs) as the tree it copies to, at most
+MAX_PLAIN_ITEMS values; the networks' layers and tensors as often as the layers reach them (a layer
+shared by two others counts twice), each with what its object takes (LAYER_COST, TENSOR_COST) and each
+tensor with its bytes, at most 2 x the file's size + NETWORK_ALLOWANCE in all (their tensors copied
+into the networks built). Kwargs must have the types of NVIDIA's (_KWARG_RULES), and the latent, style
+and label dimensions at most the elements of the network's tensors (a 10^9-dimensional label over an
+empty embedding would take 4 GB an image to run). persistence.rebuild_network then builds on the meta
+device within 2 x the tensors' bytes and number. A real network, of any resolution, has its tensors in the
+file and is within each bound.
+
+Text of the file is printed as data: escaped (newlines, terminal escape codes), cut, on one line.
 """
 
 from __future__ import annotations
