@@ -562,6 +562,10 @@ def nvidia_variants(scale: int = 1 << 20) -> dict[str, tuple[Callable[[], bytes]
         'b17b G made by INST, an extra key': (lambda: _pickled_record('INST', dict(meta, extra=1)),
                                               'a persistent object\'s meta is not a dict of class_name, module_src, state'),
         'c3 a storage read 500 times': (storage_read_again, 'its storages would hold more than the'),
+        'c6 10^6 mapping layers of width 1 asked, 2 in the file': (
+            lambda: nvidia_pickle(networks(mapping_kwargs={'num_layers': 10 ** 6, 'layer_features': 1}), source),
+            'G (training.networks.Generator): training.networks.stylegan2.Generator asks for a network of more than 138 '
+            'parameters and buffers, far more than the file holds'),
         'c6c 200,000 mapping layers of width 1': (many_layers, too_large),
         'c7c c_dim 10^9 over an empty embedding': (huge_label, 'G: training.networks.Generator asks for a label dimension '
                                                                '(c_dim) of 1,000,000,000, more than the'),

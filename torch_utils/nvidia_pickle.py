@@ -741,7 +741,9 @@ def _network(record: Any, where: str, kind: str, load: _Load) -> torch.nn.Module
             raise _Refused(f'{where}: {name} asks for a {what} ({key}) of {kwargs[key]:,}, more than the {elements:,} '
                            f'elements its tensors hold')
     try:
-        return persistence.rebuild_network(NETWORKS[name], kwargs, state_dict, f'{where} ({name})')
+        # Our StyleGAN2 networks register exactly the tensors they save (and a few filters).
+        return persistence.rebuild_network(NETWORKS[name], kwargs, state_dict, f'{where} ({name})',
+                                           max_tensors=2 * len(state_dict) + 64)
     except persistence.UnsafeSnapshotError as e:
         raise _Refused(str(e)) from None
 

@@ -267,11 +267,13 @@ def _decode_module(value: dict, where: str) -> torch.nn.Module:
     return rebuild_network(value[_MODULE_TAG], value['init_kwargs'], value['state_dict'], where)
 
 
-def rebuild_network(name: Any, kwargs: Any, state: Any, where: str) -> torch.nn.Module:
+def rebuild_network(name: Any, kwargs: Any, state: Any, where: str, max_tensors: int | None = None) -> torch.nn.Module:
     """The network `name` (one of this project's, by class name) built from `kwargs` read from a file, with the tensors
     `state` loaded strictly; on the CPU, in eval mode, requires_grad off. Raises UnsafeSnapshotError (one line starting
     with `where`) unless the class is ours, the kwargs are plain data it accepts, and they describe a network of
-    exactly the state's shapes (compared on the meta device, before anything of that size is allocated)."""
+    exactly the state's shapes (compared on the meta device, before anything of that size is allocated, and stopped
+    once it registers more than `max_tensors` parameters and buffers, when given: a class that registers no more
+    than it saves can so be bounded in layers too)."""
     try:
         cls = dnnlib.util.get_class(name)
     except dnnlib.util.ConfigError as e:
@@ -290,15 +292,15 @@ def rebuild_network(name: Any, kwargs: Any, state: Any, where: str) -> torch.nn.
     except dnnlib.util.ConfigError as e:
         raise UnsafeSnapshotError(str(e)) from None
 
-    # Build on the meta device first: kwargs asking for more than the state dict holds (bytes, or layers:
-    # tensors) are refused before anything is allocated, and before a loop of many layers has run long.
-    # The bounds leave room for what is registered but not saved (non-persistent buffers such as filters,
-    # tensors a parametrization replaces).
+    # Build on the meta device first: kwargs asking for more than the state dict holds (bytes, or with
+    # max_tensors layers) are refused before anything is allocated, and before a loop of many layers has run
+    # long. The bound on bytes leaves room for what is registered but not saved (non-persistent buffers such
+    # as filters, tensors a parametrization replaces).
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
     stored = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}  # Shared once.
     max_bytes = 2 * sum(stored.values()) + 2 ** 20
     try:
-        shapes = _shapes_of(cls, kwargs, max_bytes, max_tensors=2 * len(state) + 64)
+        shapes = _shapes_of(cls, kwargs, max_bytes, max_tensors)
     except UnsafeSnapshotError as e:
         raise UnsafeSnapshotError(f'{where}: {name} {e}') from None
     except Exception as e:  # The kwargs come from the file: any failure of the constructor means a bad file.
