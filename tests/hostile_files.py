@@ -550,7 +550,7 @@ def nvidia_variants(scale: int = 1 << 20) -> dict[str, tuple[Callable[[], bytes]
                                                   mapping_kwargs=value, channel_base=128, channel_max=16))
         return nvidia_pickle({'G': G}, stylegan3)
 
-    tuple_visits = f'hashing its dict keys and set items would visit more than 4,194,304 tuples'
+    tuple_visits = 'hashing its dict keys and set items would visit more than 4,194,304 tuples'
     too_large = 'its networks would take more than'
     return {
         'a6u source of 4-byte characters': (long_source, f'holds a string of {scale // 4 * 4 + len(source) + 2:,} bytes'),
@@ -580,7 +580,7 @@ def nvidia_variants(scale: int = 1 << 20) -> dict[str, tuple[Callable[[], bytes]
                              'G.init_kwargs.z_dim is a list, not an integer in [0, 2^31)'),
         'c11 an entry named by bytes': (lambda: key_of(bytes(scale)), 'names an entry by a bytes, not by a string'),
         'c12 a key of shared tuples 60 deep': (tuple_key, tuple_visits),
-        'c12b shared tuples 60 deep in a storage': (hashed_in_storage, f'a storage: refused to read: {tuple_visits}'),
+        'c12b shared tuples 60 deep in a storage': (hashed_in_storage, f'a storage: {tuple_visits}'),
         'c13 layers shared 22 deep, with parameters': (lambda: layer_dag(22, True), too_large),
         'c13c layers shared 30 deep, without parameters': (lambda: layer_dag(30, False), too_large),
         'd5c D as G_ema': (lambda: nvidia_pickle({**nvidia_networks(), 'G_ema': nvidia_networks()['D']}, source),

@@ -254,7 +254,7 @@ def _check_opcodes(data: bytes, start: int, what: str, max_opcodes: int, interru
         if count % 65536 == 65535:
             interrupt()
         if count == max_opcodes:
-            raise refuse(f'refused to read: a pickle of more than {max_opcodes:,} opcodes')
+            raise refuse(f'a pickle of more than {max_opcodes:,} opcodes')
         op = pickletools.code2op.get(chr(data[pos])) if pos < len(data) else None
         if op is None:
             raise refuse('is not a pickle (no STOP)' if pos >= len(data) else f'is not a pickle (opcode {data[pos]:#04x} at byte {pos})')
@@ -265,7 +265,7 @@ def _check_opcodes(data: bytes, start: int, what: str, max_opcodes: int, interru
             for _ in range(2 if arg.name == 'stringnl_noescape_pair' else 1):
                 end = data.find(b'\n', pos, pos + MAX_STRING_BYTES + 1)
                 if end < 0:
-                    raise refuse(f'refused to read: a line of the pickle is longer than {MAX_STRING_BYTES:,} bytes or has no end')
+                    raise refuse(f'a line of the pickle is longer than {MAX_STRING_BYTES:,} bytes or has no end')
                 if name in ('GET', 'PUT'):
                     index = int(data[pos:end]) if data[pos:end].isdigit() else -1
                 pos = end + 1
@@ -275,7 +275,7 @@ def _check_opcodes(data: bytes, start: int, what: str, max_opcodes: int, interru
                 raise refuse('is not a pickle (it ends inside an opcode)')
             (length,) = struct.unpack_from(prefix, data, pos)
             if name in _STRING_OPCODES and length > MAX_STRING_BYTES:
-                raise refuse(f'refused to read: it holds a string of {length:,} bytes (at most {MAX_STRING_BYTES:,} are read)')
+                raise refuse(f'holds a string of {length:,} bytes (at most {MAX_STRING_BYTES:,} are read)')
             if length < 0 or pos + width + length > len(data):
                 raise refuse(f'is not a pickle ({name} at byte {pos - 1} claims {length:,} bytes beyond its end)')
             pos += width + length
@@ -294,7 +294,7 @@ def _check_opcodes(data: bytes, start: int, what: str, max_opcodes: int, interru
         elif name.endswith('PUT') or name == 'MEMOIZE':
             index = len(memo) if name == 'MEMOIZE' else index
             if index is None or not 0 <= index <= len(memo):
-                raise refuse(f'refused to read: the pickle stores memo entry {index} after {len(memo)}')
+                raise refuse(f'the pickle stores memo entry {index} after {len(memo)}')
             if not stack or stack[-1] is _MARK:
                 raise refuse('is not a pickle (it memoizes what is not there)')
             memo[index] = stack[-1]
@@ -324,7 +324,7 @@ def _check_opcodes(data: bytes, start: int, what: str, max_opcodes: int, interru
             pop(len(op.stack_before))
             stack += [1] * len(op.stack_after)
         if hash_visits > MAX_HASH_VISITS:
-            raise refuse(f'refused to read: hashing its dict keys and set items would visit more than {MAX_HASH_VISITS:,} '
+            raise refuse(f'hashing its dict keys and set items would visit more than {MAX_HASH_VISITS:,} '
                          f'tuples (tuples nested in memoized tuples)')
     raise AssertionError('unreachable')
 
