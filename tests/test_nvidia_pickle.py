@@ -11,6 +11,7 @@ import collections
 import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ import torch
 from click.testing import CliRunner
 
 import calc_metrics
+import dnnlib
 import generate
 import legacy
 from tests import hostile_files
@@ -438,8 +440,7 @@ def test_globals_in_a_storage_are_refused_unrun(tmp_path):
     """The pickles inside a storage's bytes have their own unpickler, which names only torch's storage types."""
     flag = tmp_path / 'ran'
     f = io.BytesIO()
-    pickle_module = __import__('pickle')
-    pickle_module.dump(hostile_files.PickledCall(os.system, f'touch {flag}'), f, protocol=2)  # In place of the magic number.
+    pickle.dump(hostile_files.PickledCall(os.system, f'touch {flag}'), f, protocol=2)  # In place of the magic number.
     networks = hostile_files.nvidia_networks()
     networks['G'].mapping._buffers['w_avg'] = hostile_files.PickledCall(
         torch._utils._rebuild_tensor_v2, hostile_files.PickledCall(torch.storage._load_from_bytes, f.getvalue()), 0, (8,), (1,),
@@ -482,7 +483,7 @@ def test_sigterm_while_train_reads_the_pickle_stops_it(tmp_path, monkeypatch, ca
     monkeypatch.setattr(nvidia_pickle, '_load_storage', signal_at_the_third)
     opts = dict(resume=str(path), resume_fresh_d=False, resume_override=False)
     with StopSignal() as stop, pytest.raises(SystemExit) as info:
-        train._load_nvidia(type('Opts', (dict,), {'__getattr__': dict.__getitem__})(opts), stop)
+        train._load_nvidia(dnnlib.EasyDict(opts), stop)
     assert info.value.code == 75
     assert capsys.readouterr().err == f'Stopped by SIGTERM while reading --resume={path}; nothing was started\n'
     assert len(read) == 3  # The storage in progress is read; none after it.
