@@ -209,7 +209,6 @@ def _one_line(message: str) -> str:
 #----------------------------------------------------------------------------
 # The pickle's opcodes, checked before anything is unpickled.
 
-_MARK = None  # The stack's marks in _check_opcodes; other items are the tuple nodes of the object (1: not a tuple).
 _STRING_OPCODES = {'STRING', 'BINSTRING', 'SHORT_BINSTRING', 'UNICODE', 'SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8'}
 _LENGTH_PREFIX = {pickletools.TAKEN_FROM_ARGUMENT1: ('<B', 1), pickletools.TAKEN_FROM_ARGUMENT4: ('<i', 4),
                   pickletools.TAKEN_FROM_ARGUMENT4U: ('<I', 4), pickletools.TAKEN_FROM_ARGUMENT8U: ('<Q', 8)}
@@ -223,30 +222,27 @@ def _check_opcodes(data: bytes, start: int, what: str, max_opcodes: int, interru
     `max_opcodes`; a string longer than MAX_STRING_BYTES; memo indices that skip ahead (the C unpickler grows its memo
     to twice the largest index); or tuples hashed as dict keys and set items whose hashing would visit more than
     MAX_HASH_VISITS tuples (a tuple of n tuples that are one memoized tuple of n ... visits n^depth). It follows the
-    unpickler's stack: each item is the number of tuple nodes hashing it visits (1: not a tuple)."""
-    stack: list[int | None] = []
-    memo: dict[int, int | None] = {}
+    unpickler's stack (its marks apart): each item is the number of tuple nodes hashing it visits (1: not a tuple)."""
+    stack: list[int] = []
+    marks: list[int] = []  # Where each mark is in the stack: the unpickler keeps them apart, as here.
+    memo: dict[int, int] = {}
     hash_visits, pos = 0, start
 
     def refuse(why: str) -> _Refused:
         return _Refused(f'{what}: {why}' if what else why)
 
     def pop_to_mark() -> list[int]:
-        if _MARK not in stack:
+        if not marks:
             raise refuse('is not a pickle (an opcode takes a mark that is not there)')
-        at = len(stack) - 1 - stack[::-1].index(_MARK)
-        items = stack[at + 1:]
+        at = marks.pop()
+        items = stack[at:]
         del stack[at:]
         return items
 
-    def pop(count: int) -> list[int | None]:
-        if count == 0:
-            return []
-        if len(stack) < count:
+    def pop(count: int) -> list[int]:
+        if len(stack) - count < (marks[-1] if marks else 0):
             raise refuse('is not a pickle (its stack runs out)')
         items = stack[len(stack) - count:]
-        if _MARK in items:
-            raise refuse('is not a pickle (an opcode takes a mark for an object)')
         del stack[len(stack) - count:]
         return items
 
@@ -290,12 +286,12 @@ def _check_opcodes(data: bytes, start: int, what: str, max_opcodes: int, interru
             pop(1)
             return pos
         if name == 'MARK':
-            stack.append(_MARK)
+            marks.append(len(stack))
         elif name.endswith('PUT') or name == 'MEMOIZE':
             index = len(memo) if name == 'MEMOIZE' else index
             if index is None or not 0 <= index <= len(memo):
                 raise refuse(f'the pickle stores memo entry {index} after {len(memo)}')
-            if not stack or stack[-1] is _MARK:
+            if len(stack) <= (marks[-1] if marks else 0):
                 raise refuse('is not a pickle (it memoizes what is not there)')
             memo[index] = stack[-1]
         elif name.endswith('GET'):
@@ -303,8 +299,9 @@ def _check_opcodes(data: bytes, start: int, what: str, max_opcodes: int, interru
                 raise refuse(f'is not a pickle (it fetches memo entry {index}, which is not there)')
             stack.append(memo[index])
         elif name == 'DUP':
-            stack.append(pop(1)[0])
-            stack.append(stack[-1])
+            stack += pop(1) * 2
+        elif name == 'POP' and marks and marks[-1] == len(stack):  # The unpickler's POP takes a mark on top.
+            marks.pop()
         elif pickletools.markobject in op.stack_before:
             items = pop_to_mark()
             below = pop(op.stack_before.index(pickletools.markobject))
