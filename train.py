@@ -74,7 +74,7 @@ from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
 from training.recipes.configs import SG2_SPECS  # noqa: E402
 from training.run import run_dirs, write_failure  # noqa: E402
-from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal, shared_request  # noqa: E402
+from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopRequested, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402
 from training.step.precision import PRECISIONS  # noqa: E402
 from training.step.graphs import CudaGraphsBroken  # noqa: E402
@@ -212,19 +212,26 @@ def _open_dataset(data: str, use_labels: bool, option: str = '--data') -> ImageF
     return dataset
 
 
-def _load_nvidia(opts: dnnlib.EasyDict) -> dnnlib.EasyDict | None:
+def _load_nvidia(opts: dnnlib.EasyDict, stop: StopSignal) -> dnnlib.EasyDict | None:
     """With --resume of a StyleGAN2 pickle of NVIDIA's code: the networks a new run starts from (G, G_ema, and D
-    unless --resume-fresh-d), read as data (torch_utils/nvidia_pickle.py); else None."""
+    unless --resume-fresh-d), read as data (torch_utils/nvidia_pickle.py), which a stop request interrupts; else None."""
     from torch_utils import nvidia_pickle
+
+    def interrupt() -> None:
+        if stop.requested():
+            raise StopRequested(signal.Signals(stop.requested()).name)
     if opts.resume is None or opts.resume == 'latest':
         nvidia = False
     else:
         try:
             with dnnlib.util.open_url(opts.resume, verbose=False) as f:
                 nvidia = nvidia_pickle.is_pickle(f)
-                networks = nvidia_pickle.load_network_pickle(f, opts.resume) if nvidia else None
+                networks = nvidia_pickle.load_network_pickle(f, opts.resume, interrupt=interrupt) if nvidia else None
         except (OSError, persistence.UnsafeSnapshotError) as e:
             raise click.ClickException(f'--resume: {e}')
+        except StopRequested as e:  # Before anything of the run is written: the same command starts it again.
+            print(f'Stopped by {e} while reading --resume={opts.resume}; nothing was started', file=sys.stderr, flush=True)
+            sys.exit(EXIT_STOPPED)
     if not nvidia:
         if opts.resume_fresh_d:
             raise click.ClickException('--resume-fresh-d goes with --resume of a StyleGAN2 pickle of NVIDIA\'s code')
@@ -456,7 +463,7 @@ def _train(opts: dnnlib.EasyDict, stop: StopSignal) -> None:
     if latest and opts.resume_override:
         raise click.ClickException('--resume-override goes with --resume=PKL: --resume=latest continues a run of this '
                                    'very experiment')
-    initial = _load_nvidia(opts)  # NVIDIA's networks to start from, or None.
+    initial = _load_nvidia(opts, stop)  # NVIDIA's networks to start from, or None.
     resume = None if opts.resume is None or latest or initial is not None else _load_resume(opts.resume)
     experiment, resume_overrides = _experiment(opts, device, resume)
     continuation = run_dirs.find_latest(opts.outdir, experiment, print if rank == 0 else lambda _: None) if latest else None

@@ -27,6 +27,7 @@ import threading
 import time
 import zipfile
 import zlib
+from typing import Callable
 
 import numpy as np
 import torch
@@ -322,11 +323,12 @@ def _reconstruct_persistent_obj(meta: dict) -> None:
     raise AssertionError('a stand-in, pickled by name only')
 
 
-def nvidia_pickle(entries: dict, source: str, class_names: dict | None = None, protocol: int = 3,
-                  init_args: tuple = ()) -> bytes:
+def nvidia_pickle(entries: dict, source: str | Callable[[torch.nn.Module], str], class_names: dict | None = None,
+                  protocol: int = 3, init_args: tuple = ()) -> bytes:
     """pickle.dump of `entries` as NVIDIA's code writes it: each torch.nn.Module (ours, of the same names) as a call of
     torch_utils.persistence._reconstruct_persistent_obj on {type, version, module_src, class_name, state}, the state
-    its __dict__ with _init_args `init_args` and _init_kwargs (a dnnlib.util.EasyDict). `class_names` renames classes."""
+    its __dict__ with _init_args `init_args` and _init_kwargs (a dnnlib.util.EasyDict). `class_names` renames classes;
+    `source` may be a function of the module (each module its own source)."""
     import dnnlib
     from torch_utils import persistence
     stand_in = _reconstruct_persistent_obj
@@ -339,7 +341,8 @@ def nvidia_pickle(entries: dict, source: str, class_names: dict | None = None, p
             state = {k: v for k, v in obj.__dict__.items() if k != 'init_kwargs'}
             state.update(_init_args=init_args, _init_kwargs=dnnlib.EasyDict(obj.init_kwargs))
             name = (class_names or {}).get(type(obj).__name__, type(obj).__name__)
-            return stand_in, (dict(type='class', version=6, module_src=source, class_name=name, state=state),)
+            module_src = source(obj) if callable(source) else source
+            return stand_in, (dict(type='class', version=6, module_src=module_src, class_name=name, state=state),)
 
     f = io.BytesIO()
     persistence._reconstruct_persistent_obj = stand_in
@@ -411,6 +414,185 @@ def nvidia_deep_nesting(depth: int) -> bytes:
     assert prefix.endswith(b'u.')  # ... SETITEMS, STOP: the snapshot dict is still on the stack.
     key = 'training_set_kwargs'.encode()
     return prefix[:-1] + b'X' + struct.pack('<I', len(key)) + key + b']' * depth + b'a' * (depth - 1) + b's.'
+
+
+# NVIDIA-style pickles made to take memory or time, or to break the reader (issue of the variants: their names are
+# those of the attack that found them). Each is small; `scale` sets what it expands to.
+
+def _shared_dicts(depth: int) -> dict:
+    """{'a': d, 'b': d} nested `depth` deep over one dict d at each level: 2^depth paths, depth + 1 dicts."""
+    value: dict = {'x': 1}
+    for _ in range(depth):
+        value = {'a': value, 'b': value}
+    return value
+
+
+def _shared_tuples(depth: int, memo_start: int) -> bytes:
+    """The opcodes that push (t, t) nested `depth` deep (t: the tuple one level down), memoized from entry `memo_start`
+    on: hashing it visits 2^(depth + 1) - 1 tuples. Written opcode by opcode: Python would hash it to make the dict."""
+    index = lambda i: struct.pack('<I', memo_start + i)  # noqa: E731
+    ops = [b')r' + index(0)]  # EMPTY_TUPLE, LONG_BINPUT
+    for level in range(depth):
+        ops.append(b'j' + index(level) + b'j' + index(level) + b'\x86r' + index(level + 1))  # LONG_BINGET x2, TUPLE2, LONG_BINPUT
+    return b''.join(ops)
+
+
+def _memo_size(data: bytes) -> int:
+    import pickletools
+    return 1 + max((arg for op, arg, _ in pickletools.genops(data) if op.name.endswith('PUT')), default=-1)
+
+
+def _fc_layer(modules: dict | None = None, parameters: dict | None = None) -> torch.nn.Module:
+    """A FullyConnectedLayer whose _modules and _parameters are replaced (they pickle as its state)."""
+    from training.networks import stylegan2
+    layer = stylegan2.FullyConnectedLayer(in_features=1, out_features=1)
+    if modules is not None:
+        layer._modules = modules
+    if parameters is not None:
+        layer._parameters = parameters
+    return layer
+
+
+def _with_kwargs(network: torch.nn.Module, **changes) -> torch.nn.Module:
+    import dnnlib
+    object.__setattr__(network, 'init_kwargs', dnnlib.EasyDict(network.init_kwargs, **changes))
+    return network
+
+
+def _strided_tensor(storage_elements: int, size: tuple, stride: tuple) -> PickledCall:
+    """A float32 tensor pickled as _rebuild_tensor_v2 over a storage of `storage_elements` zeros, any size and stride."""
+    storage = PickledCall(torch.storage._load_from_bytes, _legacy_storage('FloatStorage', storage_elements,
+                                                                          bytes(4 * storage_elements)))
+    return PickledCall(torch._utils._rebuild_tensor_v2, storage, 0, size, stride, False, collections.OrderedDict())
+
+
+def _pickled_record(opcode: str, meta: dict) -> bytes:
+    """{'G': NVIDIA's persistent-object constructor applied to `meta` by NEWOBJ, by OBJ (without arguments) or by INST},
+    written opcode by opcode (pickle.dump writes a call as REDUCE)."""
+    constructor = b'torch_utils.persistence\n_reconstruct_persistent_obj\n'
+    body = pickle.dumps(meta, protocol=2)[2:-1]  # Without PROTO and STOP; its memo indices start at 0, as here.
+    record = {'NEWOBJ': b'c' + constructor + body + b'\x85\x81',   # GLOBAL, meta, TUPLE1, NEWOBJ
+              'OBJ': b'(c' + constructor + b'o',                    # MARK, GLOBAL, OBJ: the class called without arguments
+              'INST': b'(' + body + b'i' + constructor}[opcode]      # MARK, meta, INST
+    return b'\x80\x02}X\x01\x00\x00\x00G' + record + b's.'
+
+
+def nvidia_variants(scale: int = 1 << 20) -> dict[str, tuple[Callable[[], bytes], str]]:
+    """name -> (how the file is made, what its refusal must say). `scale` (bytes) sets the long source and the storage
+    read many times; the other variants are of fixed size, and each expands (shared dicts, tuples, layers) to far more
+    than the bound of any file."""
+    source = nvidia_source()
+    stylegan3 = nvidia_source(generator_args='mapping_kwargs={}, **synthesis_kwargs')
+    meta = dict(type='class', version=6, module_src=source, class_name='Generator', state={})
+
+    def networks(**changes) -> dict:
+        result = nvidia_networks()
+        result['G'] = result['G_ema'] = _with_kwargs(result['G'], **changes)
+        return result
+
+    def long_source() -> bytes:  # Characters beyond the BMP: the str takes 4 bytes a character.
+        return nvidia_pickle(nvidia_networks(), source + '#' + '\U0001F600' * (scale // 4) + '\n')
+
+    def many_sources() -> bytes:
+        counter = iter(range(1 << 20))
+        return nvidia_pickle(nvidia_networks(), lambda module: f'{source}# {next(counter)}\n')
+
+    def storage_read_again() -> bytes:  # One storage blob (memoized), loaded by each of 500 calls.
+        blob = _legacy_storage('FloatStorage', scale // 4, bytes(scale))
+        result = nvidia_networks()
+        for i in range(500):
+            result['G'].mapping._buffers[f'copy{i}'] = PickledCall(torch._utils._rebuild_tensor_v2, PickledCall(
+                torch.storage._load_from_bytes, blob), 0, (scale // 4,), (1,), False, collections.OrderedDict())
+        return nvidia_pickle(result, source)
+
+    def many_layers() -> bytes:  # One layer of width 1 as all 200,000 layers of the mapping network.
+        layer = _fc_layer()
+        result = networks(mapping_kwargs={'num_layers': 200_000, 'layer_features': 1})
+        result['G'].mapping._modules = {f'fc{i}': layer for i in range(200_000)}
+        return nvidia_pickle(result, source)
+
+    def huge_label() -> bytes:  # c_dim 10^9 whose embedding [0, c_dim] holds nothing.
+        result = networks(c_dim=10 ** 9, mapping_kwargs={'num_layers': 2, 'embed_features': 0})
+        result['G'].mapping._modules['embed'] = _fc_layer(parameters={'weight': _strided_tensor(1, (0, 10 ** 9), (0, 0)),
+                                                                      'bias': _strided_tensor(1, (0,), (0,))})
+        return nvidia_pickle(result, source)
+
+    def layer_dag(depth: int, with_parameters: bool) -> bytes:
+        layer = _fc_layer() if with_parameters else _fc_layer(parameters={})
+        for _ in range(depth):
+            layer = _fc_layer(modules={'a': layer, 'b': layer}, parameters={})
+        result = nvidia_networks()
+        result['G'].mapping._modules['fc0'] = layer
+        return nvidia_pickle(result, source)
+
+    def key_of(key: object) -> bytes:
+        return nvidia_pickle({**nvidia_networks(), key: 1}, source)
+
+    def tuple_key() -> bytes:  # The snapshot dict is on the stack before the STOP: key, value, SETITEM.
+        prefix = nvidia_pickle(nvidia_networks(), source)
+        return prefix[:-1] + _shared_tuples(60, _memo_size(prefix)) + b'K\x01s.'
+
+    def hashed_in_storage() -> bytes:
+        f = io.BytesIO()
+        for value in (0x1950a86a20f9469cfc6c, 1001):
+            pickle.dump(value, f, protocol=2)
+        # sys_info: {'little_endian': True, <the tuples>: 1}
+        f.write(b'\x80\x02}X\x0d\x00\x00\x00little_endian\x88s' + _shared_tuples(60, 0) + b'K\x01s.')
+        result = nvidia_networks()
+        result['G'].mapping._buffers['w_avg'] = PickledCall(torch._utils._rebuild_tensor_v2, PickledCall(
+            torch.storage._load_from_bytes, f.getvalue()), 0, (8,), (1,), False, collections.OrderedDict())
+        return nvidia_pickle(result, source)
+
+    def stylegan3_mapping(value: object) -> bytes:
+        result = nvidia_networks()
+        G = result['G']
+        object.__setattr__(G, 'init_kwargs', dict(z_dim=8, c_dim=0, w_dim=8, img_resolution=8, img_channels=3,
+                                                  mapping_kwargs=value, channel_base=128, channel_max=16))
+        return nvidia_pickle({'G': G}, stylegan3)
+
+    tuple_visits = 'hashing its dict keys and set items would visit more than 4,194,304 tuples'
+    too_large = 'its networks would take more than'
+    return {
+        'a6u source of 4-byte characters': (long_source, f'holds a string of {scale // 4 * 4 + len(source) + 2:,} bytes'),
+        'a7 a source per layer': (many_sources, 'its persistent objects have more than 4 distinct module sources'),
+        'b16 G made by NEWOBJ': (lambda: _pickled_record('NEWOBJ', meta), 'is not a pickle that can be read as data '
+                                                                           '(UnpicklingError: NEWOBJ class argument must be a type'),
+        'b17 G made by OBJ': (lambda: _pickled_record('OBJ', meta), 'calls NVIDIA\'s persistent-object constructor with 0 '
+                                                                     'arguments instead of its meta dict'),
+        'b17b G made by INST, an extra key': (lambda: _pickled_record('INST', dict(meta, extra=1)),
+                                              'a persistent object\'s meta is not a dict of class_name, module_src, state'),
+        'c3 a storage read 500 times': (storage_read_again, 'its storages would hold more than the'),
+        'c6 10^6 mapping layers of width 1 asked, 2 in the file': (
+            lambda: nvidia_pickle(networks(mapping_kwargs={'num_layers': 10 ** 6, 'layer_features': 1}), source),
+            'G (training.networks.Generator): training.networks.stylegan2.Generator asks for a network of more than 138 '
+            'parameters and buffers, far more than the file holds'),
+        'c6c 200,000 mapping layers of width 1': (many_layers, too_large),
+        'c7c c_dim 10^9 over an empty embedding': (huge_label, 'G: training.networks.Generator asks for a label dimension '
+                                                               '(c_dim) of 1,000,000,000, more than the'),
+        'c9 kwargs of shared dicts 22 deep': (lambda: nvidia_pickle(networks(synthesis_kwargs=_shared_dicts(22)), source),
+                                              'G.init_kwargs: plain data of more than 10,000 values'),
+        'c9b training_set_kwargs of shared dicts 22 deep': (
+            lambda: nvidia_pickle(dict(nvidia_networks(), training_set_kwargs=_shared_dicts(22)), source),
+            'training_set_kwargs: plain data of more than 10,000 values'),
+        'c9d kwargs of shared dicts 29 deep': (lambda: nvidia_pickle(networks(synthesis_kwargs=_shared_dicts(29)), source),
+                                               'G.init_kwargs: plain data of more than 10,000 values'),
+        'c10 z_dim a list': (lambda: nvidia_pickle(networks(z_dim=[8] * 1000), source),
+                             'G.init_kwargs.z_dim is a list, not an integer in [0, 2^31)'),
+        'c11 an entry named by bytes': (lambda: key_of(bytes(scale)), 'names an entry by a bytes, not by a string'),
+        'c12 a key of shared tuples 60 deep': (tuple_key, tuple_visits),
+        'c12b shared tuples 60 deep in a storage': (hashed_in_storage, f'a storage: {tuple_visits}'),
+        'c13 layers shared 22 deep, with parameters': (lambda: layer_dag(22, True), too_large),
+        'c13c layers shared 30 deep, without parameters': (lambda: layer_dag(30, False), too_large),
+        'd5c D as G_ema': (lambda: nvidia_pickle({**nvidia_networks(), 'G_ema': nvidia_networks()['D']}, source),
+                           'G_ema is a training.networks.Discriminator, where a Generator belongs'),
+        'd10 conv_clamp a string': (lambda: nvidia_pickle(networks(synthesis_kwargs={'channel_base': 128, 'channel_max': 16,
+                                                                                      'conv_clamp': '256'}), source),
+                                    'G.init_kwargs.synthesis_kwargs.conv_clamp is \'256\', not a number or None'),
+        'd11b StyleGAN3 repository mapping_kwargs a string': (lambda: stylegan3_mapping('num_layers=2'),
+                                                             'G.init_kwargs.mapping_kwargs is \'num_layers=2\', not a dict'),
+        'd11c StyleGAN3 repository mapping_kwargs an integer': (lambda: stylegan3_mapping(2),
+                                                               'G.init_kwargs.mapping_kwargs is 2, not a dict'),
+    }
 
 
 def lmdb_with_entry(folder: str, key: bytes = b'b', num_bytes: int = 64 << 10) -> str:
@@ -548,10 +730,12 @@ class Outcome:
         return lines[-1] if lines else ''
 
 
-def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None = None, url: str | None = None) -> list[Case]:
+def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None = None, url: str | None = None,
+                  variant_bytes: int = 1 << 20) -> list[Case]:
     """The command lines that read hostile files, one per entry point and file, with the reason each must give;
     only those of `scripts` (default: all). The files are written to `folder` as the cases need them (bombs
-    expanding to `bomb_bytes`); `url` is a server's address whose /detector.pt sends more than DOWNLOAD_CAP."""
+    expanding to `bomb_bytes`, the NVIDIA pickle variants' long source and storage of `variant_bytes`); `url` is a
+    server's address whose /detector.pt sends more than DOWNLOAD_CAP."""
     made: dict[str, str] = {}
 
     def made_once(name: str, make) -> str:
@@ -626,6 +810,10 @@ def hostile_cases(folder: str, bomb_bytes: int, scripts: tuple[str, ...] | None 
                                              f'carries 16 bytes',
         'NVIDIA pickle nested 200,000 deep': 'training_set_kwargs: nested deeper than 32 levels',
     }
+    for name, (make, reason) in nvidia_variants(variant_bytes).items():
+        file = f'NVIDIA pickle {name}'
+        files[file] = (f'nvidia-{name.split()[0]}.pkl', make)
+        nvidia_reasons[file] = reason
     for file, reason in nvidia_reasons.items():
         add('generate.py --network', file, reason, '--network={path}', '--seeds=0', f'--outdir={out}')
         if scripts is None or 'calc_metrics.py' in scripts:

@@ -272,3 +272,28 @@ def test_video_walks_through_the_seeds(stylegan_pkl, tmp_path):
                           (['--seeds=3,4', f'--video={tmp_path / "nowhere" / "w.gif"}'], 'no such folder')]:
         video = [] if any(a.startswith('--video') for a in args) else [f'--video={tmp_path / "w.gif"}']
         assert_one_line_error(invoke(f'--network={stylegan_pkl}', *args, *video, f'--outdir={tmp_path / "x"}'), message)
+
+
+def test_stylegan2_truncation_defaults_to_every_layer(tmp_path):
+    """NVIDIA's generate.py truncates all the styles of a StyleGAN2 generator: at 64x64, all 10, not v1's first 8."""
+    from training.networks import stylegan2
+    torch.manual_seed(0)
+    G = stylegan2.Generator(z_dim=8, c_dim=0, w_dim=8, img_resolution=64, img_channels=3, mapping_kwargs={'num_layers': 2},
+                            synthesis_kwargs={'channel_base': 256, 'channel_max': 8})
+    with torch.no_grad():
+        G.mapping.w_avg.normal_()
+    path = tmp_path / 'sg2.pkl'
+    persistence.save_snapshot(str(path), {'G_ema': G.eval()})
+    result = invoke(f'--network={path}', '--seeds=3', '--trunc=0.5', f'--outdir={tmp_path / "out"}')
+    assert result.exit_code == 0, result.output
+    assert G.num_ws == 10
+    z = torch.from_numpy(np.random.RandomState(3).randn(1, G.z_dim)).float()
+    with torch.no_grad():
+        w = G.mapping(z, torch.zeros(1, 0))
+        w_trunc = G.mapping.w_avg + 0.5 * (w - G.mapping.w_avg)  # psi = 0.5 on all 10 layers.
+        expected = to_png_pixels(G.synthesis(w_trunc, noise_mode='const')[0])
+        first_8 = torch.cat([w_trunc[:, :8], w[:, 8:]], dim=1)
+        v1 = to_png_pixels(G.synthesis(first_8, noise_mode='const')[0])
+    assert (v1 != expected).mean() > 0.5  # Layers 8 and 9 show in most pixels.
+    ours = read(tmp_path / 'out' / 'seed0003.png')
+    assert np.abs(ours - expected).max() <= 1 and (ours != expected).mean() < 0.001  # float rounding at .5 edges

@@ -650,6 +650,30 @@ def test_path_length_penalty_against_the_jacobian():
     torch.testing.assert_close(grad, torch.autograd.grad(expected, param)[0], rtol=1e-8, atol=1e-12)
 
 
+
+@pytest.mark.parametrize('source', ['default', 'gn-stylegan2'])
+def test_path_length_average_decays_by_nvidias_rate(source):
+    """pl_mean <- lerp(pl_mean, mean a, decay) with NVIDIA's StyleGAN2Loss decay 0.01, by GANLoss's default and by the
+    gn-stylegan2 preset: two updates with the same lengths m from 0 give p1 = d m and p2 = p1 + d (m - p1), so the decay
+    is d = 2 - p2 / p1, whatever m is."""
+    from training.experiment import Experiment
+    G, D = _stylegan2_pair()
+    kwargs = dict(norm='none', pl_weight=2.0, channels_last=False)
+    if source == 'gn-stylegan2':
+        preset = Experiment.build(cfg='gn-stylegan2', img_resolution=8, img_channels=1).loss_kwargs
+        kwargs = dict(preset, **kwargs, class_name='training.step.loss.GANLoss')
+    else:
+        kwargs = dict(kwargs, class_name='training.step.loss.GANLoss')
+    loss = dnnlib.util.construct_class_by_name(**kwargs, G=G, D=D)
+    G.mapping.w_avg_beta = None  # The same lengths in both calls: nothing of G moves.
+    z, c = torch.randn(4, 8, dtype=torch.float64), torch.zeros(4, 0, dtype=torch.float64)
+    averages = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        loss._path_length_backward(z, c, gain=1.0)
+        averages.append(float(loss.pl_mean))
+    assert averages[0] > 0 and 2 - averages[1] / averages[0] == pytest.approx(0.01, rel=1e-4)
+
 def test_style_mixing_crossover():
     """With probability 1 every batch takes its first styles from z and its last from a second latent, switching once;
     with probability 0 none does; the second latent never moves w_avg."""

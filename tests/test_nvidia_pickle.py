@@ -11,6 +11,7 @@ import collections
 import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ import torch
 from click.testing import CliRunner
 
 import calc_metrics
+import dnnlib
 import generate
 import legacy
 from tests import hostile_files
@@ -401,3 +403,87 @@ def test_pickle_of_nvidia_code_gives_their_images_through_generate_and_trains(c_
     fine_tune(str(path), data, str(tmp_path / 'runs'), cmax=32)
     run_dir = only_run_dir(str(tmp_path / 'runs'))
     assert_started_from(persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1])), loaded, ('G', 'D'))
+
+#----------------------------------------------------------------------------
+# Files made to take memory or time, or to break the reader (tests/hostile_files.py's variants): one line each, before
+# what they would expand to is made. Their memory and time through the entry points: tests/test_hostile_files.py.
+
+
+@pytest.mark.parametrize('variant', list(hostile_files.nvidia_variants()))
+def test_variants_are_refused_in_one_line(variant, tmp_path):
+    make, reason = hostile_files.nvidia_variants(scale=1 << 20)[variant]
+    refused(make(), reason)
+
+
+def test_text_of_the_file_is_printed_escaped_on_one_line():
+    """A global's name and a dropped entry's name holding a newline and terminal escape codes (clear the screen, red)."""
+    escape = '\n\x1b[2J\x1b[31m'
+    name = f'system{escape}'.encode()
+    # {'G': <global os.<name>>()}: PROTO 4, EMPTY_DICT, the key, module and name (SHORT_BINUNICODE), STACK_GLOBAL,
+    # EMPTY_TUPLE, REDUCE, SETITEM, STOP.
+    data = b'\x80\x04}\x8c\x01G\x8c\x02os\x8c' + bytes([len(name)]) + name + b'\x93)Rs.'
+    message = refused(data, 'names the global os.system\\n\\x1b[2J\\x1b[31m, which is not read')
+    assert message.isprintable()
+    networks = hostile_files.nvidia_networks()
+    loaded, dropped = load(hostile_files.nvidia_pickle({**networks, f'extra{escape}' + 'x' * 1000: 1}, hostile_files.nvidia_source()))
+    assert dropped == ['nvidia.pkl: dropped extra\\n\\x1b[2J\\x1b[31m' + 'x' * 85 + '... (int): this project does not use it']
+    assert sorted(loaded) == ['D', 'G', 'G_ema', 'training_set_kwargs']
+    # A message of this project's checks that quotes the file's text (training_set_kwargs naming a class not built).
+    loaded, dropped = load(hostile_files.nvidia_pickle({**networks, 'training_set_kwargs': {'class_name': f'evil{escape[1:]}'}},
+                                                       hostile_files.nvidia_source()))
+    assert loaded.training_set_kwargs is None and len(dropped) == 1
+    assert dropped[0].startswith('nvidia.pkl: dropped training_set_kwargs: "evil\\x1b[2J\\x1b[31m" is not a class this '
+                                 'project builds by name') and dropped[0].isprintable()
+
+
+def test_globals_in_a_storage_are_refused_unrun(tmp_path):
+    """The pickles inside a storage's bytes have their own unpickler, which names only torch's storage types."""
+    flag = tmp_path / 'ran'
+    f = io.BytesIO()
+    pickle.dump(hostile_files.PickledCall(os.system, f'touch {flag}'), f, protocol=2)  # In place of the magic number.
+    networks = hostile_files.nvidia_networks()
+    networks['G'].mapping._buffers['w_avg'] = hostile_files.PickledCall(
+        torch._utils._rebuild_tensor_v2, hostile_files.PickledCall(torch.storage._load_from_bytes, f.getvalue()), 0, (8,), (1,),
+        False, collections.OrderedDict())
+    refused(hostile_files.nvidia_pickle(networks, hostile_files.nvidia_source()),
+            'names the global posix.system in a storage, which is not read')
+    assert not flag.exists()
+
+
+def test_large_networks_are_read(tmp_path):
+    """A 1024x1024 generator (9 synthesis blocks, as many layers and tensors as NVIDIA's config F, fewer channels) and its
+    discriminator are within every bound: their tensors are in the file."""
+    networks = {}
+    torch.manual_seed(0)
+    networks['G'] = stylegan2.Generator(z_dim=32, c_dim=0, w_dim=32, img_resolution=1024, img_channels=3,
+                                        mapping_kwargs={'num_layers': 8}, synthesis_kwargs={'channel_base': 4096, 'channel_max': 64})
+    networks['D'] = stylegan2.Discriminator(c_dim=0, img_resolution=1024, img_channels=3, channel_base=4096, channel_max=64)
+    loaded, _ = load(hostile_files.nvidia_pickle(networks, hostile_files.nvidia_source()))
+    for name in ('G', 'D'):
+        theirs = networks[name].state_dict()
+        assert list(loaded[name].state_dict()) == list(theirs) and len(theirs) > {"G": 150, "D": 80}[name]
+        assert all(torch.equal(value, theirs[key]) for key, value in loaded[name].state_dict().items())
+
+
+def test_sigterm_while_train_reads_the_pickle_stops_it(tmp_path, monkeypatch, capsys):
+    """train.py --resume of NVIDIA's pickle: SIGTERM while its storages are read stops the command there (exit 75, one
+    line), before the rest of the file is read and before anything of the run is written."""
+    import signal
+    import train
+    from training.run.stop_signal import StopSignal
+    path = tmp_path / 'nvidia.pkl'
+    path.write_bytes(hostile_files.nvidia_pickle(hostile_files.nvidia_networks(), hostile_files.nvidia_source()))
+    read, load_storage = [], nvidia_pickle._load_storage
+
+    def signal_at_the_third(load_state, blob):
+        read.append(blob)
+        if len(read) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return load_storage(load_state, blob)
+    monkeypatch.setattr(nvidia_pickle, '_load_storage', signal_at_the_third)
+    opts = dict(resume=str(path), resume_fresh_d=False, resume_override=False)
+    with StopSignal() as stop, pytest.raises(SystemExit) as info:
+        train._load_nvidia(dnnlib.EasyDict(opts), stop)
+    assert info.value.code == 75
+    assert capsys.readouterr().err == f'Stopped by SIGTERM while reading --resume={path}; nothing was started\n'
+    assert len(read) == 3  # The storage in progress is read; none after it.

@@ -167,3 +167,13 @@ def test_networks_are_probed_on_meta_before_being_built(tmp_path, monkeypatch):
     with pytest.raises(persistence.UnsafeSnapshotError, match='more than'):
         persistence.load_snapshot(path)
     assert built and set(built) == {'meta'}
+
+
+def test_kwargs_the_class_does_not_take_are_named():
+    """A keyword the constructor does not take is refused by name, before anything is built from the kwargs."""
+    from training.networks import sngan
+    G = sngan.CNNGenerator(c_dim=0, img_resolution=16, img_channels=3, ch=4, z_dim=4)
+    with pytest.raises(persistence.UnsafeSnapshotError) as info:
+        persistence.rebuild_network(persistence.class_name_of(type(G)), dict(G.init_kwargs, channel_base=8), G.state_dict(),
+                                    'snapshot.G')
+    assert str(info.value) == 'snapshot.G.init_kwargs: CNNGenerator takes no argument "channel_base"'

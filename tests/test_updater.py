@@ -310,3 +310,18 @@ def test_training_step_reads_nothing_back_to_the_host(cfg_name, norm, monkeypatc
             train_step(updaters[net], loss, batch if net == 'D' else [None, None] + batch[2:], 1, 1)
     monkeypatch.undo()
     assert reads.reads == []
+
+
+def test_ema_half_life_is_not_rounded_before_the_ramp_up():
+    """StyleGAN2-ADA's EMA decay beta = 0.5 ** (batch / min(ema_kimg * 1000, cur_nimg * ema_rampup)), and without a
+    ramp-up 0.5 ** (batch / (ema_kimg * 1000)), with a half-life that is no round number: 1.2345 kimg, and gn-stylegan2's auto configuration at 512x512 (batch 8: 8 * 10 / 32 = 2.5
+    kimg), in float64 from the formula."""
+    from training.recipes.schedule import FixedSchedule
+    s = FixedSchedule(batch_D=32, batch_G=32, n_dis=1, lr_G=0.002, lr_D=0.002, total_steps=10, ema_kimg=1.2345, ema_rampup=0.05)
+    assert s.plan(1, 10_001).ema_beta == pytest.approx(0.5 ** (32 / 500.05), rel=1e-12, abs=0)  # In the ramp-up.
+    assert s.plan(9, 10 ** 6).ema_beta == pytest.approx(0.5 ** (32 / 1234.5), rel=1e-12, abs=0)
+    plain = FixedSchedule(batch_D=32, batch_G=32, n_dis=1, lr_G=0.002, lr_D=0.002, total_steps=10, ema_kimg=1.2345)
+    assert plain.plan(0, 0).ema_beta == pytest.approx(0.5 ** (32 / 1234.5), rel=1e-12, abs=0)  # No ramp-up.
+    auto = Experiment.build(cfg='gn-stylegan2', img_resolution=512, img_channels=3)
+    plan = auto.schedule.plan(1, 10 ** 7)
+    assert plan.batch_G == 8 and plan.ema_beta == pytest.approx(0.5 ** (8 / 2500), rel=1e-12, abs=0)

@@ -219,13 +219,14 @@ class _ShapesOnly(torch.overrides.TorchFunctionMode):
 _shapes_cache: dict[tuple[str, str, int], dict[str, tuple[int, ...]]] = {}  # G and G_ema share one probe.
 
 
-def _shapes_of(cls: type, kwargs: dict, max_bytes: int) -> dict[str, tuple[int, ...]]:
+def _shapes_of(cls: type, kwargs: dict, max_bytes: int, max_tensors: int | None = None) -> dict[str, tuple[int, ...]]:
     """State dict shapes of the network cls(**kwargs), built on the meta device without storage.
 
-    Building stops as soon as the registered parameters and buffers exceed max_bytes, so a loop
-    asking for millions of layers ends early too.
+    Building stops as soon as the registered parameters and buffers exceed max_bytes, or number more
+    than max_tensors (None: any number), so a loop asking for millions of layers, however small,
+    ends early too.
     """
-    key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_bytes)
+    key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_bytes, max_tensors)
     if key in _shapes_cache:
         return _shapes_cache[key]
     nbytes, seen, thread = 0, set(), threading.get_ident()
@@ -238,6 +239,9 @@ def _shapes_of(cls: type, kwargs: dict, max_bytes: int) -> dict[str, tuple[int, 
             if nbytes > max_bytes:
                 raise UnsafeSnapshotError(f'asks for a network of more than {max_bytes:,} bytes of parameters and '
                                           f'buffers, far more than the file holds')
+            if max_tensors is not None and len(seen) > max_tensors:
+                raise UnsafeSnapshotError(f'asks for a network of more than {max_tensors:,} parameters and buffers, '
+                                          f'far more than the file holds')
     hooks = [torch.nn.modules.module.register_module_parameter_registration_hook(count),
              torch.nn.modules.module.register_module_buffer_registration_hook(count)]
     try:
@@ -263,11 +267,13 @@ def _decode_module(value: dict, where: str) -> torch.nn.Module:
     return rebuild_network(value[_MODULE_TAG], value['init_kwargs'], value['state_dict'], where)
 
 
-def rebuild_network(name: Any, kwargs: Any, state: Any, where: str) -> torch.nn.Module:
+def rebuild_network(name: Any, kwargs: Any, state: Any, where: str, max_tensors: int | None = None) -> torch.nn.Module:
     """The network `name` (one of this project's, by class name) built from `kwargs` read from a file, with the tensors
     `state` loaded strictly; on the CPU, in eval mode, requires_grad off. Raises UnsafeSnapshotError (one line starting
     with `where`) unless the class is ours, the kwargs are plain data it accepts, and they describe a network of
-    exactly the state's shapes (compared on the meta device, before anything of that size is allocated)."""
+    exactly the state's shapes (compared on the meta device, before anything of that size is allocated, and stopped
+    once it registers more than `max_tensors` parameters and buffers, when given: a class that registers no more
+    than it saves can so be bounded in layers too)."""
     try:
         cls = dnnlib.util.get_class(name)
     except dnnlib.util.ConfigError as e:
@@ -286,14 +292,15 @@ def rebuild_network(name: Any, kwargs: Any, state: Any, where: str) -> torch.nn.
     except dnnlib.util.ConfigError as e:
         raise UnsafeSnapshotError(str(e)) from None
 
-    # Build on the meta device first: kwargs asking for more than the state dict holds are refused
-    # before anything is allocated. The bound leaves room for what is registered but not saved
-    # (non-persistent buffers such as filters, tensors a parametrization replaces).
+    # Build on the meta device first: kwargs asking for more than the state dict holds (bytes, or with
+    # max_tensors layers) are refused before anything is allocated, and before a loop of many layers has run
+    # long. The bound on bytes leaves room for what is registered but not saved (non-persistent buffers such
+    # as filters, tensors a parametrization replaces).
     file_shapes = {k: tuple(v.shape) for k, v in state.items()}
     stored = {v.untyped_storage().data_ptr(): v.untyped_storage().nbytes() for v in state.values()}  # Shared once.
     max_bytes = 2 * sum(stored.values()) + 2 ** 20
     try:
-        shapes = _shapes_of(cls, kwargs, max_bytes)
+        shapes = _shapes_of(cls, kwargs, max_bytes, max_tensors)
     except UnsafeSnapshotError as e:
         raise UnsafeSnapshotError(f'{where}: {name} {e}') from None
     except Exception as e:  # The kwargs come from the file: any failure of the constructor means a bad file.
