@@ -158,6 +158,60 @@ def test_a_replay_that_differs_from_the_eager_step_is_undone_and_the_key_stays_e
     assert not captured.last_replayed and 'k' in captured.eager_keys and 'k' not in captured.graphs
 
 
+@pytest.mark.parametrize('baked,rejected', [(1.05, True), (1.001, False)])
+def test_a_value_baked_in_at_a_few_percent_of_the_step_is_rejected_and_a_tenth_of_a_percent_passes(baked, rejected):
+    """With kernels that reproduce a step bit for bit, the replay may land 1% of the step's change from the eager step:
+    a graph that adds 1.05 x where the eager step adds x (a learning rate baked in before a decay of 5%) is rejected
+    after one check (another replay would land as far), one that adds 1.001 x passes."""
+    engine, lines, calls = EmulatedGraphs(), [], []
+    w = torch.zeros(3)
+
+    def step(x):
+        calls.append(engine.capturing)
+        w.add_(x * (baked if engine.capturing else 1))
+    captured = graphs.CapturedStep('D', lambda: [w], engine, log=lines.append, warmup=1)
+    for _ in range(4):
+        captured('k', step, dict(x=torch.ones(3)))
+    # A warm-up, the capture and its eager step, the check's two eager runs, then the fourth call: eager or replayed.
+    assert calls == [False, True, False, False, False] + ([False] if rejected else [])
+    assert (len(lines) == 1 and 'replayed differently' in lines[0]) if rejected else lines == []
+    assert torch.equal(w, torch.full([3], 4.0)) if rejected else torch.allclose(w, torch.full([3], 2 + 2 * baked), rtol=0, atol=1e-6)
+
+
+def test_a_replay_that_meets_a_rare_rounding_flip_passes_its_second_check_and_a_wrong_one_fails_both():
+    """Where kernels are noisy (eager runs 1e-6 apart here), a replay that met a flip across a kink (0.5 on one value
+    of a step that moves each by 1, beyond the quarter of the change that noisy kernels may move it) fails its check
+    by chance: a second, independent check from the same state passes it, and the statistics of each step count
+    once. A graph that lands 0.5 away at every replay fails both checks and the eager result is kept."""
+    for flips, kept in [(1, True), (graphs.CHECK_ROUNDS, False)]:
+        engine, lines, noise = EmulatedGraphs(), [], torch.Generator().manual_seed(0)
+        w = torch.zeros(3)
+        training_stats._pending.clear()
+        collector = training_stats.Collector(r'Test/graphs/.*')
+
+        def step(x):
+            w.add_(x + 1e-6 * torch.rand(3, generator=noise))  # Noise drawn apart from the step's random stream.
+            training_stats.report('Test/graphs/w', w.clone())
+        captured = graphs.CapturedStep('G', lambda: [w], engine, log=lines.append, warmup=1)
+        replays = []
+        for index in range(4):
+            captured('k', step, dict(x=torch.ones(3)))
+            if index == 1:  # Captured: its first `flips` replays meet a flip.
+                graph, replay = engine.captures[0], engine.captures[0].replay
+
+                def replay_with_flip(replay=replay):
+                    replay()
+                    replays.append(1)
+                    if len(replays) <= flips:
+                        w[0] += 0.5
+                graph.replay = replay_with_flip
+        assert (lines == [] and captured.last_replayed) if kept else (len(lines) == 1 and 'replayed differently' in lines[0])
+        assert len(replays) == (graphs.CHECK_ROUNDS + 1 if kept else graphs.CHECK_ROUNDS)
+        torch.testing.assert_close(w, torch.full([3], 4.0), rtol=0, atol=1e-5)
+        collector.update()
+        assert collector.num('Test/graphs/w') == 4 * 3
+
+
 def test_a_new_key_frees_the_graphs_of_the_least_recently_used_keys():
     counter = Counter()
     engine = EmulatedGraphs()

@@ -17,8 +17,9 @@ and replays them with a single launch. `CapturedStep` does that for one kind of 
             lands as close to the first eager result as the tolerance allows plus a margin over how far the
             two eager results lie apart (kernels that accumulate with atomics round differently at every
             run, and Adam turns the rounding noise of a parameter whose true gradient is zero, such as a
-            convolution bias before BatchNorm, into a full-sized step); else the first eager result is kept
-            and the key stays eager
+            convolution bias before BatchNorm, into a full-sized step); where the kernels are noisy, a
+            replay that fails gets a second, independent check (CapturedStep._check); else the first eager
+            result is kept and the key stays eager
         later calls: copy the inputs into the static buffers, replay
 
 What the step needs to be replayable, the rest of training/step provides: inputs only through the
@@ -67,6 +68,7 @@ NOISY_TOLERANCE = 0.25  # where kernels are noisy, a replay may land this share 
 FAILING_SHARE = 0.01    # and of the tensors judged against the noise, the worst holding this share of their elements
                         # are set aside;
 ROUNDING_ULPS = 4       # and any tensor may land this many units in the last place of its values away.
+CHECK_ROUNDS = 2        # Independent checks a replay may take where kernels are noisy (see CapturedStep._check).
 KEYS_KEPT = 2           # Graph keys of one kind of step kept at once (a step and its lazily regularised variant).
 
 
@@ -90,6 +92,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph | None = None       # None: not captured yet.
     inputs: dict[str, torch.Tensor] | None = None   # The static buffers the graph reads.
     checked: bool = False                           # First replay compared with the eager step.
+    statistics: torch.Tensor | None = None          # The accumulator the graph adds its statistics to.
 
 
 def replay_error(before: Sequence[torch.Tensor], eager: Sequence[torch.Tensor], replayed: Sequence[torch.Tensor],
@@ -289,7 +292,7 @@ class CapturedStep:
         if entry.graph is None:
             try:
                 entry.inputs = {name: value.clone() for name, value in inputs.items()}
-                entry.graph = self._capture(lambda: step(**entry.inputs))
+                entry.graph, entry.statistics = self._capture(lambda: step(**entry.inputs))
             except Exception as error:  # pylint: disable=broad-except
                 self._capture_failed(key, error)
             step(**inputs)  # The first replay is checked at the next call, on new inputs: what the capture baked in shows.
@@ -313,15 +316,16 @@ class CapturedStep:
         if entry.graph is not None:
             entry.graph.reset()
 
-    def _capture(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
-        """fn recorded into a graph, with its statistics added inside the graph to an accumulator of its own."""
+    def _capture(self, fn: Callable[[], None]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """fn recorded into a graph, with its statistics added inside the graph to an accumulator of its own (returned
+        with the graph)."""
         with training_stats.discarded():  # Whatever a failed capture reported never happened.
             accumulator = training_stats.new_accumulator(self.engine.device)
 
             def step_and_statistics() -> None:
                 fn()
                 training_stats.flush_into(accumulator)
-            return self.engine.capture(step_and_statistics)
+            return self.engine.capture(step_and_statistics), accumulator
 
     def _capture_failed(self, key: Hashable, error: Exception) -> None:
         """A capture that failed in Python costs its key; one that failed inside CUDA, once CUDA is put back, costs
@@ -343,25 +347,44 @@ class CapturedStep:
 
     def _check(self, key: Hashable, entry: _Graph, eager_step: Callable[[], None]) -> None:
         """The first replay against the eager step, run twice from the same state (replay_error); stay eager (with the
-        first eager result) if they disagree."""
+        first eager result) if they disagree.
+
+        Where the kernels are noisy, a replay that disagrees gets CHECK_ROUNDS independent checks from the same state
+        (two more eager runs, another replay) and passes if one of them passes. Rounding noise flips the odd activation
+        across a kink (a ReLU at zero, the hinge), which moves some gradient terms by whole amounts; a replay that met
+        such a flip when neither eager run did lands beyond what their spread allows, by chance: a correct graph fails
+        one check with a small probability p and CHECK_ROUNDS of them with p ** CHECK_ROUNDS. A wrong graph (a value
+        baked in, an input not copied) lands as far at every replay and fails every check. With deterministic kernels
+        (the two eager runs agree bit for bit) one check decides: its replay would land the same at every try."""
         state = self.state()
         before = [t.clone() for t in state]
         rng = self.engine.rng_state()
-        with training_stats.discarded():  # The replay's statistics count.
-            eager_step()
-            eager, eager_rng = [t.clone() for t in state], self.engine.rng_state()
+        statistics = entry.statistics.clone() if entry.statistics is not None else None
+        eager = eager_rng = None
+        for _ in range(CHECK_ROUNDS):
+            with training_stats.discarded():  # The replay's statistics count.
+                eager_step()
+                first, first_rng = [t.clone() for t in state], self.engine.rng_state()
+                _restore(state, before)
+                self.engine.set_rng_state(rng)
+                eager_step()
+            again = [t.clone() for t in state]
+            if eager is None:
+                eager, eager_rng = first, first_rng  # Kept where the graph is rejected.
             _restore(state, before)
             self.engine.set_rng_state(rng)
-            eager_step()
-        eager_again = [t.clone() for t in state]
-        _restore(state, before)
-        self.engine.set_rng_state(rng)
-        entry.graph.replay()
-        error = replay_error(before, eager, state, eager_again)
-        if error <= 1:
-            entry.checked = True
-            return
-        _restore(state, eager)
+            if statistics is not None:
+                entry.statistics.copy_(statistics)  # A replay that was not kept added nothing.
+            entry.graph.replay()
+            error = replay_error(before, first, state, again)
+            if error <= 1:
+                entry.checked = True
+                return
+            if all(torch.equal(a, b) for a, b in zip(first, again)):
+                break  # Deterministic kernels: another replay would land as far.
+            _restore(state, before)
+            self.engine.set_rng_state(rng)
+        _restore(state, eager)  # With the statistics of the last replay.
         self.engine.set_rng_state(eager_rng)
         self._stay_eager(key, f'replayed differently from the eager step ({error:.2g} times what its tolerance and the '
                               f'eager runs\' own spread allow)')
