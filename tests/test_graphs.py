@@ -360,6 +360,63 @@ def test_d_and_g_graphs_share_one_memory_pool(monkeypatch):
     assert len(pools) == 1 and begun == pools * 3
 
 
+def test_graphs_are_captured_again_after_every_graph_of_the_pool_was_freed(monkeypatch):
+    """Once the last graph in the shared pool is freed (the D graph rejected by its check before G's capture, or both
+    released), CUDA's allocator releases the pool, and a capture into it fails inside CUDA: the next capture takes a
+    fresh pool, while graphs that live together share one."""
+    from tests.graph_emulator import CudaAllocatorPools
+    pools = CudaAllocatorPools(monkeypatch)
+    engine = graphs.CudaGraphs(torch.device('cuda'))
+    d = engine.capture(lambda: None)
+    engine.free(d)                                      # Rejected: the pool holds no graph.
+    g = engine.capture(lambda: None)
+    d = engine.capture(lambda: None)                    # Beside G's: the same pool.
+    for graph in (g, d):
+        engine.free(graph)                              # Released.
+    engine.capture(lambda: None)
+    assert pools.captures == [1, 2, 2, 3] and pools.released == {1, 2}
+
+
+class GeneratorOfTorch2_11:
+    """A CUDA generator as torch 2.5 to 2.11 keep it: seed, offset and one capture flag in a state object, the flag set
+    when a capture begins and cleared only when one ends well; a draw outside a capture with the flag set raises;
+    clone_state() copies seed and offset into a new state, graphsafe_set_state() takes another generator's state."""
+
+    class State:
+        def __init__(self, seed, offset, capturing=False):
+            self.seed, self.offset, self.capturing = seed, offset, capturing
+
+    def __init__(self, state):
+        self.state = state
+
+    def clone_state(self):
+        return GeneratorOfTorch2_11(self.State(self.state.seed, self.state.offset))
+
+    def graphsafe_set_state(self, other):
+        self.state = other.state
+
+    def draw(self):
+        if self.state.capturing:
+            raise RuntimeError('Offset increment outside graph capture encountered unexpectedly.')
+        self.state.offset += 4
+
+
+@pytest.mark.parametrize('keeps_failed_capture', [True, False])
+def test_a_generator_left_in_capture_mode_by_a_failed_capture_draws_again_after_the_repair(monkeypatch,
+                                                                                           keeps_failed_capture):
+    """On torch 2.5 to 2.11 the generator's capture flag outlives a capture that failed inside CUDA, so that every later
+    draw would raise: CudaGraphs.recover's repair (compat.clear_generator_capture) gives it a fresh state with the same
+    seed and offset. On 2.12 and newer (per-capture states) it leaves the generator alone."""
+    from torch_utils import compat
+    monkeypatch.setattr(compat, 'GENERATOR_KEEPS_FAILED_CAPTURE', keeps_failed_capture)
+    state = GeneratorOfTorch2_11.State(seed=7, offset=12, capturing=keeps_failed_capture)
+    generator = GeneratorOfTorch2_11(state)
+    compat.clear_generator_capture(generator)
+    generator.draw()
+    assert (generator.state is not state) == keeps_failed_capture
+    assert (generator.state.seed, generator.state.offset) == (7, 16)
+
+
 def test_without_an_engine_every_call_is_the_eager_step():
     counter = Counter()
     captured = graphs.CapturedStep('D', counter.state, None)
@@ -396,6 +453,26 @@ def test_cuda_graph_replays_equal_the_eager_steps_and_a_synchronising_step_stays
     assert lines == [f'CUDA graphs: the G step makes the host wait for the GPU ({__file__}:{read_line}); it runs eagerly']
     assert int(counter.n) == 9 and graphs.off_for_process() is None
     training_stats._pending.clear()
+
+
+@pytest.mark.gpu
+def test_cuda_captures_again_after_every_graph_of_its_pool_was_freed():
+    """A graph freed alone in the shared pool (as a rejected D graph is before G's capture), then two captured and both
+    released: each later capture works and replays what it recorded."""
+    device = torch.device('cuda')
+    engine = graphs.CudaGraphs(device)
+    x = torch.zeros(3, device=device)
+    engine.free(engine.capture(lambda: x.add_(1)))
+    first, second = engine.capture(lambda: x.add_(2)), engine.capture(lambda: x.mul_(3))
+    first.replay()
+    second.replay()
+    for graph in (first, second):
+        engine.free(graph)
+    torch.cuda.empty_cache()
+    last = engine.capture(lambda: x.sub_(1))
+    last.replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [5.0, 5.0, 5.0] and engine.live == 1  # (0 + 2) * 3 - 1
 
 
 FAILED_CAPTURE = """

@@ -55,7 +55,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 import dnnlib
-from torch_utils import misc, training_stats
+from torch_utils import compat, misc, training_stats
 
 #----------------------------------------------------------------------------
 
@@ -163,7 +163,8 @@ class CudaGraphs:
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.stream = device, torch.cuda.Stream(device)
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = None  # The shared pool, made for the first capture and again whenever every graph in it was freed.
+        self.live = 0     # Graphs captured into the pool and not freed.
         self.failed_inside_cuda = False  # Whether the last capture failed in CUDA (recover() before the eager step).
         self.rng_before_capture: torch.Tensor | None = None
 
@@ -184,6 +185,10 @@ class CudaGraphs:
         driven here rather than by torch.cuda.graph, whose exit leaves the capture stream current when the capture
         fails; `failed_inside_cuda` says whether CUDA ended the capture with an error."""
         graph = torch.cuda.CUDAGraph()
+        if self.live == 0:
+            # Once the last graph in a pool is freed, CUDA's allocator marks the pool to be released, and a capture
+            # into it again fails its assert (use_count > 0), inside CUDA on torch 2.11 and older: a fresh pool.
+            self.pool = torch.cuda.graph_pool_handle()
         self.rng_before_capture, self.failed_inside_cuda = self.rng_state(), False
         torch.cuda.synchronize(self.device)
         try:
@@ -201,14 +206,22 @@ class CudaGraphs:
         finally:
             if not self.failed_inside_cuda:  # Else recover() restores it, once the generator is known to work.
                 self.set_rng_state(self.rng_before_capture)
+        self.live += 1
         return graph
+
+    def free(self, graph: torch.cuda.CUDAGraph) -> None:
+        """Free a graph from capture(): its share of the pool returns to the pool."""
+        graph.reset()
+        self.live -= 1
 
     def recover(self) -> None:
         """After a capture that failed inside CUDA: end what the capture left (the allocator's capture into the pool,
-        the capture streams), then check, by doing it, that what the eager step needs works: the current stream is the
+        the capture streams, on torch 2.5 to 2.11 the generator's capture mode: compat.clear_generator_capture), then
+        check, by doing it, that what the eager step needs works: the current stream is the
         one before the capture, no stream is capturing, the generator draws and restores, the allocator frees its
         cache, the device runs and synchronises. Raises CudaGraphsBroken where it does not."""
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        compat.clear_generator_capture(torch.cuda.default_generators[index])
         for name in ('_cuda_endAllocateToPool', '_cuda_endAllocateCurrentStreamToPool'):
             end_allocation = getattr(torch._C, name, None)  # Private, and named differently across releases.
             if end_allocation is not None:
@@ -311,10 +324,10 @@ class CapturedStep:
             self._free(entry)
         self.graphs.clear()
 
-    @staticmethod
-    def _free(entry: _Graph) -> None:
+    def _free(self, entry: _Graph) -> None:
         if entry.graph is not None:
-            entry.graph.reset()
+            self.engine.free(entry.graph)
+            entry.graph = None
 
     def _capture(self, fn: Callable[[], None]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """fn recorded into a graph, with its statistics added inside the graph to an accumulator of its own (returned
