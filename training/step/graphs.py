@@ -13,7 +13,8 @@ and replays them with a single launch. `CapturedStep` does that for one kind of 
         then capture: copy the inputs into static buffers, record the step into a graph; run the eager step
         first replay, at the next call (new inputs: whatever the capture baked in of this call shows), checked:
             from the same state (parameters, buffers, optimizer state, divergence flag,
-            random generator) run the eager step twice, then the replay; the replay passes if every tensor
+            random generator) run the eager step twice, then the replay (the verdict: the worst of every
+            process's); the replay passes if every tensor
             lands as close to the first eager result as the tolerance allows plus a margin over how far the
             two eager results lie apart (kernels that accumulate with atomics round differently at every
             run, and Adam turns the rounding noise of a parameter whose true gradient is zero, such as a
@@ -143,6 +144,19 @@ def replay_error(before: Sequence[torch.Tensor], eager: Sequence[torch.Tensor], 
             return max(worst, error)
         set_aside -= n
     return worst
+
+
+def _agreed(error: float, noisy: bool) -> tuple[float, bool]:
+    """The verdict of every process of a run: the largest error and whether any process's kernels were noisy. Each
+    process checks its own replay, from its own state (gn-stylegan2's path length mean, for one, is its own): were their
+    verdicts to differ, some would replay and some not, and their parameters would drift apart."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1):
+        return error, noisy
+    device = 'cuda' if torch.distributed.get_backend() == 'nccl' else 'cpu'
+    verdict = torch.tensor([error, float(noisy)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
+    return float(verdict[0]), bool(verdict[1] > 0)
 
 
 def _restore(tensors: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
@@ -389,11 +403,12 @@ class CapturedStep:
             if statistics is not None:
                 entry.statistics.copy_(statistics)  # A replay that was not kept added nothing.
             entry.graph.replay()
-            error = replay_error(before, first, state, again)
+            error, noisy = _agreed(replay_error(before, first, state, again),
+                                   not all(torch.equal(a, b) for a, b in zip(first, again)))
             if error <= 1:
                 entry.checked = True
                 return
-            if all(torch.equal(a, b) for a, b in zip(first, again)):
+            if not noisy:
                 break  # Deterministic kernels: another replay would land as far.
             _restore(state, before)
             self.engine.set_rng_state(rng)
