@@ -251,30 +251,38 @@ class _TapCache:
 
     The kernels correlate, with the gain folded into the taps: for a given filter tensor, flip and
     gain this means one flip, one multiplication and (for filters of up to 4x4 taps, which the
-    specialised kernels take by value) one copy to the host. Entries hold a reference to their
-    filter, so its memory cannot be reused by another tensor while cached; an in-place change of
-    the filter bumps its version and so misses the cache. At most `size` entries, oldest dropped.
+    specialised kernels take by value) one copy to the host, which makes the host wait for the GPU:
+    it must not happen inside a training step that a CUDA graph captures, so the filters a step uses
+    at every call must stay cached. An entry is kept per filter tensor, flip, gain, shape and dtype;
+    it holds a reference to its filter, so that memory cannot be reused by another tensor while
+    cached, and the filter's version, so that an in-place change of the filter (G_ema's buffers are
+    copied from G's after every G step) rebuilds that entry rather than adding one. At most `size`
+    entries: a hit marks its entry used, and one more drops the least recently used, so that grids
+    and metric evaluations of other networks never push out the filters of the training step.
     """
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
-        self.entries: 'collections.OrderedDict[tuple, tuple]' = collections.OrderedDict()
+        self.entries: 'collections.OrderedDict[tuple, tuple]' = collections.OrderedDict()  # Least recently used first.
 
     def get(self, f: torch.Tensor, flip: bool, gain: float, shape: Tuple[int, int],
             dtype: torch.dtype) -> Tuple[torch.Tensor, List[float]]:
         """(taps [h, w] on f's device in `dtype`, the same on the host if at most 4x4 else [])."""
-        key = (id(f), f._version, flip, gain, shape, dtype)
+        key = (id(f), flip, gain, shape, dtype)
         entry = self.entries.get(key)
-        if entry is None or entry[0] is not f:
-            taps = f.detach().to(dtype)
-            if flip:
-                taps = taps.flip(list(range(taps.ndim)))
-            taps = (taps * gain).reshape(shape).contiguous()
-            host = taps.flatten().tolist() if max(shape) <= MAX_FIXED_TAPS else []
-            entry = self.entries[key] = (f, taps, host)
-            if len(self.entries) > self.size:
-                self.entries.popitem(last=False)
-        return entry[1], entry[2]
+        if entry is not None and entry[0] is f and entry[1] == f._version:
+            self.entries.move_to_end(key)
+            return entry[2], entry[3]
+        taps = f.detach().to(dtype)
+        if flip:
+            taps = taps.flip(list(range(taps.ndim)))
+        taps = (taps * gain).reshape(shape).contiguous()
+        host = taps.flatten().tolist() if max(shape) <= MAX_FIXED_TAPS else []
+        self.entries[key] = (f, f._version, taps, host)
+        self.entries.move_to_end(key)
+        if len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return taps, host
 
 
 MAX_FIXED_TAPS = 4  # UPFIRDN2D_MAX_FIXED_TAPS in upfirdn2d.h

@@ -17,17 +17,20 @@ What CUDA does besides, emulated:
 - A host synchronisation (an operator of torch_utils.misc.HOST_READ_OPS, or a copy to the device from pageable
   memory or a blocking one) is seen by CUDA's synchronisation watch in an eager step (`run_watching_syncs` says
   where) and fails a capture inside CUDA, which leaves the process as CUDA leaves it: the capture mode still on,
-  so the next random draw fails as the generator of torch <= 2.12 fails ("Offset increment outside graph
+  so the next random draw fails as the generator of torch 2.5 to 2.11 fails ("Offset increment outside graph
   capture") and every other operator as one on a stream still capturing; `recover()` puts it back, or, made
   with `recoverable=False`, cannot (CudaGraphsBroken).
 - `kernel_noise()`: kernels that accumulate in a different order at every run (atomics), as a rounding change of
   one unit in the last place at random positions of the inputs of every reduction, at every call, replays too.
+- `CudaAllocatorPools`: the graph pools of CUDA's caching allocator, with their use count (a pool whose graphs
+  were all freed is released, and a capture into it fails), for CudaGraphs itself (torch.cuda's calls replaced).
 - `emulate_pinned_memory()`: Tensor.pin_memory and is_pinned on a CPU build, so that a copy to another device
   (the tests use 'meta') can be told pinned and asynchronous from pageable or blocking.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from typing import Any, Callable
@@ -203,6 +206,9 @@ class EmulatedGraphs:
         self.captures.append(graph)
         return graph
 
+    def free(self, graph: EmulatedGraph) -> None:
+        graph.reset()
+
     def recover(self) -> None:
         self.recoveries += 1
         if self._still_capturing is not None:  # Also where it "cannot": the tests' own process goes on.
@@ -245,6 +251,47 @@ class kernel_noise(TorchDispatchMode):
         up = torch.rand(x.shape, generator=self.generator) < 0.5
         toward = torch.where(up, torch.full_like(x, float('inf')), torch.full_like(x, float('-inf')))
         return torch.where(pick, torch.nextafter(x, toward), x)
+
+
+class CudaAllocatorPools:
+    """CUDA's graph pools and graphs as training/step/graphs.CudaGraphs drives them (torch.cuda.graph_pool_handle and
+    torch.cuda.CUDAGraph replaced; no kernel runs), with the private pools' use count of CUDA's caching allocator: a
+    capture into a pool adds one, freeing the graph (reset) takes it back, and a pool whose count reaches 0 is marked to
+    be released, after which a capture into it fails the allocator's assert inside CUDA."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.use_count: dict[int, int] = {}     # pool handle -> graphs captured into it and not freed
+        self.released: set[int] = set()
+        self.captures: list[int] = []           # The pool of each capture begun.
+        pools = self
+
+        class Graph:
+            def capture_begin(self, pool=None, capture_error_mode='global'):
+                pools.captures.append(pool)
+                if pool in pools.released:
+                    raise RuntimeError('INTERNAL ASSERT FAILED at "CUDACachingAllocator.cpp": it->second->use_count > 0')
+                pools.use_count[pool] += 1
+                self.pool = pool
+
+            def capture_end(self):
+                pass
+
+            def reset(self):
+                pools.use_count[self.pool] -= 1
+                if pools.use_count[self.pool] == 0:
+                    pools.released.add(self.pool)
+
+        def graph_pool_handle():
+            handle = len(pools.use_count) + 1
+            pools.use_count[handle] = 0
+            return handle
+        monkeypatch.setattr(torch.cuda, 'Stream', lambda device: 'capture stream')
+        monkeypatch.setattr(torch.cuda, 'graph_pool_handle', graph_pool_handle)
+        monkeypatch.setattr(torch.cuda, 'CUDAGraph', Graph)
+        monkeypatch.setattr(torch.cuda, 'stream', lambda stream: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, 'synchronize', lambda device=None: None)
+        monkeypatch.setattr(torch.cuda, 'get_rng_state', lambda device='cuda': torch.zeros(1))
+        monkeypatch.setattr(torch.cuda, 'set_rng_state', lambda state, device='cuda': None)
 
 
 def emulate_pinned_memory(monkeypatch) -> None:

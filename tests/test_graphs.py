@@ -158,6 +158,60 @@ def test_a_replay_that_differs_from_the_eager_step_is_undone_and_the_key_stays_e
     assert not captured.last_replayed and 'k' in captured.eager_keys and 'k' not in captured.graphs
 
 
+@pytest.mark.parametrize('baked,rejected', [(1.05, True), (1.001, False)])
+def test_a_value_baked_in_at_a_few_percent_of_the_step_is_rejected_and_a_tenth_of_a_percent_passes(baked, rejected):
+    """With kernels that reproduce a step bit for bit, the replay may land 1% of the step's change from the eager step:
+    a graph that adds 1.05 x where the eager step adds x (a learning rate baked in before a decay of 5%) is rejected
+    after one check (another replay would land as far), one that adds 1.001 x passes."""
+    engine, lines, calls = EmulatedGraphs(), [], []
+    w = torch.zeros(3)
+
+    def step(x):
+        calls.append(engine.capturing)
+        w.add_(x * (baked if engine.capturing else 1))
+    captured = graphs.CapturedStep('D', lambda: [w], engine, log=lines.append, warmup=1)
+    for _ in range(4):
+        captured('k', step, dict(x=torch.ones(3)))
+    # A warm-up, the capture and its eager step, the check's two eager runs, then the fourth call: eager or replayed.
+    assert calls == [False, True, False, False, False] + ([False] if rejected else [])
+    assert (len(lines) == 1 and 'replayed differently' in lines[0]) if rejected else lines == []
+    assert torch.equal(w, torch.full([3], 4.0)) if rejected else torch.allclose(w, torch.full([3], 2 + 2 * baked), rtol=0, atol=1e-6)
+
+
+def test_a_replay_that_meets_a_rare_rounding_flip_passes_its_second_check_and_a_wrong_one_fails_both():
+    """Where kernels are noisy (eager runs 1e-6 apart here), a replay that met a flip across a kink (0.5 on one value
+    of a step that moves each by 1, beyond the quarter of the change that noisy kernels may move it) fails its check
+    by chance: a second, independent check from the same state passes it, and the statistics of each step count
+    once. A graph that lands 0.5 away at every replay fails both checks and the eager result is kept."""
+    for flips, kept in [(1, True), (graphs.CHECK_ROUNDS, False)]:
+        engine, lines, noise = EmulatedGraphs(), [], torch.Generator().manual_seed(0)
+        w = torch.zeros(3)
+        training_stats._pending.clear()
+        collector = training_stats.Collector(r'Test/graphs/.*')
+
+        def step(x):
+            w.add_(x + 1e-6 * torch.rand(3, generator=noise))  # Noise drawn apart from the step's random stream.
+            training_stats.report('Test/graphs/w', w.clone())
+        captured = graphs.CapturedStep('G', lambda: [w], engine, log=lines.append, warmup=1)
+        replays = []
+        for index in range(4):
+            captured('k', step, dict(x=torch.ones(3)))
+            if index == 1:  # Captured: its first `flips` replays meet a flip.
+                graph, replay = engine.captures[0], engine.captures[0].replay
+
+                def replay_with_flip(replay=replay):
+                    replay()
+                    replays.append(1)
+                    if len(replays) <= flips:
+                        w[0] += 0.5
+                graph.replay = replay_with_flip
+        assert (lines == [] and captured.last_replayed) if kept else (len(lines) == 1 and 'replayed differently' in lines[0])
+        assert len(replays) == (graphs.CHECK_ROUNDS + 1 if kept else graphs.CHECK_ROUNDS)
+        torch.testing.assert_close(w, torch.full([3], 4.0), rtol=0, atol=1e-5)
+        collector.update()
+        assert collector.num('Test/graphs/w') == 4 * 3
+
+
 def test_a_new_key_frees_the_graphs_of_the_least_recently_used_keys():
     counter = Counter()
     engine = EmulatedGraphs()
@@ -306,6 +360,90 @@ def test_d_and_g_graphs_share_one_memory_pool(monkeypatch):
     assert len(pools) == 1 and begun == pools * 3
 
 
+def test_graphs_are_captured_again_after_every_graph_of_the_pool_was_freed(monkeypatch):
+    """Once the last graph in the shared pool is freed (the D graph rejected by its check before G's capture, or both
+    released), CUDA's allocator releases the pool, and a capture into it fails inside CUDA: the next capture takes a
+    fresh pool, while graphs that live together share one."""
+    from tests.graph_emulator import CudaAllocatorPools
+    pools = CudaAllocatorPools(monkeypatch)
+    engine = graphs.CudaGraphs(torch.device('cuda'))
+    d = engine.capture(lambda: None)
+    engine.free(d)                                      # Rejected: the pool holds no graph.
+    g = engine.capture(lambda: None)
+    d = engine.capture(lambda: None)                    # Beside G's: the same pool.
+    for graph in (g, d):
+        engine.free(graph)                              # Released.
+    engine.capture(lambda: None)
+    assert pools.captures == [1, 2, 2, 3] and pools.released == {1, 2}
+
+
+class GeneratorOfTorch2_11:
+    """A CUDA generator as torch 2.5 to 2.11 keep it: seed, offset and one capture flag in a state object, the flag set
+    when a capture begins and cleared only when one ends well; a draw outside a capture with the flag set raises;
+    clone_state() copies seed and offset into a new state, graphsafe_set_state() takes another generator's state."""
+
+    class State:
+        def __init__(self, seed, offset, capturing=False):
+            self.seed, self.offset, self.capturing = seed, offset, capturing
+
+    def __init__(self, state):
+        self.state = state
+
+    def clone_state(self):
+        return GeneratorOfTorch2_11(self.State(self.state.seed, self.state.offset))
+
+    def graphsafe_set_state(self, other):
+        self.state = other.state
+
+    def draw(self):
+        if self.state.capturing:
+            raise RuntimeError('Offset increment outside graph capture encountered unexpectedly.')
+        self.state.offset += 4
+
+
+@pytest.mark.parametrize('keeps_failed_capture', [True, False])
+def test_a_generator_left_in_capture_mode_by_a_failed_capture_draws_again_after_the_repair(monkeypatch,
+                                                                                           keeps_failed_capture):
+    """On torch 2.5 to 2.11 the generator's capture flag outlives a capture that failed inside CUDA, so that every later
+    draw would raise: CudaGraphs.recover's repair (compat.clear_generator_capture) gives it a fresh state with the same
+    seed and offset. On 2.12 and newer (per-capture states) it leaves the generator alone."""
+    from torch_utils import compat
+    monkeypatch.setattr(compat, 'GENERATOR_KEEPS_FAILED_CAPTURE', keeps_failed_capture)
+    state = GeneratorOfTorch2_11.State(seed=7, offset=12, capturing=keeps_failed_capture)
+    generator = GeneratorOfTorch2_11(state)
+    compat.clear_generator_capture(generator)
+    generator.draw()
+    assert (generator.state is not state) == keeps_failed_capture
+    assert (generator.state.seed, generator.state.offset) == (7, 16)
+
+
+def _rank_checking_its_replay(rank, store, out_dir):
+    """One of two CPU processes of a run: a step whose replay only this rank's graph gets wrong on rank 1 (it baked in a
+    value of its own, as gn-stylegan2's per-process path length mean can make a check differ)."""
+    torch.distributed.init_process_group('gloo', init_method=f'file://{store}', rank=rank, world_size=2)
+    engine, lines = EmulatedGraphs(), []
+    w = torch.zeros(3)
+
+    def step(x):
+        w.add_(x * (1.5 if engine.capturing and rank == 1 else 1))
+    captured = graphs.CapturedStep('G', lambda: [w], engine, log=lines.append, warmup=1)
+    for _ in range(4):
+        captured('k', step, dict(x=torch.ones(3)))
+    with open(os.path.join(out_dir, f'rank{rank}.txt'), 'w') as f:
+        f.write(f'{len(lines)} {captured.last_replayed} {w.tolist()}')
+    from torch_utils import compat
+    if not compat.destroy_process_group():
+        os._exit(0)
+
+
+def test_every_rank_takes_the_same_verdict_on_its_first_replay(tmp_path):
+    """Rank 1's replay lands 50% of the step's change away, rank 0's is right: both ranks reject their graph, keep the
+    eager result and run that step eagerly, so that their parameters stay equal."""
+    torch.multiprocessing.spawn(_rank_checking_its_replay, args=(str(tmp_path / 'store'), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        assert (tmp_path / f'rank{rank}.txt').read_text() == '1 False [4.0, 4.0, 4.0]'
+
+
 def test_without_an_engine_every_call_is_the_eager_step():
     counter = Counter()
     captured = graphs.CapturedStep('D', counter.state, None)
@@ -342,6 +480,26 @@ def test_cuda_graph_replays_equal_the_eager_steps_and_a_synchronising_step_stays
     assert lines == [f'CUDA graphs: the G step makes the host wait for the GPU ({__file__}:{read_line}); it runs eagerly']
     assert int(counter.n) == 9 and graphs.off_for_process() is None
     training_stats._pending.clear()
+
+
+@pytest.mark.gpu
+def test_cuda_captures_again_after_every_graph_of_its_pool_was_freed():
+    """A graph freed alone in the shared pool (as a rejected D graph is before G's capture), then two captured and both
+    released: each later capture works and replays what it recorded."""
+    device = torch.device('cuda')
+    engine = graphs.CudaGraphs(device)
+    x = torch.zeros(3, device=device)
+    engine.free(engine.capture(lambda: x.add_(1)))
+    first, second = engine.capture(lambda: x.add_(2)), engine.capture(lambda: x.mul_(3))
+    first.replay()
+    second.replay()
+    for graph in (first, second):
+        engine.free(graph)
+    torch.cuda.empty_cache()
+    last = engine.capture(lambda: x.sub_(1))
+    last.replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [5.0, 5.0, 5.0] and engine.live == 1  # (0 + 2) * 3 - 1
 
 
 FAILED_CAPTURE = """

@@ -25,7 +25,7 @@ import torch
 
 from ops import bias_act, upfirdn2d
 from tests.host_plugin import OPS_DIR, HostPlugin, input_in_layout
-from torch_utils import custom_ops, kernel_choice
+from torch_utils import custom_ops, devices, kernel_choice
 
 
 @contextlib.contextmanager
@@ -403,3 +403,14 @@ def test_chooser_can_be_switched_off(fake_clock, monkeypatch):
     plugin.calls.clear()
     upfirdn2d.upsample2d(input_in_layout('contiguous'), upfirdn2d.setup_filter([1, 2, 1]))
     assert timings == [] and upfirdn2d._plugin.choices == {} and plugin.served[3] > 0  # untimed, the kernel serves
+
+
+def test_deterministic_runs_choose_the_kernel_without_timing(fake_clock):
+    """Under --deterministic (torch's deterministic algorithms, as devices.run_switches sets them) the choice is never
+    made by a clock: the kernel serves though the clock says the reference is five times faster."""
+    plugin, times, timings = fake_clock
+    times.update(kernel=5.0, reference=1.0)
+    plugin.calls.clear()
+    with devices.run_switches(torch.device('cpu'), allow_tf32=False, deterministic=True):
+        upfirdn2d.upsample2d(input_in_layout('contiguous'), upfirdn2d.setup_filter([1, 2, 1]))
+    assert timings == [] and upfirdn2d._plugin.choices == {} and plugin.served[3] > 0

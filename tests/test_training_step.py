@@ -207,6 +207,31 @@ def test_graphs_pass_their_check_under_kernels_that_round_differently_at_every_r
     training_stats._pending.clear()
 
 
+def test_replays_follow_a_learning_rate_that_moves_by_a_millionth_per_step(monkeypatch):
+    """A value a graph would bake in and that changes slowly is invisible to a check made once: the learning rates are
+    device tensors that the replays read, so a schedule moving them by 1e-6 per step (6 steps of the quick start, 3
+    of them replayed) trains bit for bit as the same capturable steps run eagerly, whose learning rates at the last
+    step differ from the first by 5e-6."""
+    import dataclasses
+    capturable_on_cpu(monkeypatch)
+    monkeypatch.setattr(graphs, 'WARMUP_STEPS', 1)
+    runs = []
+    for engine in (None, EmulatedGraphs()):
+        run = Run('quickstart', 'gn')
+        plan = run.plans[0]
+        run.plans = [dataclasses.replace(plan, lr_G=plan.lr_G - 1e-6 * k, lr_D=plan.lr_D - 1e-6 * k) for k in range(6)]
+        if engine is None:
+            for opt in (run.G_opt, run.D_opt):
+                make_capturable(opt)
+        steps = train_with_training_step(run, engine)
+        runs.append((run, engine, steps))
+    (eager, _, _), (replayed, engine, steps) = runs
+    assert_same(replayed.tensors(), eager.tensors())
+    assert engine.captures and all(graph.replays >= 3 for graph in engine.captures)
+    assert steps.updaters['G'].optimizer.param_groups[0]['lr'].item() == pytest.approx(run.plans[0].lr_G - 5e-6, rel=1e-6)
+    training_stats._pending.clear()
+
+
 def test_graphs_are_used_where_they_pay_and_pass():
     cuda, cpu = torch.device('cuda'), torch.device('cpu')
     use = training_step.use_cuda_graphs

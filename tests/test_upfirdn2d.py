@@ -221,3 +221,33 @@ def test_plans_keep_the_most_recently_used_signatures(monkeypatch):
         assert len(upfirdn2d._plugin.plans) <= 3
     assert planned == [5, 6, 7, 8, 6]  # 5 was used again before 8 came, so 6 went: planned afresh.
     assert [key[2][-1] for key in upfirdn2d._plugin.plans] == [5, 8, 6]  # x.shape in each key, oldest first.
+
+
+def test_filter_taps_cache_drops_the_least_recently_used_filter():
+    """The taps cache (the CUDA path's flipped, gain-scaled filters, with a host copy that makes the host wait) keeps
+    the filters used most recently: a hit marks its filter used, a new filter beyond the bound (here 3) drops the one
+    unused the longest, and an in-place change of a filter rebuilds its entry without adding one. The taps are
+    np.flip(f) * gain."""
+    cache = upfirdn2d._TapCache(size=3)
+    filters = {name: torch.tensor(values, dtype=torch.float64) for name, values in
+               [('a', [1., 2., 3.]), ('b', [1., 3., 3., 1.]), ('c', [2., 1.]), ('d', [1., 4., 6., 4.])]}
+    built = {}
+
+    def get(name):
+        taps, host = cache.get(filters[name], True, 2.0, (1, len(filters[name])), torch.float32)
+        expected = np.flip(filters[name].numpy()) * 2.0
+        np.testing.assert_array_equal(taps.numpy(), expected[np.newaxis].astype(np.float32))
+        assert host == expected.tolist()
+        is_new = built.get(name) is not taps
+        built[name] = taps
+        return is_new
+
+    assert [get(name) for name in 'abc'] == [True] * 3
+    assert not get('a')             # A hit: 'a' is now the most recently used, 'b' the least.
+    assert get('d')                 # One more: 'b' is dropped.
+    assert [get(name) for name in 'acd'] == [False] * 3
+    assert get('b')                 # Built again; 'a' was the least recently used.
+    assert len(cache.entries) == 3 and [entry[0] is filters[name] for entry, name in zip(cache.entries.values(), 'cdb')] == [True] * 3
+    with torch.no_grad():
+        filters['d'].mul_(0.5)      # As G_ema's buffers are written after every G step.
+    assert get('d') and len(cache.entries) == 3

@@ -12,6 +12,9 @@ What a supported release lacks and how the code gets by:
                       weights_only allow-list                      every release's allow-list accepts
     torch 2.5 - 2.7   a process group's destructor that releases   destroy_process_group: leaves a gloo group to the
                       the GIL (a gloo group could deadlock)        process's end (os._exit)
+    torch 2.5 - 2.11  a CUDA generator whose capture mode ends     clear_generator_capture: a fresh generator state
+                      when a capture fails (one flag, cleared by   (same seed and offset) replaces the one a failed
+                      a successful end of capture only)            capture left in capture mode
 """
 
 from __future__ import annotations
@@ -119,3 +122,17 @@ def load_torchscript(f, map_location: torch.device) -> torch.jit.ScriptModule:
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message=r'`torch\.jit\.load` is deprecated', category=FutureWarning)
         return torch.jit.load(f, map_location=map_location)
+
+
+# torch 2.12 keeps a CUDA generator's capture state per capture; 2.5 to 2.11 keep one flag in the generator's state, set
+# when a capture begins and cleared only when one ends well. After a capture that failed inside CUDA the flag stays set,
+# and every later random draw raises "Offset increment outside graph capture encountered unexpectedly".
+GENERATOR_KEEPS_FAILED_CAPTURE = release(torch.__version__) < (2, 12)
+
+
+def clear_generator_capture(generator: torch.Generator) -> None:
+    """Take `generator` (a CUDA device's default generator) out of the capture mode a failed capture left it in, keeping
+    its seed and offset: on torch 2.5 to 2.11 its state is replaced by a clone, which copies the seed and the offsets but
+    not the flag (graphsafe_set_state and clone_state, both in 2.5); on 2.12 and newer nothing is left to clear."""
+    if GENERATOR_KEEPS_FAILED_CAPTURE:
+        generator.graphsafe_set_state(generator.clone_state())

@@ -24,8 +24,8 @@ GN's D step and of the gradient penalties is not timed, so a kernel kept by this
 choice can still be the slower path there. time_call() times the device's work: 20 back-to-back calls queued behind a
 spin kernel, so that CUDA events around them see the kernels and not the host's
 Python (which, below a few MB, would otherwise decide, and equally for both paths);
-median of three rounds after a warm-up. GNGAN_OPS_AUTOTUNE=0 always uses the
-kernel. bench/gpu_report.py lists the choices.
+median of three rounds after a warm-up. GNGAN_OPS_AUTOTUNE=0, and deterministic algorithms
+(--deterministic), always use the kernel, untimed. bench/gpu_report.py lists the choices.
 
 Per call. The ops keep, in LazyPlugin.plans, how they serve each combination of
 their arguments' metadata (device, dtype, shape, strides, op settings): a call whose
@@ -295,10 +295,12 @@ class LazyPlugin:
 
         The first time a key appears, kernel(x) and reference(x) each run forward and
         backward on a copy of x (device time per call, by self.timer: see time_call) and
-        the faster one serves the key while it is kept (see LruCache). GNGAN_OPS_AUTOTUNE=0:
-        always the kernel, untimed.
+        the faster one serves the key while it is kept (see LruCache). GNGAN_OPS_AUTOTUNE=0, or deterministic
+        algorithms on (a --deterministic run, torch_utils/devices.run_switches): always the kernel, untimed, so that
+        two runs never choose differently by a timing (the kernels accumulate without atomics: they repeat bit for
+        bit).
         """
-        if not custom_ops.env_flag(AUTOTUNE_ENV, '1'):
+        if not custom_ops.env_flag(AUTOTUNE_ENV, '1') or torch.are_deterministic_algorithms_enabled():
             return True
         choice = self.choices.get(key)
         if choice is not None:

@@ -13,12 +13,14 @@ and replays them with a single launch. `CapturedStep` does that for one kind of 
         then capture: copy the inputs into static buffers, record the step into a graph; run the eager step
         first replay, at the next call (new inputs: whatever the capture baked in of this call shows), checked:
             from the same state (parameters, buffers, optimizer state, divergence flag,
-            random generator) run the eager step twice, then the replay; the replay passes if every tensor
+            random generator) run the eager step twice, then the replay (the verdict: the worst of every
+            process's); the replay passes if every tensor
             lands as close to the first eager result as the tolerance allows plus a margin over how far the
             two eager results lie apart (kernels that accumulate with atomics round differently at every
             run, and Adam turns the rounding noise of a parameter whose true gradient is zero, such as a
-            convolution bias before BatchNorm, into a full-sized step); else the first eager result is kept
-            and the key stays eager
+            convolution bias before BatchNorm, into a full-sized step); where the kernels are noisy, a
+            replay that fails gets a second, independent check (CapturedStep._check); else the first eager
+            result is kept and the key stays eager
         later calls: copy the inputs into the static buffers, replay
 
 What the step needs to be replayable, the rest of training/step provides: inputs only through the
@@ -54,7 +56,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 import dnnlib
-from torch_utils import misc, training_stats
+from torch_utils import compat, misc, training_stats
 
 #----------------------------------------------------------------------------
 
@@ -67,6 +69,7 @@ NOISY_TOLERANCE = 0.25  # where kernels are noisy, a replay may land this share 
 FAILING_SHARE = 0.01    # and of the tensors judged against the noise, the worst holding this share of their elements
                         # are set aside;
 ROUNDING_ULPS = 4       # and any tensor may land this many units in the last place of its values away.
+CHECK_ROUNDS = 2        # Independent checks a replay may take where kernels are noisy (see CapturedStep._check).
 KEYS_KEPT = 2           # Graph keys of one kind of step kept at once (a step and its lazily regularised variant).
 
 
@@ -90,6 +93,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph | None = None       # None: not captured yet.
     inputs: dict[str, torch.Tensor] | None = None   # The static buffers the graph reads.
     checked: bool = False                           # First replay compared with the eager step.
+    statistics: torch.Tensor | None = None          # The accumulator the graph adds its statistics to.
 
 
 def replay_error(before: Sequence[torch.Tensor], eager: Sequence[torch.Tensor], replayed: Sequence[torch.Tensor],
@@ -142,6 +146,19 @@ def replay_error(before: Sequence[torch.Tensor], eager: Sequence[torch.Tensor], 
     return worst
 
 
+def _agreed(error: float, noisy: bool) -> tuple[float, bool]:
+    """The verdict of every process of a run: the largest error and whether any process's kernels were noisy. Each
+    process checks its own replay, from its own state (gn-stylegan2's path length mean, for one, is its own): were their
+    verdicts to differ, some would replay and some not, and their parameters would drift apart."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1):
+        return error, noisy
+    device = 'cuda' if torch.distributed.get_backend() == 'nccl' else 'cpu'
+    verdict = torch.tensor([error, float(noisy)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MAX)
+    return float(verdict[0]), bool(verdict[1] > 0)
+
+
 def _restore(tensors: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
     """Copy `values` into the tensors that differ from them. The others keep their version counters: a network's
     level of detail is read on the host again whenever its buffer's counter moves (training/networks/stylegan.py)."""
@@ -160,7 +177,8 @@ class CudaGraphs:
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.stream = device, torch.cuda.Stream(device)
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = None  # The shared pool, made for the first capture and again whenever every graph in it was freed.
+        self.live = 0     # Graphs captured into the pool and not freed.
         self.failed_inside_cuda = False  # Whether the last capture failed in CUDA (recover() before the eager step).
         self.rng_before_capture: torch.Tensor | None = None
 
@@ -181,6 +199,10 @@ class CudaGraphs:
         driven here rather than by torch.cuda.graph, whose exit leaves the capture stream current when the capture
         fails; `failed_inside_cuda` says whether CUDA ended the capture with an error."""
         graph = torch.cuda.CUDAGraph()
+        if self.live == 0:
+            # Once the last graph in a pool is freed, CUDA's allocator marks the pool to be released, and a capture
+            # into it again fails its assert (use_count > 0), inside CUDA on torch 2.11 and older: a fresh pool.
+            self.pool = torch.cuda.graph_pool_handle()
         self.rng_before_capture, self.failed_inside_cuda = self.rng_state(), False
         torch.cuda.synchronize(self.device)
         try:
@@ -198,14 +220,22 @@ class CudaGraphs:
         finally:
             if not self.failed_inside_cuda:  # Else recover() restores it, once the generator is known to work.
                 self.set_rng_state(self.rng_before_capture)
+        self.live += 1
         return graph
+
+    def free(self, graph: torch.cuda.CUDAGraph) -> None:
+        """Free a graph from capture(): its share of the pool returns to the pool."""
+        graph.reset()
+        self.live -= 1
 
     def recover(self) -> None:
         """After a capture that failed inside CUDA: end what the capture left (the allocator's capture into the pool,
-        the capture streams), then check, by doing it, that what the eager step needs works: the current stream is the
+        the capture streams, on torch 2.5 to 2.11 the generator's capture mode: compat.clear_generator_capture), then
+        check, by doing it, that what the eager step needs works: the current stream is the
         one before the capture, no stream is capturing, the generator draws and restores, the allocator frees its
         cache, the device runs and synchronises. Raises CudaGraphsBroken where it does not."""
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        compat.clear_generator_capture(torch.cuda.default_generators[index])
         for name in ('_cuda_endAllocateToPool', '_cuda_endAllocateCurrentStreamToPool'):
             end_allocation = getattr(torch._C, name, None)  # Private, and named differently across releases.
             if end_allocation is not None:
@@ -289,7 +319,7 @@ class CapturedStep:
         if entry.graph is None:
             try:
                 entry.inputs = {name: value.clone() for name, value in inputs.items()}
-                entry.graph = self._capture(lambda: step(**entry.inputs))
+                entry.graph, entry.statistics = self._capture(lambda: step(**entry.inputs))
             except Exception as error:  # pylint: disable=broad-except
                 self._capture_failed(key, error)
             step(**inputs)  # The first replay is checked at the next call, on new inputs: what the capture baked in shows.
@@ -308,20 +338,21 @@ class CapturedStep:
             self._free(entry)
         self.graphs.clear()
 
-    @staticmethod
-    def _free(entry: _Graph) -> None:
+    def _free(self, entry: _Graph) -> None:
         if entry.graph is not None:
-            entry.graph.reset()
+            self.engine.free(entry.graph)
+            entry.graph = None
 
-    def _capture(self, fn: Callable[[], None]) -> torch.cuda.CUDAGraph:
-        """fn recorded into a graph, with its statistics added inside the graph to an accumulator of its own."""
+    def _capture(self, fn: Callable[[], None]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """fn recorded into a graph, with its statistics added inside the graph to an accumulator of its own (returned
+        with the graph)."""
         with training_stats.discarded():  # Whatever a failed capture reported never happened.
             accumulator = training_stats.new_accumulator(self.engine.device)
 
             def step_and_statistics() -> None:
                 fn()
                 training_stats.flush_into(accumulator)
-            return self.engine.capture(step_and_statistics)
+            return self.engine.capture(step_and_statistics), accumulator
 
     def _capture_failed(self, key: Hashable, error: Exception) -> None:
         """A capture that failed in Python costs its key; one that failed inside CUDA, once CUDA is put back, costs
@@ -343,25 +374,45 @@ class CapturedStep:
 
     def _check(self, key: Hashable, entry: _Graph, eager_step: Callable[[], None]) -> None:
         """The first replay against the eager step, run twice from the same state (replay_error); stay eager (with the
-        first eager result) if they disagree."""
+        first eager result) if they disagree.
+
+        Where the kernels are noisy, a replay that disagrees gets CHECK_ROUNDS independent checks from the same state
+        (two more eager runs, another replay) and passes if one of them passes. Rounding noise flips the odd activation
+        across a kink (a ReLU at zero, the hinge), which moves some gradient terms by whole amounts; a replay that met
+        such a flip when neither eager run did lands beyond what their spread allows, by chance: a correct graph fails
+        one check with a small probability p and CHECK_ROUNDS of them with p ** CHECK_ROUNDS. A wrong graph (a value
+        baked in, an input not copied) lands as far at every replay and fails every check. With deterministic kernels
+        (the two eager runs agree bit for bit) one check decides: its replay would land the same at every try."""
         state = self.state()
         before = [t.clone() for t in state]
         rng = self.engine.rng_state()
-        with training_stats.discarded():  # The replay's statistics count.
-            eager_step()
-            eager, eager_rng = [t.clone() for t in state], self.engine.rng_state()
+        statistics = entry.statistics.clone() if entry.statistics is not None else None
+        eager = eager_rng = None
+        for _ in range(CHECK_ROUNDS):
+            with training_stats.discarded():  # The replay's statistics count.
+                eager_step()
+                first, first_rng = [t.clone() for t in state], self.engine.rng_state()
+                _restore(state, before)
+                self.engine.set_rng_state(rng)
+                eager_step()
+            again = [t.clone() for t in state]
+            if eager is None:
+                eager, eager_rng = first, first_rng  # Kept where the graph is rejected.
             _restore(state, before)
             self.engine.set_rng_state(rng)
-            eager_step()
-        eager_again = [t.clone() for t in state]
-        _restore(state, before)
-        self.engine.set_rng_state(rng)
-        entry.graph.replay()
-        error = replay_error(before, eager, state, eager_again)
-        if error <= 1:
-            entry.checked = True
-            return
-        _restore(state, eager)
+            if statistics is not None:
+                entry.statistics.copy_(statistics)  # A replay that was not kept added nothing.
+            entry.graph.replay()
+            error, noisy = _agreed(replay_error(before, first, state, again),
+                                   not all(torch.equal(a, b) for a, b in zip(first, again)))
+            if error <= 1:
+                entry.checked = True
+                return
+            if not noisy:
+                break  # Deterministic kernels: another replay would land as far.
+            _restore(state, before)
+            self.engine.set_rng_state(rng)
+        _restore(state, eager)  # With the statistics of the last replay.
         self.engine.set_rng_state(eager_rng)
         self._stay_eager(key, f'replayed differently from the eager step ({error:.2g} times what its tolerance and the '
                               f'eager runs\' own spread allow)')
