@@ -391,8 +391,8 @@ class Experiment:
 
     @property
     def metric_kwargs(self) -> dnnlib.EasyDict:
-        """Extra arguments of metric_main.calc_metric: reference data and detectors."""
-        kwargs = dnnlib.EasyDict(detector_url=self.detector, pr_detector_url=self.pr_detector)
+        """Extra arguments of metric_main.calc_metric: reference data, detectors, and the constraint L_D's loss sees."""
+        kwargs = dnnlib.EasyDict(detector_url=self.detector, pr_detector_url=self.pr_detector, norm=self.norm)
         if self.ref_data is not None:
             kwargs.ref_dataset_kwargs = dict(class_name=DATASET_CLASS, path=self.ref_data)
         if self.ref_stats is not None:

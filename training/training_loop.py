@@ -153,7 +153,7 @@ def training_loop(
                 for module in nets.values():
                     misc.check_ddp_consistency(module)  # Every process must hold the same networks.
                 snapshot_pkl = snapshot_path(label)
-                metric_stats, results = evaluator.evaluate(G_ema, snapshot_pkl)  # Before the snapshot, which records them.
+                metric_stats, results = evaluator.evaluate(G_ema, snapshot_pkl, D=D)  # Before the snapshot, which records them.
                 stats.update(metric_stats)
                 new_best = state.record_metric(results)
                 state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []), snapshot())
