@@ -87,6 +87,8 @@ def training_loop(
         D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **experiment.D_opt_kwargs)
         loss = dnnlib.util.construct_class_by_name(**experiment.loss_kwargs, G=G, D=D, precision=precision)
         log(f'G: {sum(p.numel() for p in G.parameters()):,} parameters, D: {sum(p.numel() for p in D.parameters()):,}')
+        if loss.exact_path_note() is not None:
+            log(loss.exact_path_note())
         nets, optimizers = dict(G=G, D=D, G_ema=G_ema), dict(G_opt=G_opt, D_opt=D_opt)
 
         # Resume, then the same networks in every process.
