@@ -108,3 +108,27 @@ def test_gn_gradients_with_a_smooth_activation_are_the_exact_double_backward(act
     exact = -exact_f_hat(D, G(z, c), c).mean()
     for a, b in zip(got, torch.autograd.grad(exact, list(G.parameters()))):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+
+
+def test_experiment_threads_act_and_depth_to_the_network_kwargs():
+    from training.experiment import Experiment
+    default = Experiment.build(cfg='quickstart')
+    assert 'act' not in default.D_kwargs and 'depth' not in default.D_kwargs and 'depth' not in default.G_kwargs
+    experiment = Experiment.build(cfg='quickstart', act='softplus:20', depth=5)
+    assert experiment.D_kwargs.act == 'softplus:20' and experiment.D_kwargs.depth == 5 and experiment.G_kwargs.depth == 5
+    assert '--act=softplus:20' in experiment.flags() and '--depth=5' in experiment.flags()
+    D = CNNDiscriminator(**{k: v for k, v in experiment.D_kwargs.items() if k != 'class_name'})
+    assert len(D.convs) == 5 and not D.is_piecewise_linear
+    with pytest.raises(ValueError, match='standard-CNN presets only'):
+        Experiment.build(cfg='cifar10-resnet', depth=5)
+    with pytest.raises(ValueError, match='unknown activation "gelu"'):
+        Experiment.build(cfg='quickstart', act='gelu')
+
+
+def test_train_help_names_the_options():
+    from click.testing import CliRunner
+
+    import train
+    text = ' '.join(CliRunner().invoke(train.main, ['--help']).output.split())
+    assert '--act ACT Standard CNN: D\'s activation' in text
+    assert '--depth INT Standard CNN: number of convolutional layers' in text
