@@ -94,22 +94,23 @@ def _used_weight(layer: nn.Module) -> torch.Tensor:
 
 
 def layer_norms(D: nn.Module, tol: float = 1e-6, max_iter: int = 2000) -> list[LayerNorm]:
-    """A LayerNorm for every conv/linear layer of D, in the order of D's forward pass (one call on a zero image of D's
-    input shape records what each layer sees). D itself is untouched."""
+    """A LayerNorm for every conv/linear layer on D's path from the image, in the order of D's forward pass (one call on
+    a zero image of D's input shape records what each layer sees). D itself is untouched."""
     D = copy.deepcopy(D).eval().requires_grad_(False)
     shapes: dict[nn.Module, tuple[int, ...]] = {}
     layers = {module: name for name, module in D.named_modules() if is_weight_layer(module)}
 
     def record(module: nn.Module, inputs: tuple, _output) -> None:
-        shapes.setdefault(module, tuple(inputs[0].shape[1:]))
+        if inputs[0].requires_grad:  # On the path from the image (not, e.g., a projection D's label embedding).
+            shapes.setdefault(module, tuple(inputs[0].shape[1:]))
 
     handles = [module.register_forward_hook(record) for module in layers]
     try:
-        img = torch.zeros([1, D.img_channels, D.img_resolution, D.img_resolution])
+        img = torch.zeros([1, D.img_channels, D.img_resolution, D.img_resolution], requires_grad=True)
         c = torch.zeros([1, getattr(D, 'c_dim', 0)])
         if c.shape[1] > 0:
             c[:, 0] = 1
-        with torch.no_grad():
+        with torch.enable_grad():
             D(img, c)
     finally:
         for handle in handles:

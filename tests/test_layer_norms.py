@@ -109,3 +109,9 @@ def test_command_prints_each_layer_and_draws_panel_c(tmp_path):
     assert float(fc_line.split()[4]) == pytest.approx(np.linalg.norm(weight, ord=2), rel=1e-3)  # A linear layer: sigma(W).
     result = CliRunner().invoke(command.main, [f'--network={paths[0]}', f'--out={out}'])
     assert result.exit_code != 0 and 'Traceback' not in result.output and '--out' in result.output
+
+
+def test_a_projection_discriminators_label_embedding_is_not_a_layer_of_the_image_path():
+    torch.manual_seed(0)
+    D = sngan.CNNDiscriminator(c_dim=10, img_resolution=8, img_channels=1, ch=2, depth=3)
+    assert [n.name for n in layer_norms.layer_norms(D)] == ['convs.0', 'convs.1', 'convs.2', 'fc']
