@@ -1,5 +1,6 @@
-"""The GN-GAN paper's depth study (section "Experimental Analysis for Theorem 2", its three-panel figure) at a CPU size
-on the embedded digits: standard CNNs with n convolutional layers in G and D, SN against GN, Wasserstein loss.
+"""The GN-GAN paper's depth study (its experimental analysis of Theorem 5, on layer-wise constraints, and its three-panel
+figure) at a CPU size on the embedded digits: standard CNNs with n convolutional layers in G and D, SN against GN,
+Wasserstein loss.
 
     python bench/depth_study.py --outdir=out/depth-study                           # depths 3,5,7,9 x {sn, gn}
     python bench/depth_study.py --outdir=out/depth-study --depths=3,9 --steps=200 --snapshots=4

@@ -1,5 +1,5 @@
-"""L_D, the GN-GAN paper's estimate of a discriminator's Lipschitz constant (section "Experimental Analysis for
-Theorem 2"): the largest input-gradient norm of the output the loss sees, over N real and N generated images,
+"""L_D, the GN-GAN paper's estimate of a discriminator's Lipschitz constant (its experimental analysis of the theorem
+on layer-wise constraints, Theorem 5 in the paper's shared numbering): the largest input-gradient norm of the output the loss sees, over N real and N generated images,
 
     L_D = max_{x in X_real u X_gen} ||grad_x s(x)||_2,     s = f_hat = f / (||grad_x f|| + zeta(f)) under GN
                                                            (--norm=gn/gn1/gn0), s = f otherwise,
