@@ -18,6 +18,11 @@ Examples:
       --ref-stats=cifar10.train.npz
 
 \b
+  # Scored as the authors score their CIFAR-10 / STL-10 runs: the trained G (not the EMA), BatchNorm in
+  # training mode on batches of 128:
+  python calc_metrics.py --network=snap.pkl --metrics=fid50k_full,is50k --generator=G --bn-batch=128
+
+\b
   # Write the statistics of a dataset in the same format (mu, sigma):
   python calc_metrics.py --data=cifar10.zip --write-stats=cifar10.train.npz
 
@@ -32,7 +37,8 @@ Examples:
 
 Results are printed as a table and appended as JSON lines to metric-<name>.jsonl next to the snapshot
 (printed instead for --images or a URL).
-Valid metrics: fid50k_full, fid30k_full, fid10k_full, fid50k, fid10k, is50k, kid50k_full, pr50k3_full.
+Valid metrics: fid50k_full, fid30k_full, fid10k_full, fid50k, fid10k, fid3k, is50k, kid50k_full, pr50k3_full, lipschitz1k,
+lipschitz50k.
 """
 
 from __future__ import annotations
@@ -117,7 +123,8 @@ def _run(rank: int, args: dnnlib.EasyDict, device: torch.device) -> None:
                                          ref_stats=args.ref_stats, num_gpus=args.num_gpus, rank=rank, device=device,
                                          detector_url=args.detector_url, pr_detector_url=args.pr_detector_url,
                                          progress=progress, mirror=args.mirror, num_gen=args.num_gen,
-                                         max_real=args.max_real, num_workers=args.num_workers, D=args.D, norm=args.norm)
+                                         max_real=args.max_real, num_workers=args.num_workers,
+                                         generator=args.generator, bn_batch=args.bn_batch, D=args.D, norm=args.norm)
         if rank == 0:
             path = metric_main.report_metric(result, run_dir=args.run_dir, snapshot_pkl=args.network_pkl)
             if args.verbose and path is not None:
@@ -193,6 +200,8 @@ def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
 @click.option('--data',                               help='Training set  [default: the snapshot\'s]', metavar='ZIP|DIR',             type=str, callback=dnnlib.util.expand_user)
 @click.option('--ref-data',                           help='Reference split of fid50k / fid10k', metavar='ZIP|DIR',                    type=str, callback=dnnlib.util.expand_user)
 @click.option('--ref-stats',                          help='FID reference statistics replacing the reals', metavar='NPZ',             type=str, callback=dnnlib.util.expand_user)
+@click.option('--generator',                          help='The snapshot\'s generator to score (G: the trained one, as the authors score their small presets)', type=click.Choice(['G_ema', 'G']), default='G_ema', show_default=True)
+@click.option('--bn-batch',                           help='Score G in training mode on N images per call: BatchNorm with each batch\'s statistics, as the authors evaluate (N: the preset\'s G batch, 128; BigGAN 50)  [default: eval mode, running statistics]', metavar='N', type=click.IntRange(min=2))
 @click.option('--mirror',                             help='Add x-flipped copies of the reals (not the paper\'s protocol)', metavar='BOOL', type=bool, is_flag=False, flag_value=True, default=False, show_default=True)
 @click.option('--detector', 'detector_url',           help='Inception-v3 detector of FID, IS, KID  [default: the official one]', metavar='PATH|URL', type=str, callback=dnnlib.util.expand_user)
 @click.option('--pr-detector', 'pr_detector_url',     help='VGG16 detector of precision/recall  [default: the official one]', metavar='PATH|URL', type=str, callback=dnnlib.util.expand_user)
@@ -206,7 +215,8 @@ def _dataset_kwargs(path: str) -> dnnlib.EasyDict:
 @click.option('--num-gen',                            help='Override the number of generated images (tests only)',                     type=click.IntRange(min=1), hidden=True)
 @click.option('--max-real',                           help='Override the number of real images (tests only)',                          type=click.IntRange(min=1), hidden=True)
 def main(network_pkl: str | None, cfg: str | None, images: str | None, write_stats: str | None, metrics: str,
-         data: str | None, ref_data: str | None, ref_stats: str | None, mirror: bool, num_gpus: int, device: str | None,
+         data: str | None, ref_data: str | None, ref_stats: str | None, generator: str, bn_batch: int | None,
+         mirror: bool, num_gpus: int, device: str | None,
          detector_url: str | None, pr_detector_url: str | None, num_workers: int | None, threads: int | None, verbose: bool,
          num_gen: int | None, max_real: int | None) -> None:
     if sum(x is not None for x in (network_pkl, images, write_stats)) != 1:
@@ -226,6 +236,8 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
             frechet_inception_distance.load_ref_stats(ref_stats)
         except ValueError as e:
             raise click.ClickException(f'--ref-stats: {e}')
+    if network_pkl is None and (generator != 'G_ema' or bn_batch is not None):
+        raise click.ClickException('--generator and --bn-batch choose how a --network is scored: give one')
     if write_stats is not None and data is None:
         raise click.ClickException('--write-stats writes the statistics of --data: give the dataset')
     try:
@@ -245,9 +257,10 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
             snapshot = legacy.load_network(network_pkl, cfg)
         except (persistence.UnsafeSnapshotError, legacy.OfficialCheckpointError, OSError) as e:
             raise click.ClickException(f'cannot load --network: {dnnlib.util.first_line(e)}')
-        G = snapshot.get('G_ema', snapshot.get('G'))
+        G = snapshot.get(generator, snapshot.get('G') if generator == 'G_ema' else None)
         if not isinstance(G, torch.nn.Module):
-            raise click.ClickException(f'{network_pkl} holds no generator (G_ema or G)')
+            raise click.ClickException(f'{network_pkl} holds no generator {generator}' +
+                                       (' (nor G)' if generator == 'G_ema' else ''))
         D = snapshot.get('D') if isinstance(snapshot.get('D'), torch.nn.Module) else None  # For L_D (lipschitz*).
         norm = (snapshot.get('experiment') or {}).get('norm', 'gn' if D is not None else None)
         dataset_kwargs = dnnlib.EasyDict(snapshot.get('training_set_kwargs') or {})
@@ -263,7 +276,8 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
                            images_kwargs=_dataset_kwargs(images) if images is not None else None, ref_stats=ref_stats,
                            write_stats=write_stats, mirror=mirror, num_gpus=num_gpus, device=device,
                            detector_url=detector_url, pr_detector_url=pr_detector_url, num_workers=num_workers,
-                           threads=threads, verbose=verbose, num_gen=num_gen, max_real=max_real,
+                           threads=threads, verbose=verbose, num_gen=num_gen, max_real=max_real, bn_batch=bn_batch,
+                           generator=generator if network_pkl is not None else None,
                            run_dir=os.path.dirname(os.path.abspath(network_pkl)) if network_pkl and os.path.isfile(network_pkl) else None)
     if num_gpus == 1:
         subprocess_fn(rank=0, args=args)

@@ -456,12 +456,13 @@ def open_source(source: str, subset: Optional[str], max_images: Optional[int]) -
 #----------------------------------------------------------------------------
 # Resizing and cropping.
 
-def resize(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
-    """Lanczos resampling; PIL widens the kernel when shrinking, so downscaling is antialiased."""
+def resize(pixels: np.ndarray, width: int, height: int,
+           resample: PIL.Image.Resampling = PIL.Image.Resampling.LANCZOS) -> np.ndarray:
+    """Lanczos resampling (or `resample`); PIL widens the kernel when shrinking, so downscaling is antialiased."""
     if pixels.shape[:2] == (height, width):
         return pixels
     image = PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
-    resized = np.asarray(image.resize((width, height), PIL.Image.Resampling.LANCZOS))
+    resized = np.asarray(image.resize((width, height), resample))
     return resized.reshape(height, width, pixels.shape[2])
 
 @dataclasses.dataclass(frozen=True)
@@ -471,9 +472,11 @@ class Transform:
     - no --transform: resize to --resolution when given, else leave the image as it is;
     - center-crop: the largest centered square, resized to --resolution (which must be square);
     - center-crop-wide: the largest centered region of aspect W:H, resized to WxH and placed in
-      the middle of a black WxW square (for wide scenes such as LSUN cars).
+      the middle of a black WxW square (for wide scenes such as LSUN cars);
+    - squash: the whole image resized to WxH, its aspect ratio not kept, bilinear: the GN-GAN authors'
+      LSUN Church preprocessing (torchvision's Resize((256, 256)) on the PIL image, i.e. PIL's bilinear).
     """
-    kind: Optional[str]                         # None, 'center-crop' or 'center-crop-wide'.
+    kind: Optional[str]                         # None, 'center-crop', 'center-crop-wide' or 'squash'.
     resolution: Optional[tuple[int, int]]       # (W, H), or None: keep the size.
 
     def __call__(self, pixels: np.ndarray) -> np.ndarray:
@@ -482,6 +485,8 @@ class Transform:
         width, height = self.resolution
         if self.kind is None:
             return resize(pixels, width, height)
+        if self.kind == 'squash':
+            return resize(pixels, width, height, PIL.Image.Resampling.BILINEAR)
         if self.kind == 'center-crop':
             crop = min(pixels.shape[:2])
             top, left = (pixels.shape[0] - crop) // 2, (pixels.shape[1] - crop) // 2
@@ -685,7 +690,7 @@ def in_source_order(executor: concurrent.futures.Executor, images: Iterator[Sour
 @click.option('--dest',         help='Output: a .zip archive, or else a folder', metavar='PATH',                      type=str, required=True, callback=dnnlib.util.expand_user)
 @click.option('--max-images',   help='Use at most this many images (the first ones)', metavar='INT',                  type=click.IntRange(min=1))
 @click.option('--resolution',   help='Output size, e.g. 256x256 (resizes images that differ)', metavar='WxH',         type=str, callback=parse_resolution)
-@click.option('--transform',    help='Crop before resizing to --resolution',                                          type=click.Choice(['center-crop', 'center-crop-wide']))
+@click.option('--transform',    help='Crop before resizing to --resolution, or squash (the GN-GAN authors\' LSUN resize)', type=click.Choice(['center-crop', 'center-crop-wide', 'squash']))
 @click.option('--subset',       help='CIFAR-10: train or test; STL-10: unlabeled, train or test  [default: train; unlabeled]', type=click.Choice(['train', 'test', 'unlabeled']))
 @click.option('--drop-labels',  help='Write the images without their labels (dataset.json: null)',                    is_flag=True)
 @click.option('--workers',      help='Processes that decode, resize and encode  [default: one per core]', metavar='INT', type=click.IntRange(min=1))
@@ -701,7 +706,7 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
     python dataset_tool.py --source=stl10_binary.tar.gz --dest=stl10-48.zip --resolution=48x48
     python dataset_tool.py --source=celeba-hq-1024/ --dest=celebahq-256.zip --resolution=256x256
     python dataset_tool.py --source=church_outdoor_train_lmdb/ --dest=church256.zip \\
-        --resolution=256x256 --transform=center-crop
+        --resolution=256x256 --transform=squash
     python dataset_tool.py --source=data/digits32.zip --dest=digits32-unlabeled.zip --drop-labels
 
     \b

@@ -61,6 +61,16 @@ def preset_table() -> str:
     return '\n'.join(rows)
 
 
+def sources_tables() -> str:
+    """Per group of presets: where each of its values comes from (configs.SOURCES)."""
+    parts = []
+    for names, sources in configs.SOURCES.items():
+        rows = [f'**{", ".join(f"`{name}`" for name in names)}**', '', '| value | source |', '|---|---|']
+        rows += [f'| {value} | {source} |' for value, source in sources.items()]
+        parts.append('\n'.join(rows))
+    return '\n\n'.join(parts)
+
+
 def progressive_table() -> str:
     res = sorted(progressive.BATCH)
     return '\n'.join([
@@ -97,6 +107,13 @@ a batch of 2M generated images (M for BigGAN). Batches are global: all GPUs toge
 
 {preset_table()}
 
+"config" is the authors' configuration file of the preset (github.com/basiclab/GNGAN-PyTorch,
+`config/GN-GAN_<DATASET>_<ARCH>.txt`), run with their `train.py` (32x32 and 48x48) or `train_ddp.py`
+(128 and 256); where the paper's text and the config disagree, the presets follow the config, the
+runs behind the paper's numbers. Where each value comes from:
+
+{sources_tables()}
+
 Before the EMA start step the EMA copy simply follows G. Presets without EMA still write a
 `G_ema` (an exact copy of G) so that every snapshot has the same keys.
 
@@ -107,8 +124,10 @@ Every preset takes:
   D layer (SN-GAN); `gp1` — WGAN-GP (lambda 10 on interpolates); `gp0` — zero-centered GP;
   `r1` — R1 on reals (gamma 10); `none` — no constraint.
 - `--loss=hinge | ns | ns-nosigmoid | wasserstein`.
-- `--cr=5` — consistency regularization (random flip + translation by up to 20%; the uncovered
-  pixels are filled with -1, black in the [-1, 1] range).
+- `--cr=5` — consistency regularization (the paper's lambda; its augmentation table: a random flip
+  and a random shift, round(u) pixels with u uniform within 20% of the size, as the authors'
+  torchvision pipeline draws it: up to 6 pixels at 32x32, 10 at 48x48; the uncovered pixels are
+  filled with -1, black in the [-1, 1] range).
 - `--batch=M`, `--steps=N` or `--kimg=K` to change the global batch or the run length.
 - `--batch-gpu=N` — the most samples one GPU processes at once. Each GPU takes its share of the
   global batch (batch / `--gpus`) in accumulation rounds of at most N samples, so the run is the

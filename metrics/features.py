@@ -172,6 +172,9 @@ class MetricOptions:
         seed: int = 0,                          # Seed of the latents and labels fed to G, and of the subset of `images_kwargs`.
         batch_size: int = 64,                   # Images per process per detector call.
         gen_batch_size: int = 16,               # Images per G call (bounds G's memory at high resolution).
+        bn_batch: int | None = None,            # None: G in eval mode (BatchNorm with its running statistics); N: G in
+                                                # training mode on N images per call, BatchNorm normalizing with each
+                                                # batch's statistics, as the GN-GAN authors evaluate (N: their G batch).
         num_workers: int | None = None,         # Data loader worker processes (None = 3, or fewer on fewer CPUs).
         interrupt: Callable[[], None] | None = None, # Called after every batch, by every process together; raising abandons the metric.
     ):
@@ -195,6 +198,7 @@ class MetricOptions:
         self.seed = seed
         self.batch_size = batch_size
         self.gen_batch_size = gen_batch_size
+        self.bn_batch = bn_batch
         if num_workers is None:
             num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
             num_workers = min(3, num_cpus)
@@ -455,7 +459,8 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
     if opts.images_kwargs is not None:
         return _compute_feature_stats_for_images(opts, detector, detector_kwargs, max_items, **stats_kwargs)
 
-    G = copy.deepcopy(opts.G).eval().requires_grad_(False).to(opts.device)
+    # A copy, so that training-mode BatchNorm (bn_batch) updates its running statistics, not the caller's G's.
+    G = copy.deepcopy(opts.G).train(opts.bn_batch is not None).requires_grad_(False).to(opts.device)
     label_dataset = None
     if G.c_dim > 0:
         if not opts.dataset_kwargs:
@@ -467,7 +472,8 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
         opts.info.data = data_path(opts.dataset_kwargs)
 
     stats = FeatureStats(max_items=max_items, **stats_kwargs)
-    batch = min(opts.batch_size, max_items)
+    batch = min(opts.batch_size, max_items) if opts.bn_batch is None else opts.bn_batch
+    gen_batch = opts.gen_batch_size if opts.bn_batch is None else opts.bn_batch
     update = opts.progress_counter('Generator features', max_items)
     block = opts.rank
     while not stats.is_full():
@@ -479,12 +485,14 @@ def compute_feature_stats_for_generator(opts: MetricOptions, detector_url: str, 
         else:
             c = torch.zeros([batch, 0], device=opts.device)
         images = torch.cat([G(z_part, c_part) for z_part, c_part in
-                            zip(z.split(opts.gen_batch_size), c.split(opts.gen_batch_size))])
+                            zip(z.split(gen_batch), c.split(gen_batch))])
         images = (images * 127.5 + 128).clamp(0, 255).to(torch.uint8)
         stats.append_gathered(detectors.run_detector(detector, images, detector_kwargs), opts.num_gpus)
         block += opts.num_gpus
         update(stats.num_items)
     opts.info.num_gen = stats.num_items
+    if opts.bn_batch is not None:
+        opts.info.bn_batch = opts.bn_batch
     return stats
 
 

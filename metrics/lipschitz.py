@@ -64,7 +64,9 @@ def compute_lipschitz(opts: features.MetricOptions, num: int) -> float:
         raise ValueError(f'L_D needs the run\'s --norm to know what its loss sees; got {opts.norm!r}')
     zeta = CONSTRAINTS[opts.norm].gn_zeta
     D = copy.deepcopy(opts.D).eval().requires_grad_(False).to(opts.device)
-    G = copy.deepcopy(opts.G).eval().requires_grad_(False).to(opts.device)
+    # Training-mode BatchNorm on batches of bn_batch where asked (the authors' scoring), as metrics/features.py does.
+    G = copy.deepcopy(opts.G).train(opts.bn_batch is not None).requires_grad_(False).to(opts.device)
+    gen_batch = opts.gen_batch_size if opts.bn_batch is None else opts.bn_batch
     scale = float(getattr(D, 'input_grad_scale', 1.0))
     num_gen = opts.num_gen if opts.num_gen is not None else num
     num_real = num if opts.max_real is None else min(num, opts.max_real)
@@ -81,7 +83,7 @@ def compute_lipschitz(opts: features.MetricOptions, num: int) -> float:
     largest = torch.zeros([], dtype=torch.float64, device=opts.device)
 
     # Reals: process r takes batches r, r + num_gpus, ... of the first num_real images.
-    batch = opts.batch_size
+    batch = opts.batch_size if opts.bn_batch is None else opts.bn_batch
     update = opts.progress_counter('L_D on real images', num_real)
     for index in _batches(opts, num_real, batch):
         items = [dataset[i] for i in range(index * batch, min((index + 1) * batch, num_real))]
@@ -104,7 +106,7 @@ def compute_lipschitz(opts: features.MetricOptions, num: int) -> float:
             c = torch.zeros([count, 0], device=opts.device)
         with torch.no_grad():
             x = torch.cat([G(z_part, c_part) for z_part, c_part in
-                           zip(z.split(opts.gen_batch_size), c.split(opts.gen_batch_size))]).float()
+                           zip(z.split(gen_batch), c.split(gen_batch))]).float()
         largest = torch.maximum(largest, score_gradient_norm(D, x, c[:, :D.c_dim], zeta, scale).max().double())
         update(min((block + 1) * batch, num_gen))
 

@@ -84,8 +84,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                 detector_url: str | None = None, pr_detector_url: str | None = None, cache: bool = True,
                 progress: Callable[[str], None] | None = None, mirror: bool = False, num_gen: int | None = None,
                 max_real: int | None = None, num_workers: int | None = None,
-                interrupt: Callable[[], None] | None = None, D: torch.nn.Module | None = None,
-                norm: str | None = None) -> dnnlib.EasyDict:
+                interrupt: Callable[[], None] | None = None, generator: str | None = None,
+                bn_batch: int | None = None, D: torch.nn.Module | None = None, norm: str | None = None) -> dnnlib.EasyDict:
     """Evaluate one metric of generator G, or of the images of `images_kwargs` standing in for G; every
     process of a torch.distributed group calls it together.
 
@@ -98,15 +98,17 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
     mirror: add x-flipped real images (not the paper protocol); num_gen / max_real: override the
     protocol's image counts (tests, quick looks); num_workers: data loader worker processes (None = 3,
     or fewer on fewer CPUs); interrupt: called after every batch by every process together, an exception
-    it raises abandons the evaluation (a training run's stop signal); D and norm: the discriminator and the run's
-    --norm, which the L_D metrics (lipschitz1k, lipschitz50k) differentiate.
+    it raises abandons the evaluation (a training run's stop signal); generator: which of a snapshot's generators G
+    is ('G' or 'G_ema'), recorded with the result; bn_batch: None scores G in eval mode, N in training mode on N
+    images per call, its BatchNorm layers normalizing with each batch's statistics (the authors' evaluation); D and
+    norm: the discriminator and the run's --norm, which the L_D metrics (lipschitz1k, lipschitz50k) differentiate.
 
     The whole metric (G's images, the detector's features, the metric's own arithmetic) runs with TF32 off
     (torch_utils/devices.full_precision) whatever the caller's switches, e.g. a --precision=tf32 training run's,
     and the switches are restored afterwards.
 
     Returns EasyDict(results={name: value}, metric, total_time, total_time_str, num_gpus, num_gen, and
-    as far as they apply num_real, data, ref_data, ref_stats, images (absolute paths), max_real, mirror,
+    as far as they apply num_real, data, ref_data, ref_stats, images (absolute paths), max_real, mirror, generator, bn_batch,
     detector, pr_detector), with the same results on every rank. Raises DetectorUnavailableError when
     the detector cannot be fetched, ValueError for an unknown metric, missing or mismatched data.
     """
@@ -119,7 +121,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                                   num_gpus=num_gpus, rank=rank, device=device, detector_url=detector_url,
                                   pr_detector_url=pr_detector_url, cache=cache, progress=progress, mirror=mirror,
                                   num_gen=num_gen, max_real=max_real, num_workers=num_workers, interrupt=interrupt,
-                                  D=D, norm=norm)
+                                  bn_batch=bn_batch, D=D, norm=norm)
     start_time = time.time()
     with devices.full_precision():  # G's images and the metric's distances too, not only the features.
         results = _metric_dict[metric](opts)
@@ -136,7 +138,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                              total_time_str=dnnlib.util.format_time(total_time), num_gpus=num_gpus)
     detectors = (dict(pr_detector=pr_detector_url) if metric in _VGG16_METRICS else
                  dict(norm=norm) if metric in _NO_DETECTOR_METRICS else dict(detector=detector_url))
-    fields = dict(opts.info, max_real=max_real, mirror=mirror or None, **detectors)
+    fields = dict(opts.info, max_real=max_real, mirror=mirror or None, generator=generator, **detectors)
     result.update({name: value for name, value in fields.items() if value is not None})
     return result
 
@@ -163,8 +165,9 @@ def report_metric(result_dict: dict, run_dir: str | None = None, snapshot_pkl: s
 # The metrics. Paper protocols: CIFAR-10 50k vs. the 50k training images (fid50k_full) and 10k vs.
 # the 10k test images (fid10k with --ref-data); STL-10 50k / 10k vs. the 100k unlabeled images
 # (fid50k_full / fid10k_full); CelebA-HQ 30k vs. 30k (fid30k_full); LSUN Church 50k vs. 126k
-# (fid50k_full); IS of 50k images in 10 splits (is50k); L_D of the depth study, the largest input-gradient norm of
-# D's score over 50k real and 50k generated images (lipschitz50k).
+# (fid50k_full); IS of 50k images in 10 splits (is50k). The authors' CelebA-HQ 128 config scores 3k generated
+# images against the last 3k of the dataset (fid3k with --ref-data). L_D of the depth study: the largest
+# input-gradient norm of D's score over 50k real and 50k generated images (lipschitz50k).
 
 
 @register_metric
@@ -190,6 +193,11 @@ def fid50k(opts: features.MetricOptions) -> dict[str, float]:
 @register_metric
 def fid10k(opts: features.MetricOptions) -> dict[str, float]:
     return dict(fid10k=frechet_inception_distance.compute_fid(opts, num_gen=10000, use_ref_data=True))
+
+
+@register_metric
+def fid3k(opts: features.MetricOptions) -> dict[str, float]:
+    return dict(fid3k=frechet_inception_distance.compute_fid(opts, num_gen=3000, use_ref_data=True))
 
 
 @register_metric

@@ -1,9 +1,10 @@
 """CR augmentations: flip + translation with black fill, per sample, batched; checked against numpy."""
 
 import numpy as np
+import pytest
 import torch
 
-from training.step.augment import consistency_augment, flip_translate
+from training.step.augment import consistency_augment, draw_shifts, flip_translate
 
 
 def reference_flip_translate(img, flip, dy, dx, fill):
@@ -55,3 +56,19 @@ def test_consistency_augment_is_per_sample_and_keeps_input():
     out = consistency_augment(images)
     assert torch.equal(images, before)
     assert len({tuple(o.flatten().tolist()) for o in out}) > 8  # Identical inputs get different augmentations.
+
+
+@pytest.mark.parametrize('size', [32, 48])
+def test_shifts_follow_the_authors_rounding_of_a_uniform_draw(size):
+    # torchvision's RandomAffine(translate=(0.2, 0.2)) draws round(u), u ~ U[-0.2 size, 0.2 size]: shift k has the
+    # probability of the part of [-m, m] that rounds to k, |[k - 1/2, k + 1/2] & [-m, m]| / (2m).
+    m = 0.2 * size
+    top = int(np.floor(m + 0.5))
+    expected = {k: (min(k + 0.5, m) - max(k - 0.5, -m)) / (2 * m) for k in range(-top, top + 1)}
+    torch.manual_seed(0)
+    shifts = draw_shifts(200_000, size, size).numpy()
+    for axis in range(2):
+        values, counts = np.unique(shifts[:, axis], return_counts=True)
+        assert set(values.tolist()) == set(expected)  # +-10 at 48x48, +-6 at 32x32.
+        for k, count in zip(values.tolist(), counts):
+            assert abs(count / len(shifts) - expected[k]) < 5 * np.sqrt(expected[k] / len(shifts)) + 1e-4, (axis, k)

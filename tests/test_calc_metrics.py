@@ -267,3 +267,20 @@ def test_modes_and_relative_snapshot_data(run, monkeypatch):
     monkeypatch.chdir(run['run_dir'])
     result = CliRunner().invoke(calc_metrics.main, [f'--network={snapshot}', '--metrics=fid50k_full'])
     assert result.exit_code == 1 and 'relative to where the training ran' in result.output and '--data' in result.output
+
+
+def test_generator_option_scores_the_snapshots_G(run):
+    # G and G_ema of the snapshot are different random maps: --generator=G gives G's FID, the default G_ema's.
+    snapshot = persistence.load_snapshot(run['snapshot'])
+    real = features_of(run['detector'], run['images'])
+    for option, name in [((), 'G_ema'), (('--generator=G',), 'G')]:
+        result = invoke(run, *option, metrics='fid50k_full')
+        assert result.exit_code == 0, result.output
+        with torch.no_grad():
+            z = torch.from_numpy(np.random.default_rng([0, 0]).standard_normal([30, 4], dtype=np.float32))
+            images = (snapshot[name](z, torch.zeros([30, 0])) * 127.5 + 128).clamp(0, 255).to(torch.uint8).numpy()
+        line = read_jsonl(run['run_dir'] / 'metric-fid50k_full.jsonl')[-1]
+        assert line['results']['fid50k_full'] == pytest.approx(fid_reference(features_of(run['detector'], images), real), rel=1e-4)
+        assert line['generator'] == name
+    result = CliRunner().invoke(calc_metrics.main, [f'--images={run["data_path"]}', '--generator=G'])
+    assert result.exit_code == 1 and result.output.count('\n') == 1 and '--generator' in result.output

@@ -39,22 +39,27 @@ RELEASE = {
                            '--batch_size_G=128 --lr_D=0.0002 --lr_G=0.0002 --n_dis=5 --z_dim=128 --ema_decay=0.9999 --ema_start=20000'),
 }
 RELEASE_DEFAULTS = dict(loss=['hinge'], lr_decay_start=['0'], betas=['0.0', '0.9'], n_classes=['1'])
+# The 128/256 configs are run with the release's train_ddp.py (its README's table), whose flags have no
+# --lr_decay_start and which builds no scheduler: constant learning rates, i.e. lr_decay_start=total_steps.
+DDP_CONFIGS = {'celebahq128-resnet', 'celebahq256-resnet', 'church256-resnet'}
 RELEASE_ARCHS = {'dcgan': 'training.networks.sngan.CNN', 'resnet': 'training.networks.sngan.ResNet',
                  'biggan': 'training.networks.biggan.BigGAN'}
 RELEASE_LOSSES = {'bce': 'ns', 'hinge': 'hinge'}
 
 
-def parse_flags(text):
+def parse_flags(name):
     flags = {}
-    for item in text.split():
+    for item in RELEASE[name][1].split():
         key, value = item[2:].split('=')
         flags.setdefault(key, []).append(value)
+    if name in DDP_CONFIGS:
+        flags['lr_decay_start'] = flags['total_steps']
     return dict(RELEASE_DEFAULTS, **flags)
 
 
 @pytest.mark.parametrize('name', list(RELEASE))
 def test_preset_matches_release(name):
-    flags = parse_flags(RELEASE[name][1])
+    flags = parse_flags(name)
     one = lambda key: flags[key][0]
     cfg = get_config(name)
     assert isinstance(cfg, dnnlib.EasyDict) and set(cfg) == KEYS
@@ -109,3 +114,11 @@ def test_unknown_values_raise_with_valid_names():
         get_config('cifar10-cnn', loss='wgan')
     with pytest.raises(ValueError):
         get_config('cifar10-cnn', cr=-1)
+
+
+def test_every_paper_preset_names_the_source_of_each_value():
+    from training.recipes.configs import PRESETS, SOURCES
+    named = [name for names in SOURCES for name in names]
+    assert sorted(named) == sorted(set(PRESETS) - {'quickstart', 'gn-stylegan2'})  # The two not from the paper.
+    for sources in SOURCES.values():
+        assert list(sources) == list(next(iter(SOURCES.values())))  # The same values, in the table's order.

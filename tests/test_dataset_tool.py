@@ -391,6 +391,19 @@ def test_center_crop_resizes(tmp_path):
     out = convert_one(tmp_path, pixels, '--resolution=4x4', '--transform=center-crop')
     np.testing.assert_array_equal(out, np.broadcast_to(np.array([30, 60, 90], dtype=np.uint8), [4, 4, 3]))
 
+def test_squash_keeps_the_whole_image_and_resizes_bilinearly(tmp_path):
+    # The authors' LSUN preprocessing: the whole 8x16 image squashed to 8x8. Halving the width with PIL's antialiased
+    # bilinear is a triangle of half-width 2 source pixels around each output centre 2x + 1: taps 2x-1 .. 2x+2 with
+    # weights 1, 3, 3, 1 (/ 8), those outside the image dropped and the rest renormalized. Rows stay as they are.
+    pixels = random_pixels(np.random.default_rng(10), 8, 16, 3)
+    out = convert_one(tmp_path, pixels, '--resolution=8x8', '--transform=squash')
+    source = pixels.astype(np.float64)
+    expected = np.zeros([8, 8, 3])
+    for x in range(8):
+        taps = [(j, w) for j, w in zip(range(2 * x - 1, 2 * x + 3), (1, 3, 3, 1)) if 0 <= j < 16]
+        expected[:, x] = sum(w * source[:, j] for j, w in taps) / sum(w for _, w in taps)
+    assert np.abs(out.astype(np.float64) - expected).max() <= 1  # PIL's fixed-point rounding.
+
 def test_center_crop_wide(tmp_path):
     pixels = random_pixels(np.random.default_rng(9), 10, 12, 3)
     out = convert_one(tmp_path, pixels, '--resolution=12x8', '--transform=center-crop-wide')

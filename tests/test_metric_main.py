@@ -139,7 +139,7 @@ def setup(tmp_path, monkeypatch):
 
 
 def test_registry_lists_the_protocols():
-    for name in ['fid50k_full', 'fid10k_full', 'fid50k', 'fid10k', 'is50k', 'kid50k_full', 'pr50k3_full', 'fid30k_full']:
+    for name in ['fid50k_full', 'fid10k_full', 'fid50k', 'fid10k', 'fid3k', 'is50k', 'kid50k_full', 'pr50k3_full', 'fid30k_full']:
         assert metric_main.is_valid_metric(name)
     assert not metric_main.is_valid_metric('fid5k')
     assert set(metric_main.list_valid_metrics()) >= {'fid50k_full', 'is50k'}
@@ -172,6 +172,57 @@ def test_fid_of_constant_generator(setup):
     expected = np.sum((gen - real.mean(axis=0)) ** 2) + np.trace(np.cov(real, rowvar=False))
     assert result.results.fid50k_full == pytest.approx(expected, rel=1e-5)
     assert result.metric == 'fid50k_full' and result.num_gen == 20 and result.num_gpus == 1
+
+
+def test_fid3k_is_3000_generated_images_against_the_reference_split(setup):
+    # The authors' CelebA-HQ 128 protocol: 3k generated images against the held-out last 3k (here a 10-image split).
+    ref_path = str(setup['tmp_path'] / 'ref3k.zip')
+    ref_images = write_dataset_zip(ref_path, num_images=10, seed=2)
+    result = metric_main.calc_metric('fid3k', G=ConstantGenerator(values=[-0.5]), dataset_kwargs={},
+                                     ref_dataset_kwargs=dataset_kwargs_of(ref_path), detector_url=setup['detector_path'])
+    real = features_of(setup['detector'], ref_images)
+    gen = features_of(setup['detector'], expected_constant_image(-0.5))[0]
+    expected = np.sum((gen - real.mean(axis=0)) ** 2) + np.trace(np.cov(real, rowvar=False))
+    assert result.results.fid3k == pytest.approx(expected, rel=1e-5)
+    assert result.num_gen == 3000 and result.ref_data == os.path.abspath(ref_path)
+
+
+class BatchNormGenerator(torch.nn.Module):
+    """Every pixel of image i is 0.3 * BatchNorm(z_i[0]) (no affine): in training mode normalized by its batch's
+    statistics, in eval mode by the running ones (mean 0.5, variance 4)."""
+
+    def __init__(self):
+        super().__init__()
+        self.z_dim, self.c_dim, self.img_resolution, self.img_channels = 2, 0, 8, 3
+        self.bn = torch.nn.BatchNorm1d(1, affine=False)
+        self.bn.running_mean.fill_(0.5)
+        self.bn.running_var.fill_(4.0)
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return (0.3 * self.bn(z[:, :1])).reshape(-1, 1, 1, 1).expand(-1, 3, 8, 8)
+
+
+@pytest.mark.parametrize('bn_batch', [None, 4])
+def test_bn_batch_scores_batchnorm_in_training_mode_on_batches_of_n(setup, bn_batch):
+    # The authors' evaluation (bn_batch=N): G in training mode on N images at a time. Block b's latents are
+    # numpy's standard normals seeded with (0, b), b = 0, 1, ...; with N = 4 and 8 images, two blocks of 4.
+    G = BatchNormGenerator().eval()
+    result = metric_main.calc_metric('fid50k_full', G=G, dataset_kwargs=dataset_kwargs_of(setup['data_path']),
+                                     detector_url=setup['detector_path'], num_gen=8, bn_batch=bn_batch, generator='G')
+    block_size = 4 if bn_batch else 8  # Without bn_batch: one block of min(64, 8) latents.
+    z0 = np.concatenate([np.random.default_rng([0, b]).standard_normal([block_size, 2], dtype=np.float32)[:, 0]
+                         for b in range(8 // block_size)]).astype(np.float64)
+    if bn_batch:
+        blocks = z0.reshape(-1, bn_batch)
+        x = ((blocks - blocks.mean(axis=1, keepdims=True)) / np.sqrt(blocks.var(axis=1, keepdims=True) + 1e-5)).ravel()
+    else:
+        x = (z0 - 0.5) / np.sqrt(4 + 1e-5)
+    levels = np.clip(np.floor(0.3 * x * 127.5 + 128), 0, 255).astype(np.uint8)
+    images = np.broadcast_to(levels.reshape(-1, 1, 1, 1), [8, 3, 8, 8]).copy()
+    expected = fid_reference(features_of(setup['detector'], images), features_of(setup['detector'], setup['images']))
+    assert result.results.fid50k_full == pytest.approx(expected, rel=1e-4)
+    assert result.get('bn_batch') == bn_batch and result.generator == 'G'
+    assert float(G.bn.running_mean) == 0.5 and not G.training  # The caller's G is left as it was.
 
 
 def test_fid_against_reference_split_with_mirror(setup):

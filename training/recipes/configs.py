@@ -81,8 +81,10 @@ def sg2_spec(name: str, resolution: int, gpus: int) -> dnnlib.EasyDict:
 
 _SNGAN_SMALL = dict(z_dim=128, betas=[0.0, 0.9], batch_D=64, batch_G=128, total_steps=200_000, ema_beta=None,
                     ema_start=0, conditional=False)
+# The large presets are the configs that the authors run with their train_ddp.py, which has no learning-rate
+# scheduler: the learning rates stay constant (the paper's appendix states no decay for these runs).
 _SNGAN_LARGE = dict(arch='resnet', z_dim=128, loss='hinge', lr_G=2e-4, lr_D=2e-4, betas=[0.0, 0.9], n_dis=5,
-                    batch_D=64, batch_G=128, total_steps=100_000, lr_decay='linear', ema_beta=0.9999, conditional=False)
+                    batch_D=64, batch_G=128, total_steps=100_000, lr_decay='none', ema_beta=0.9999, conditional=False)
 
 PRESETS = {
     'cifar10-cnn':        dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='ns', lr_G=2e-4, lr_D=2e-4, n_dis=1, lr_decay='none',
@@ -121,6 +123,67 @@ PRESETS = {
                                            'class-conditional when the data has labels (projection D), hinge loss, '
                                            'lr 2e-3 with linear decay, batch 16 / 32, 5k G steps, G EMA 0.995 from '
                                            'step 500, no x-flips (mirrored digits are not digits)'),
+}
+
+
+# Where each preset value comes from: the paper (section, table) or the authors' release (basiclab/GNGAN-PyTorch,
+# config/GN-GAN_<name>.txt and its train.py / train_ddp.py), and which we follow where they disagree.
+# docs/configs.md renders it beside the presets.
+_APPENDIX = 'paper, appendix "Experimental Details"'
+SOURCES = {
+    ('cifar10-cnn', 'stl10-cnn'): {
+        'networks': 'paper, section "Unconditional Image Generation" and appendix: SN-GAN\'s standard CNN, Kaiming-normal init, zero biases',
+        'loss': 'paper, section "Unconditional Image Generation" (NS loss with the standard CNN); config `--loss=bce`',
+        'lr G / D': 'config `--lr_G=0.0002 --lr_D=0.0002`; **the appendix text says D 4e-4 for every unconditional run: '
+                    'we follow the config**',
+        'n_dis': 'config `--n_dis=1`; **the appendix text says 5: we follow the config**',
+        'Adam betas': f'{_APPENDIX} (0, 0.9); the release\'s default',
+        'batch D / G': f'{_APPENDIX} (M = 64); config `--batch_size_D=64 --batch_size_G=128`',
+        'length': 'paper, section "Unconditional Image Generation" (200k G steps); config `--total_steps=200000`',
+        'lr decay': 'config `--lr_decay_start=200000` (none); **the appendix text says linear decay to 0: we follow the config**',
+        'G EMA': 'none: the release keeps an EMA but its train.py scores and keeps `net_G`',
+        'x-flips': f'{_APPENDIX} (random horizontal flips for every method)',
+    },
+    ('cifar10-resnet', 'stl10-resnet'): {
+        'networks': 'paper, appendix: SN-GAN\'s ResNet with global average pooling in place of the sum',
+        'loss': 'paper, section "Unconditional Image Generation" (hinge loss with the ResNet); config `--loss=hinge`',
+        'lr G / D': f'paper, section "Unconditional Image Generation" and {_APPENDIX} (2e-4 / 4e-4); config',
+        'n_dis': f'{_APPENDIX} (5); config',
+        'Adam betas': f'{_APPENDIX} (0, 0.9); the release\'s default',
+        'batch D / G': f'{_APPENDIX} (M = 64); config `--batch_size_D=64 --batch_size_G=128`',
+        'length': 'paper, section "Unconditional Image Generation" (200k G steps); config',
+        'lr decay': f'{_APPENDIX} (linear to 0); config `--lr_decay_start=0`',
+        'G EMA': 'none: the release keeps an EMA but its train.py scores and keeps `net_G`',
+        'x-flips': _APPENDIX,
+    },
+    ('cifar10-biggan',): {
+        'networks': 'paper, section "Conditional Image Generation" and appendix: BigGAN at 32x32, SN kept in G, GN in place of D\'s SN',
+        'loss': 'the release\'s default (hinge)',
+        'lr G / D': 'paper, section "Conditional Image Generation" and its appendix (1e-4 / 2e-4); config',
+        'n_dis': 'paper, appendix (4); config', 'Adam betas': 'paper, appendix (0, 0.999); config',
+        'batch D / G': 'paper, appendix (50); config', 'length': 'paper, appendix (125k G steps); config',
+        'lr decay': 'config `--lr_decay_start=125000` (none); the paper does not say',
+        'G EMA': 'paper, appendix (decay 0.9999); config `--ema_start=1000`',
+        'x-flips': 'paper, appendix',
+    },
+    ('celebahq128-resnet', 'celebahq256-resnet', 'church256-resnet'): {
+        'networks': 'paper, appendix "Unconditional Image Generation on CelebA-HQ and LSUN Church": SN-GAN\'s 256 ResNet',
+        'loss': 'the release\'s default (hinge)',
+        'lr G / D': 'paper, appendix (2e-4 / 2e-4); config', 'n_dis': 'paper, appendix (5); config',
+        'Adam betas': 'paper, appendix (0, 0.9)', 'batch D / G': 'paper, appendix (64); config `--batch_size_G=128`',
+        'length': 'paper, appendix (100k G steps); config',
+        'lr decay': 'none: these configs run with the release\'s train_ddp.py, which has no scheduler; the paper does not say',
+        'G EMA': 'paper, appendix (decay 0.9999); config `--ema_start` (10k for CelebA-HQ, 20k for LSUN Church)',
+        'x-flips': 'paper, appendix',
+    },
+    ('gn-stylegan',): {
+        'networks': 'paper, appendix "Experiments on Progressive Growing Architecture": StyleGAN with GN in place of R1',
+        'loss': 'paper, same appendix (hinge)',
+        'lr G / D': 'paper, same appendix (1e-3 up to 64x64, 1.5e-3 above)',
+        'n_dis': 'StyleGAN v1 (the paper: "the same parameters as StyleGAN")', 'Adam betas': 'StyleGAN v1 (0, 0.99)',
+        'batch D / G': 'StyleGAN v1\'s 8-GPU minibatch schedule', 'length': 'StyleGAN v1 (25M images)',
+        'lr decay': 'StyleGAN v1 (none)', 'G EMA': 'StyleGAN v1 (half-life 10k images)', 'x-flips': 'StyleGAN v1\'s CelebA-HQ run',
+    },
 }
 
 

@@ -3,7 +3,8 @@
 CR penalizes the change of the discriminator output under a semantics-preserving augmentation of
 a real image. As in the GN-GAN authors' release (torchvision's RandomHorizontalFlip followed by
 RandomAffine(translate=(0.2, 0.2))), an augmentation is a random horizontal flip with probability
-1/2 followed by a random integer translation of up to 20% of the width and of the height. The
+1/2 followed by a random integer translation, the shift rounded from a uniform draw within 20% of
+the width and of the height (the paper's CR table: pixel shifting by 0.2 x the image size). The
 pixels uncovered by the shift are filled with black (-1 in the [-1, 1] image range), which is what
 that release does (it fills with 0 in the [0, 1] range); reflection would copy structure into
 the border and create content the real image does not have.
@@ -35,15 +36,26 @@ def flip_translate(images: torch.Tensor, flip: torch.Tensor, shift: torch.Tensor
     return torch.where(inside, moved.permute(0, 3, 1, 2), torch.full_like(images, fill))
 
 
+def draw_shifts(num: int, height: int, width: int, max_translation: float = 0.2,
+                device: torch.device | None = None) -> torch.Tensor:
+    """Random integer shifts [num, 2] (dy, dx) as torchvision's RandomAffine(translate=(t, t)) draws them.
+
+    Each is round(u), u uniform in [-t * size, t * size] (round half to even, as Python's round): at 48x48
+    and t = 0.2 the shifts reach +-10 pixels, the outermost with probability (9.6 - 9.5) / 19.2 each,
+    the others 1 / 19.2; at 32x32 they reach +-6, the outermost with probability 0.9 / 12.8 each.
+    """
+    u = torch.rand(num, 2, device=device) * 2 - 1
+    limits = [max_translation * height, max_translation * width]  # Python numbers: no host-to-device copy, no sync.
+    return torch.stack([torch.round(u[:, i] * limit) for i, limit in enumerate(limits)], dim=1).long()
+
+
 def consistency_augment(images: torch.Tensor, max_translation: float = 0.2, fill: float = -1.0) -> torch.Tensor:
     """CR augmentation of a batch: random horizontal flip (p = 1/2), then a random translation.
 
-    Each sample gets its own flip and its own integer shifts dy, dx drawn uniformly from
-    {-floor(max_translation * size), ..., +floor(max_translation * size)} for its height and width.
+    Each sample gets its own flip and its own integer shifts dy, dx (draw_shifts: the distribution of the
+    authors' torchvision pipeline) for its height and width.
     """
     N, _, H, W = images.shape
     flip = torch.rand(N, device=images.device) < 0.5
-    limits = [int(max_translation * H), int(max_translation * W)]  # Python numbers: no host-to-device copy, no sync.
-    u = torch.rand(N, 2, device=images.device)
-    shift = torch.stack([(u[:, i] * (2 * limit + 1)).floor().long() - limit for i, limit in enumerate(limits)], dim=1)
+    shift = draw_shifts(N, H, W, max_translation, images.device)
     return flip_translate(images, flip, shift, fill)
