@@ -37,7 +37,8 @@ Examples:
 
 Results are printed as a table and appended as JSON lines to metric-<name>.jsonl next to the snapshot
 (printed instead for --images or a URL).
-Valid metrics: fid50k_full, fid30k_full, fid10k_full, fid50k, fid10k, fid3k, is50k, kid50k_full, pr50k3_full.
+Valid metrics: fid50k_full, fid30k_full, fid10k_full, fid50k, fid10k, fid3k, is50k, kid50k_full, pr50k3_full, lipschitz1k,
+lipschitz50k.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _run(rank: int, args: dnnlib.EasyDict, device: torch.device) -> None:
                                          detector_url=args.detector_url, pr_detector_url=args.pr_detector_url,
                                          progress=progress, mirror=args.mirror, num_gen=args.num_gen,
                                          max_real=args.max_real, num_workers=args.num_workers,
-                                         generator=args.generator, bn_batch=args.bn_batch)
+                                         generator=args.generator, bn_batch=args.bn_batch, D=args.D, norm=args.norm)
         if rank == 0:
             path = metric_main.report_metric(result, run_dir=args.run_dir, snapshot_pkl=args.network_pkl)
             if args.verbose and path is not None:
@@ -248,7 +249,7 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
     except ValueError as e:
         raise click.ClickException(str(e))
 
-    G, dataset_kwargs = None, dnnlib.EasyDict()
+    G, D, norm, dataset_kwargs = None, None, None, dnnlib.EasyDict()
     if network_pkl is not None:
         if verbose:
             print(f'Loading network from {network_pkl}...', flush=True)
@@ -260,6 +261,8 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
         if not isinstance(G, torch.nn.Module):
             raise click.ClickException(f'{network_pkl} holds no generator {generator}' +
                                        (' (nor G)' if generator == 'G_ema' else ''))
+        D = snapshot.get('D') if isinstance(snapshot.get('D'), torch.nn.Module) else None  # For L_D (lipschitz*).
+        norm = (snapshot.get('experiment') or {}).get('norm', 'gn' if D is not None else None)
         dataset_kwargs = dnnlib.EasyDict(snapshot.get('training_set_kwargs') or {})
         path = dataset_kwargs.get('path')
         if data is None and isinstance(path, str) and not os.path.isabs(path) and not os.path.exists(path):
@@ -268,7 +271,7 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
     if data is not None:
         dataset_kwargs = _dataset_kwargs(data)
 
-    args = dnnlib.EasyDict(G=G, network_pkl=network_pkl, metrics=metric_names, dataset_kwargs=dataset_kwargs,
+    args = dnnlib.EasyDict(G=G, D=D, norm=norm, network_pkl=network_pkl, metrics=metric_names, dataset_kwargs=dataset_kwargs,
                            ref_dataset_kwargs=_dataset_kwargs(ref_data) if ref_data is not None else None,
                            images_kwargs=_dataset_kwargs(images) if images is not None else None, ref_stats=ref_stats,
                            write_stats=write_stats, mirror=mirror, num_gpus=num_gpus, device=device,

@@ -405,6 +405,8 @@ def _parse_metrics(metrics: str) -> list[str]:
 @click.option('--style-mixing', help='gn-stylegan(2): style mixing probability  [default: 0.9; sg2-cfg cifar: 0]', metavar='FLOAT', type=click.FloatRange(min=0, max=1))
 @click.option('--sg2-cfg',      help='gn-stylegan2: NVIDIA StyleGAN2-ADA\'s configuration (docs/configs.md)  [default: auto]', type=click.Choice(list(SG2_SPECS)))
 @click.option('--pl-weight',    help='gn-stylegan2: path length regularization weight  [default: 2; sg2-cfg cifar: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
+@click.option('--act',          help='Standard CNN: D\'s activation, relu, lrelu[:SLOPE], elu, softplus[:BETA]  [default: lrelu:0.1]', metavar='ACT', type=str)
+@click.option('--depth',        help='Standard CNN: number of convolutional layers of G and D, 3 to 16 (docs/results.md)  [default: G 4, D 7]', metavar='INT', type=click.IntRange(min=1))
 
 # Length and batches.
 @click.option('--batch',        help='Global D batch M; gn-stylegan: cap on the minibatch', metavar='INT',       type=click.IntRange(min=1))

@@ -20,12 +20,13 @@ import dnnlib
 from torch_utils import devices
 
 from . import detectors, features
-from . import frechet_inception_distance, inception_score, kernel_inception_distance, precision_recall
+from . import frechet_inception_distance, inception_score, kernel_inception_distance, lipschitz, precision_recall
 
 #----------------------------------------------------------------------------
 
 _metric_dict: dict[str, Callable[[features.MetricOptions], dict[str, float]]] = {}
-_VGG16_METRICS = {'pr50k3_full'}  # Metrics on VGG16 features (precision/recall); the others use Inception-v3.
+_VGG16_METRICS = {'pr50k3_full'}  # Metrics on VGG16 features (precision/recall).
+_NO_DETECTOR_METRICS = {'lipschitz1k', 'lipschitz50k'}  # Metrics of D's gradients; the others use Inception-v3.
 
 
 def register_metric(fn: Callable[[features.MetricOptions], dict[str, float]]) -> Callable:
@@ -71,7 +72,8 @@ def check_detectors(metrics: list[str], detector_url: str | None = None, pr_dete
     run learns at its start, not at its first snapshot, that one is missing, unreachable or not a detector:
     DetectorUnavailableError with one line naming the option that replaces it."""
     needed = {(pr_detector_url or detectors.VGG16_URL, '--pr-detector') if metric in _VGG16_METRICS else
-              (detector_url or detectors.INCEPTION_URL, '--detector') for metric in metrics}
+              (detector_url or detectors.INCEPTION_URL, '--detector') for metric in metrics
+              if metric not in _NO_DETECTOR_METRICS}
     for url, option in sorted(needed):
         detectors.get_feature_detector(url, option=option)
 
@@ -83,7 +85,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                 progress: Callable[[str], None] | None = None, mirror: bool = False, num_gen: int | None = None,
                 max_real: int | None = None, num_workers: int | None = None,
                 interrupt: Callable[[], None] | None = None, generator: str | None = None,
-                bn_batch: int | None = None) -> dnnlib.EasyDict:
+                bn_batch: int | None = None, D: torch.nn.Module | None = None, norm: str | None = None) -> dnnlib.EasyDict:
     """Evaluate one metric of generator G, or of the images of `images_kwargs` standing in for G; every
     process of a torch.distributed group calls it together.
 
@@ -98,7 +100,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
     or fewer on fewer CPUs); interrupt: called after every batch by every process together, an exception
     it raises abandons the evaluation (a training run's stop signal); generator: which of a snapshot's generators G
     is ('G' or 'G_ema'), recorded with the result; bn_batch: None scores G in eval mode, N in training mode on N
-    images per call, its BatchNorm layers normalizing with each batch's statistics (the authors' evaluation).
+    images per call, its BatchNorm layers normalizing with each batch's statistics (the authors' evaluation); D and
+    norm: the discriminator and the run's --norm, which the L_D metrics (lipschitz1k, lipschitz50k) differentiate.
 
     The whole metric (G's images, the detector's features, the metric's own arithmetic) runs with TF32 off
     (torch_utils/devices.full_precision) whatever the caller's switches, e.g. a --precision=tf32 training run's,
@@ -118,7 +121,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                                   num_gpus=num_gpus, rank=rank, device=device, detector_url=detector_url,
                                   pr_detector_url=pr_detector_url, cache=cache, progress=progress, mirror=mirror,
                                   num_gen=num_gen, max_real=max_real, num_workers=num_workers, interrupt=interrupt,
-                                  bn_batch=bn_batch)
+                                  bn_batch=bn_batch, D=D, norm=norm)
     start_time = time.time()
     with devices.full_precision():  # G's images and the metric's distances too, not only the features.
         results = _metric_dict[metric](opts)
@@ -133,7 +136,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
 
     result = dnnlib.EasyDict(results=dnnlib.EasyDict(results), metric=metric, total_time=total_time,
                              total_time_str=dnnlib.util.format_time(total_time), num_gpus=num_gpus)
-    detectors = dict(pr_detector=pr_detector_url) if metric in _VGG16_METRICS else dict(detector=detector_url)
+    detectors = (dict(pr_detector=pr_detector_url) if metric in _VGG16_METRICS else
+                 dict(norm=norm) if metric in _NO_DETECTOR_METRICS else dict(detector=detector_url))
     fields = dict(opts.info, max_real=max_real, mirror=mirror or None, generator=generator, **detectors)
     result.update({name: value for name, value in fields.items() if value is not None})
     return result
@@ -162,7 +166,8 @@ def report_metric(result_dict: dict, run_dir: str | None = None, snapshot_pkl: s
 # the 10k test images (fid10k with --ref-data); STL-10 50k / 10k vs. the 100k unlabeled images
 # (fid50k_full / fid10k_full); CelebA-HQ 30k vs. 30k (fid30k_full); LSUN Church 50k vs. 126k
 # (fid50k_full); IS of 50k images in 10 splits (is50k). The authors' CelebA-HQ 128 config scores 3k generated
-# images against the last 3k of the dataset (fid3k with --ref-data).
+# images against the last 3k of the dataset (fid3k with --ref-data). L_D of the depth study: the largest
+# input-gradient norm of D's score over 50k real and 50k generated images (lipschitz50k).
 
 
 @register_metric
@@ -213,3 +218,13 @@ def pr50k3_full(opts: features.MetricOptions) -> dict[str, float]:
     precision, recall = precision_recall.compute_pr(opts, max_real=200000, num_gen=50000, nhood_size=3,
                                                     batch_size=4096)
     return dict(pr50k3_full_precision=precision, pr50k3_full_recall=recall)
+
+
+@register_metric
+def lipschitz1k(opts: features.MetricOptions) -> dict[str, float]:
+    return dict(lipschitz1k=lipschitz.compute_lipschitz(opts, num=1000))
+
+
+@register_metric
+def lipschitz50k(opts: features.MetricOptions) -> dict[str, float]:
+    return dict(lipschitz50k=lipschitz.compute_lipschitz(opts, num=50000))

@@ -222,7 +222,9 @@ def test_fast_g_default_follows_piecewise_linearity():
         is_piecewise_linear = False
     assert not GANLoss(G=nn.Identity(), D=SmoothD()).fast_g
     assert not GANLoss(G=nn.Identity(), D=nn.Identity()).fast_g
-    assert GANLoss(G=nn.Identity(), D=SmoothD(), fast_g=True).fast_g
+    with pytest.raises(ValueError, match='fast_g needs a piecewise-linear D'):
+        GANLoss(G=nn.Identity(), D=SmoothD(), fast_g=True)
+    assert GANLoss(G=nn.Identity(), D=SmoothD(), norm='sn', fast_g=True).fast_g  # Without GN it changes nothing.
 
 #----------------------------------------------------------------------------
 # The custom autograd ops of ops/ only in the passes that are differentiated twice.

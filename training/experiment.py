@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 import dnnlib
+from training.networks import sngan
 from training.recipes import configs, progressive
 from training.step.loss import LOSSES, NORMS
 from training.step.precision import PRECISIONS, Precision
@@ -37,7 +38,7 @@ DATASET_CLASS = 'training.data.dataset.ImageFolderDataset'
 
 # What the experiment is: compared with the snapshot's on --resume, and taken from it when not given.
 IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', 'glr', 'dlr', 'gamma', 'resolution',
-            'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'sg2_cfg', 'pl_weight')
+            'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'sg2_cfg', 'pl_weight', 'act', 'depth')
 
 # How long and in which batches (batch_gpu: the cap that made a run fit in its GPU's memory): taken from the snapshot
 # on --resume when not given, and free to change.
@@ -45,8 +46,9 @@ CONTINUED = ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
 
 # Options of some presets only: None for every other preset.
 PRESET_OPTIONS = {'stylegan': ('cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'lod_kimg', 'lr_rampdown'),
-                  'stylegan2': ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight')}
-PRESET_OPTION_NAMES = {'stylegan': 'gn-stylegan', 'stylegan2': 'gn-stylegan2'}
+                  'stylegan2': ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight'),
+                  'cnn': ('act', 'depth')}
+PRESET_OPTION_NAMES = {'stylegan': 'gn-stylegan', 'stylegan2': 'gn-stylegan2', 'cnn': 'the standard-CNN presets'}
 
 # StyleGAN v1's network defaults (training/networks/stylegan.py), filled in for gn-stylegan.
 STYLEGAN_DEFAULTS = dict(cmax=512, tanh=False, map_dim=512, map_lrmul=0.01, style_mixing=0.9)
@@ -78,6 +80,8 @@ class Experiment:
     style_mixing: float | None = None   # gn-stylegan(2): probability of mixing two latents' styles in a G batch.
     sg2_cfg: str | None = None          # gn-stylegan2: NVIDIA's configuration (configs.SG2_SPECS), 'auto' by default.
     pl_weight: float | None = None      # gn-stylegan2: path length regularization weight (NVIDIA: 2; cifar: 0).
+    act: str | None = None              # Standard CNN: D's activation (sngan.ACTIVATIONS), None = LeakyReLU 0.1.
+    depth: int | None = None            # Standard CNN: convolutional layers of G and D (sngan.cnn_depth_layout).
 
     # The data the networks are built for.
     img_resolution: int = 32            # Resolution of the training images.
@@ -157,6 +161,11 @@ class Experiment:
                 where = ' or '.join(PRESET_OPTION_NAMES[arch] for arch, keys in PRESET_OPTIONS.items() if key in keys)
                 owners.setdefault(where or 'gn-stylegan', []).append(f'--{key.replace("_", "-")}')
             raise ValueError('; '.join(f'{", ".join(keys)}: {where} only' for where, keys in owners.items()))
+
+        if 'act' in given:
+            sngan.parse_activation(given['act'])  # 'unknown activation "tanh"; valid: ...'
+        if 'depth' in given:
+            sngan.cnn_depth_layout(given['depth'])
 
         if progressive_run:
             if 'steps' in given:
@@ -321,6 +330,8 @@ class Experiment:
         if self.sg2_spec is not None:
             kwargs.update(z_dim=self.map_dim, w_dim=self.map_dim, mapping_kwargs=dict(num_layers=self.sg2_spec.map),
                           synthesis_kwargs=dict(channel_max=self.cmax, **self._stylegan2_precision()))
+        if self.depth is not None:
+            kwargs.update(depth=self.depth)
         return kwargs
 
     @property
@@ -331,6 +342,7 @@ class Experiment:
                           **self._stylegan2_precision())
             if self.sg2_cfg == 'cifar':
                 kwargs.update(architecture='orig')
+        kwargs.update({key: getattr(self, key) for key in ('act', 'depth') if getattr(self, key) is not None})
         return kwargs
 
     def _opt_kwargs(self, net: str, lr: float | None) -> dnnlib.EasyDict:
@@ -391,8 +403,8 @@ class Experiment:
 
     @property
     def metric_kwargs(self) -> dnnlib.EasyDict:
-        """Extra arguments of metric_main.calc_metric: reference data and detectors."""
-        kwargs = dnnlib.EasyDict(detector_url=self.detector, pr_detector_url=self.pr_detector)
+        """Extra arguments of metric_main.calc_metric: reference data, detectors, and the constraint L_D's loss sees."""
+        kwargs = dnnlib.EasyDict(detector_url=self.detector, pr_detector_url=self.pr_detector, norm=self.norm)
         if self.ref_data is not None:
             kwargs.ref_dataset_kwargs = dict(class_name=DATASET_CLASS, path=self.ref_data)
         if self.ref_stats is not None:

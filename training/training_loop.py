@@ -87,6 +87,8 @@ def training_loop(
         D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **experiment.D_opt_kwargs)
         loss = dnnlib.util.construct_class_by_name(**experiment.loss_kwargs, G=G, D=D, precision=precision)
         log(f'G: {sum(p.numel() for p in G.parameters()):,} parameters, D: {sum(p.numel() for p in D.parameters()):,}')
+        if loss.exact_path_note() is not None:
+            log(loss.exact_path_note())
         nets, optimizers = dict(G=G, D=D, G_ema=G_ema), dict(G_opt=G_opt, D_opt=D_opt)
 
         # Resume, then the same networks in every process.
@@ -153,7 +155,7 @@ def training_loop(
                 for module in nets.values():
                     misc.check_ddp_consistency(module)  # Every process must hold the same networks.
                 snapshot_pkl = snapshot_path(label)
-                metric_stats, results = evaluator.evaluate(G_ema, snapshot_pkl)  # Before the snapshot, which records them.
+                metric_stats, results = evaluator.evaluate(G_ema, snapshot_pkl, D=D)  # Before the snapshot, which records them.
                 stats.update(metric_stats)
                 new_best = state.record_metric(results)
                 state.save([snapshot_pkl] + ([os.path.join(run_dir, 'network-best.pkl')] if new_best else []), snapshot())

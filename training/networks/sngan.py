@@ -14,7 +14,8 @@ network also works class-conditionally (c_dim > 0): G then uses class-conditiona
 
 Every discriminator here is piecewise linear in its input for fixed weights (ReLU/LeakyReLU,
 convolutions, average pooling, linear layers; spectral normalization only rescales weights),
-which is what the fast generator path of gradient normalization relies on; and none of them
+which is what the fast generator path of gradient normalization relies on, unless the standard CNN's D is given a
+smooth activation (`act`, for the paper's activation ablation; it then says so in `is_piecewise_linear`); and none of them
 mixes samples (no batch norm or minibatch statistics in D), so the loss may run reals and fakes
 through one call. The discriminators' convolutions, ReLUs and pooling go through ops/conv2d_gradfix
 and ops/relu_pool_gradfix: PyTorch's own ops, except inside the loss's
@@ -23,6 +24,8 @@ Functions with the same values whose double backwards are cheap.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -126,6 +129,60 @@ class Projection(nn.Module):
 def check_label(c: torch.Tensor, batch: int, c_dim: int) -> None:
     misc.assert_shape(c, [batch, c_dim])
 
+
+# The standard CNN discriminator's activations (--act): name -> (default parameter, piecewise linear). The parameter is
+# LeakyReLU's negative slope and Softplus's beta (softplus_beta(x) = log(1 + exp(beta x)) / beta); ReLU and ELU
+# (alpha 1) take none.
+ACTIVATIONS = {'relu': (None, True), 'lrelu': (0.1, True), 'elu': (None, False), 'softplus': (1.0, False)}
+ACTIVATION_SPELLING = 'relu, lrelu[:SLOPE] (0 < SLOPE < 1, default 0.1), elu, softplus[:BETA] (BETA > 0, default 1)'
+
+
+def parse_activation(spec: str) -> tuple[str, float | None]:
+    """'lrelu:0.2' -> ('lrelu', 0.2), 'softplus' -> ('softplus', 1.0), 'relu' -> ('relu', None); ValueError in one line
+    for anything else."""
+    name, _, param = str(spec).partition(':')
+    if name not in ACTIVATIONS or (param and ACTIVATIONS[name][0] is None):
+        raise ValueError(f'unknown activation "{spec}"; valid: {ACTIVATION_SPELLING}')
+    if not param:
+        return name, ACTIVATIONS[name][0]
+    try:
+        value = float(param)
+    except ValueError:
+        raise ValueError(f'activation "{spec}": {param!r} is not a number') from None
+    if name == 'lrelu' and not 0 < value < 1:
+        raise ValueError(f'activation "{spec}": the LeakyReLU slope must lie in (0, 1)')
+    if name == 'softplus' and not value > 0:
+        raise ValueError(f'activation "{spec}": the Softplus beta must be positive')
+    return name, value
+
+
+def activation_function(spec: str):
+    """The elementwise function of an activation spec: the piecewise-linear ones through ops/relu_pool_gradfix (cheap
+    double backward inside GN's step), the smooth ones torch's own (their double backward is torch's)."""
+    name, param = parse_activation(spec)
+    if name == 'relu':
+        return relu_pool_gradfix.relu
+    if name == 'lrelu':
+        return functools.partial(relu_pool_gradfix.leaky_relu, negative_slope=param)
+    if name == 'elu':
+        return F.elu
+    return functools.partial(F.softplus, beta=param)
+
+
+def cnn_depth_layout(depth: int) -> list[int]:
+    """Stride-1 3x3 convolutions in each of the four resolution slots of the standard CNN family with `depth`
+    convolutional layers: slot 0 at the input resolution, slot k after the k-th stride-2 4x4 convolution (the family
+    always has the three that take 32 -> 4 or 48 -> 6). The depth - 3 other convolutions go round the slots from the
+    input end, one each, so depth 7 is SN-GAN's standard D ([1, 1, 1, 1]) and depth 9 is [2, 2, 1, 1]. Used mirrored by
+    the generator (slot 0 at the output resolution, the last of its convolutions the one to the image's channels)."""
+    if not 3 <= depth <= MAX_CNN_DEPTH:
+        raise ValueError(f'the standard CNN family has 3 to {MAX_CNN_DEPTH} convolutional layers, got depth {depth}')
+    extra = depth - 3
+    return [extra // 4 + (slot < extra % 4) for slot in range(4)]
+
+
+MAX_CNN_DEPTH = 16
+
 #----------------------------------------------------------------------------
 # ResNet blocks (SN-GAN; reused by BigGAN).
 
@@ -178,7 +235,12 @@ class DiscriminatorBlock(nn.Module):
 
 @persistence.persistent_class
 class CNNGenerator(nn.Module):
-    """SN-GAN's standard CNN generator: linear to (res/8)^2 x 8ch, three stride-2 transposed convs, tanh."""
+    """SN-GAN's standard CNN generator: linear to (res/8)^2 x 8ch, three stride-2 transposed convs, tanh.
+
+    With `depth` (the depth study's family, see `cnn_depth_layout`): `depth` transposed convolutions in all, the three
+    stride-2 4x4 ones halving the width (8ch -> 4ch -> 2ch -> ch) and depth - 3 stride-1 3x3 ones, each after BN and
+    ReLU, placed by the layout mirrored from the output: the last one maps to the image's channels (at depth 3 the
+    third stride-2 conv does). None: the standard generator (four convolutions, as depth 4)."""
 
     def __init__(self,
         c_dim: int,             # Label dimension, 0 = unconditional.
@@ -186,6 +248,7 @@ class CNNGenerator(nn.Module):
         img_channels: int,      # Number of output color channels.
         z_dim: int = 128,       # Latent dimension.
         ch: int = 64,           # Width of the last hidden layer; the first has 8 * ch channels.
+        depth: int | None = None, # Convolutional layers (3 to MAX_CNN_DEPTH), None = the standard generator's 4.
     ) -> None:
         super().__init__()
         if img_resolution % 8 != 0:
@@ -195,12 +258,20 @@ class CNNGenerator(nn.Module):
         self.img_resolution = img_resolution
         self.img_channels = img_channels
         self.bottom = img_resolution // 8
-        widths = [ch * 8, ch * 4, ch * 2, ch]
-        self.fc = nn.Linear(z_dim, self.bottom * self.bottom * widths[0])
-        self.norms = nn.ModuleList([ClassBatchNorm2d(w, c_dim) for w in widths])
-        self.convs = nn.ModuleList([nn.ConvTranspose2d(a, b, 4, stride=2, padding=1)
-                                    for a, b in zip(widths[:-1], widths[1:])])
-        self.to_rgb = nn.ConvTranspose2d(ch, img_channels, 3, stride=1, padding=1)
+        slots = cnn_depth_layout(4 if depth is None else depth)[::-1]  # From the 8x-smaller map to the output.
+        convs = []  # (in, out, kernel, stride): the network's convolutions from the input side.
+        width = ch * 8
+        for stage in range(4):
+            if stage > 0:
+                convs.append((width, width // 2, 4, 2))
+                width //= 2
+            convs += [(width, width, 3, 1)] * slots[stage]
+        convs[-1] = convs[-1][:1] + (img_channels,) + convs[-1][2:]
+        self.fc = nn.Linear(z_dim, self.bottom * self.bottom * ch * 8)
+        self.norms = nn.ModuleList([ClassBatchNorm2d(a, c_dim) for a, _b, _k, _s in convs])
+        self.convs = nn.ModuleList([nn.ConvTranspose2d(a, b, k, stride=s, padding=1) for a, b, k, s in convs[:-1]])
+        a, b, k, stride = convs[-1]
+        self.to_rgb = nn.ConvTranspose2d(a, b, k, stride=stride, padding=1)
         init_weights(self, 'kaiming')
         for norm in self.norms:
             norm.reset_class_parameters()
@@ -217,9 +288,13 @@ class CNNGenerator(nn.Module):
 
 @persistence.persistent_class
 class CNNDiscriminator(nn.Module):
-    """SN-GAN's standard CNN discriminator: seven convs with LeakyReLU(0.1), then one linear layer."""
+    """SN-GAN's standard CNN discriminator: seven convs with LeakyReLU(0.1), then one linear layer.
 
-    is_piecewise_linear = True
+    `act` replaces the LeakyReLU (ACTIVATIONS); a smooth one (ELU, Softplus) makes D not piecewise linear, which turns
+    off the speed-ups of GN that rely on it (training/step/loss.py). `depth`: the depth study's family
+    (`cnn_depth_layout`): three stride-2 4x4 convs doubling the width (to 2ch, 4ch, 8ch) and depth - 3 stride-1 3x3
+    ones, the first of them from the image's channels to ch; depth 7 is the standard D, layer for layer."""
+
     is_sample_independent = True  # No layer mixes samples: reals and fakes may share one call (training/step/loss.py).
 
     def __init__(self,
@@ -228,6 +303,8 @@ class CNNDiscriminator(nn.Module):
         img_channels: int,              # Number of input color channels.
         ch: int = 64,                   # Width of the first conv; the last ones have 8 * ch channels.
         spectral_norm: bool = False,    # Spectral normalization on every conv/linear weight (--norm=sn).
+        act: str = 'lrelu:0.1',         # Activation after every conv (--act; ACTIVATIONS).
+        depth: int | None = None,       # Convolutional layers (3 to MAX_CNN_DEPTH), None = the standard D's 7.
     ) -> None:
         super().__init__()
         if img_resolution % 8 != 0:
@@ -235,9 +312,19 @@ class CNNDiscriminator(nn.Module):
         self.c_dim = c_dim
         self.img_resolution = img_resolution
         self.img_channels = img_channels
-        layers = [Conv2d(img_channels, ch, 3, padding=1)]
-        for width in [ch, ch * 2, ch * 4]:  # Each stage: stride-2 4x4 conv doubling the width, then a 3x3 conv.
-            layers += [Conv2d(width, width * 2, 4, stride=2, padding=1), Conv2d(width * 2, width * 2, 3, padding=1)]
+        self.act = act
+        self.activation = activation_function(act)
+        self.is_piecewise_linear = ACTIVATIONS[parse_activation(act)[0]][1]  # GN's fast paths need it.
+        slots = cnn_depth_layout(7 if depth is None else depth)
+        layers, width, in_channels = [], ch, img_channels
+        for stage in range(4):  # A stride-2 4x4 conv doubling the width before every stage but the first.
+            if stage > 0:
+                layers.append(Conv2d(in_channels, width * 2, 4, stride=2, padding=1))
+                width *= 2
+                in_channels = width
+            for _ in range(slots[stage]):
+                layers.append(Conv2d(in_channels, width, 3, padding=1))
+                in_channels = width
         self.convs = nn.ModuleList(layers)
         num_features = (img_resolution // 8) ** 2 * ch * 8
         self.fc = nn.Linear(num_features, 1)
@@ -251,7 +338,7 @@ class CNNDiscriminator(nn.Module):
         check_label(c, img.shape[0], self.c_dim)
         x = img
         for conv in self.convs:
-            x = relu_pool_gradfix.leaky_relu(conv(x), 0.1)
+            x = self.activation(conv(x))
         h = x.flatten(1)
         return self.fc(h) + self.projection(h, c)
 

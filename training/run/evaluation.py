@@ -48,8 +48,10 @@ class MetricEvaluator:
         self.num_gpus, self.rank, self.device, self.log, self.stop = num_gpus, rank, device, log, stop
         self.deferred = deferred
 
-    def evaluate(self, G_ema: torch.nn.Module, snapshot_pkl: str) -> tuple[dict, dict[str, float]]:
-        """Statistics of every metric on G_ema ('Metrics/<result>': {num, mean, std}), and the results (name -> value)."""
+    def evaluate(self, G_ema: torch.nn.Module, snapshot_pkl: str,
+                 D: torch.nn.Module | None = None) -> tuple[dict, dict[str, float]]:
+        """Statistics of every metric on G_ema ('Metrics/<result>': {num, mean, std}), and the results (name -> value);
+        D: the discriminator, for the metrics of its gradients (L_D)."""
         from metrics import detectors, metric_main
         results, entries = {}, {}
         for metric in self.metrics:
@@ -57,7 +59,7 @@ class MetricEvaluator:
                 result = metric_main.calc_metric(metric=metric, G=G_ema, dataset_kwargs=self.dataset_kwargs,
                                                  num_gpus=self.num_gpus, rank=self.rank, device=self.device,
                                                  progress=self.log, interrupt=None if self.stop is None else self.stop.interrupt,
-                                                 **self.metric_kwargs)
+                                                 D=D, **self.metric_kwargs)
             except detectors.DetectorUnavailableError as e:
                 self.log(f'Warning: {e}; training continues without metrics')
                 self.metrics = []

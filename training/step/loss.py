@@ -40,7 +40,8 @@ gradients; with spectral normalization the power iteration then also advances on
 instead of once per call. It is the default on CUDA; on a CPU, where launches cost nothing and
 the larger batch measured slower, separate calls are. Under GN the G step back-propagates through
 ||grad_x f|| (double backward) unless `fast_g` selects the single-backward path of
-training/step/gradnorm.py, which is exact for a piecewise-linear D and used by default exactly then.
+training/step/gradnorm.py, which is exact for a piecewise-linear D and used by default exactly then (asked for by
+name with any other D, e.g. a smooth activation's, it is refused; `exact_path_note` says which paths a run takes).
 (The G step runs with D's parameters frozen, requires_grad False, so it leaves no D gradients.)
 In the D step, a piecewise-linear, sample-independent D built of conv and linear layers takes GN's
 f in its affine form (`linear_d`; training/step/gradnorm.py): the same gradients, with the second
@@ -228,7 +229,11 @@ class GANLoss:
         self.gp_weight = gp_weight
         self.r1_gamma = r1_gamma
         self.cr = cr
-        self.fast_g = bool(getattr(D, 'is_piecewise_linear', False)) if fast_g is None else bool(fast_g)
+        piecewise_linear = bool(getattr(D, 'is_piecewise_linear', False))
+        if fast_g and not piecewise_linear and self.constraint.gn_zeta is not None:
+            raise ValueError(f'fast_g needs a piecewise-linear D (its Hessian vanishes); {type(D).__name__} is not '
+                             f'(e.g. a smooth activation): leave fast_g to its default, the exact double backward')
+        self.fast_g = piecewise_linear if fast_g is None else bool(fast_g)
         self.precision = precision if isinstance(precision, Precision) else Precision(precision)
         param = next(D.parameters(), None)
         device_type = None if param is None else param.device.type
@@ -255,6 +260,13 @@ class GANLoss:
         self.reg_intervals = dict(G=G_reg_interval, D=D_reg_interval)
         self.pl_mean = torch.zeros([], device=None if param is None else param.device)
         self._phase = dict(G='both', D='both')  # What accumulate_gradients computes (set_phase).
+
+    def exact_path_note(self) -> str | None:
+        """One line for the run's log when GN takes its exact, slower paths because D is not piecewise linear; else None."""
+        if self.constraint.gn_zeta is None or getattr(self.D, 'is_piecewise_linear', False):
+            return None
+        return (f'GN: {type(self.D).__name__} is not piecewise linear: the G step differentiates ||grad f|| exactly '
+                f'(no fast first-order step) and the D step plainly (no affine form)')
 
     def phases(self, net: str, step: int) -> tuple[str, ...]:
         """The phases of the step of `net` ('D' or 'G') at G step `step`, an optimizer step each, in order: ('both',)
