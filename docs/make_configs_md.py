@@ -129,6 +129,12 @@ Every preset takes:
   torchvision pipeline draws it: up to 6 pixels at 32x32, 10 at 48x48; the uncovered pixels are
   filled with -1, black in the [-1, 1] range).
 - `--batch=M`, `--steps=N` or `--kimg=K` to change the global batch or the run length.
+- `--act=relu | lrelu[:SLOPE] | elu | softplus[:BETA]` and `--depth=N`, on the standard-CNN presets
+  ({', '.join(f'`{name}`' for name, p in configs.PRESETS.items() if p['arch'] == 'cnn')}) — D's activation
+  (default LeakyReLU 0.1, SN-GAN's) and the number of convolutional layers of G and D (3 to 16; by
+  default G 4 and D 7, SN-GAN's networks), for the paper's activation ablation and depth study
+  ([results.md](results.md)). A smooth activation turns off GN's fast G step and affine D step, which
+  are exact only for a piecewise-linear D.
 - `--batch-gpu=N` — the most samples one GPU processes at once. Each GPU takes its share of the
   global batch (batch / `--gpus`) in accumulation rounds of at most N samples, so the run is the
   same on 1 or 8 GPUs, only slower on fewer. All losses are means of per-sample terms, so the
