@@ -2,6 +2,7 @@
 CPU size on the embedded digits: the standard CNN's discriminator with each activation, trained as GAN, WGAN-GP,
 SN-GAN and GN-GAN.
 
+\b
     python bench/activations.py --outdir=out/activations
     python bench/activations.py --outdir=out/activations --methods=sn,gn --acts=relu,softplus --steps=200
 
@@ -34,6 +35,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch_utils.threads import set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
 
 import torch  # noqa: E402
 

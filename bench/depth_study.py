@@ -2,6 +2,7 @@
 figure) at a CPU size on the embedded digits: standard CNNs with n convolutional layers in G and D, SN against GN,
 Wasserstein loss.
 
+\b
     python bench/depth_study.py --outdir=out/depth-study                           # depths 3,5,7,9 x {sn, gn}
     python bench/depth_study.py --outdir=out/depth-study --depths=3,9 --steps=200 --snapshots=4
 
@@ -37,6 +38,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from torch_utils.threads import set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
 
 import torch  # noqa: E402
 

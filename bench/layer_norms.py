@@ -1,6 +1,7 @@
 """The Lipschitz constant of every layer of a snapshot's discriminator (metrics/layer_norms.py), and the GN-GAN
 paper's panel (c) of the depth study for two snapshots or more.
 
+\b
     python bench/layer_norms.py --network=runs/00003-digits32-cifar10-cnn-sn/network-snapshot-000400.pkl
     python bench/layer_norms.py --network=sn-9l.pkl --label=SN-9L --network=gn-9l.pkl --label=GN-9L --out=layers.png
 
@@ -20,6 +21,14 @@ import sys
 import click
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_utils.threads import set_wait_policy  # noqa: E402
+
+set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
+
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
 
 import legacy  # noqa: E402
 from metrics import layer_norms  # noqa: E402

@@ -43,6 +43,10 @@ from torch_utils.threads import set_wait_policy  # noqa: E402
 
 set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
 
+from torch_utils.compat import require_supported_torch  # noqa: E402
+
+require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
+
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 

@@ -72,14 +72,20 @@ PROGRAMS = [
     ['calc_metrics.py', '--network={tmp}/none.pkl', '--metrics=fid50k_full'],
     ['dataset_tool.py', '--source=data/digits32.zip', '--dest={tmp}/digits.zip'],
     ['legacy.py', '--source={tmp}/model.pt', '--cfg=cifar10-resnet', '--dest={tmp}/converted.pkl'],
+    ['bench/activations.py', '--outdir={tmp}/activations'],
     ['bench/compare.py', '--outdir={tmp}/compare'],
+    ['bench/depth_study.py', '--outdir={tmp}/depth'],
     ['bench/gpu_report.py', '--outdir={tmp}/report'],
     ['bench/hostile_files.py', '--out={tmp}/hostile.json'],
+    ['bench/layer_norms.py', '--network={tmp}/none.pkl'],
     ['bench/ops.py', '--out={tmp}/ops.json'],
+    ['bench/paper_speed.py', '--out={tmp}/paper-speed.json'],
+    ['bench/paper_table.py', '{tmp}/run', '--out={tmp}/table'],
     ['bench/precision.py', '--out={tmp}/precision.json'],
     ['bench/quickstart_quality.py', '--out={tmp}/quality.json'],
     ['bench/stylegan.py', '--out={tmp}/stylegan.json'],
     ['bench/train_speed.py', '--out={tmp}/speed.json'],
+    ['bench/value_surfaces.py', '--outdir={tmp}/surfaces'],
 ]
 
 
