@@ -144,8 +144,9 @@ class _StillCapturing(TorchDispatchMode):
 class EmulatedGraph:
     """The operators of one captured call, replayable."""
 
-    def __init__(self, ops: list) -> None:
+    def __init__(self, ops: list, read: list[torch.Tensor]) -> None:
         self.ops, self.replays = ops, 0
+        self.read = read  # The tensors from before the capture that its operators used (what a replay reads).
 
     def replay(self) -> None:
         with torch.no_grad():
@@ -202,7 +203,7 @@ class EmulatedGraphs:
                 self._still_capturing.__enter__()
             else:
                 torch.set_rng_state(self._rng_before_capture)
-        graph = EmulatedGraph(recorder.ops)
+        graph = EmulatedGraph(recorder.ops, [tensor for tensor, _ in recorder.saved.values()])
         self.captures.append(graph)
         return graph
 
