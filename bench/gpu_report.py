@@ -1,10 +1,10 @@
 """One command for whoever has a GPU: build, self-check, the whole test suite, op and training benchmarks, and a
 time-boxed GN-StyleGAN run on the embedded digits, scored; one report, kept up to date as the steps end.
 
-    python bench/gpu_report.py --quick                  # planned at most 480 s on one H100/H200
+    python bench/gpu_report.py --quick                  # planned at most 360 s on one H100/H200
     python bench/gpu_report.py --outdir=h100-report     # more repeats, configurations and training time
 
-Budget. The whole run is bounded by --budget seconds, counted from the start of the process (--quick: 480,
+Budget. The whole run is bounded by --budget seconds, counted from the start of the process (--quick: 360,
 the sum of its steps' plans below; the full run: the sum of its plans). A GPU is often lent for a fixed time
 with a retry after it, so the run must end inside the budget and keep whatever it measured: the steps run
 in order of value, each inside a time box, and each step's result is written into report.json and report.md
@@ -33,6 +33,10 @@ Steps, in order of value, with their planned seconds (--quick / full run):
                                 build needs an empty TORCH_EXTENSIONS_DIR; otherwise this times the load of
                                 the cached one. Whether the kernels build for this GPU is the first thing only
                                 a GPU machine shows, and every later step uses them.
+  first tests      70 /    -    --quick: the tests marked gpu and those of tests/test_graphs.py,
+                                test_training_step.py and test_ops_gpu.py (the captured training steps,
+                                their first-replay check, the kernels on the device), collected once with the
+                                GPU visible, pytest-xdist as below: what only a GPU can show, before any timing.
   self-check       10 /   30    the kernels' first-use self-check for the configurations the networks use
                                 (every activation of bias_act; the [1,2,1], box and [1,3,3,1] resampling of
                                 upfirdn2d) in float32, float16 and bfloat16: measured error against the
@@ -41,10 +45,13 @@ Steps, in order of value, with their planned seconds (--quick / full run):
   choices          10 /   60    the chooser's decision, kernel or reference, with both timings, for the
                                 activation and resampling StyleGAN runs at 8x8 ... 1024x1024 with its
                                 channel counts, in each dtype: what the kernels are worth, in seconds.
-  test suite      240 /  900    python -m pytest on the whole suite with the GPU visible (pytest-xdist, one
+  test suite        - /  900    python -m pytest on the whole suite with the GPU visible (pytest-xdist, one
                                 worker per core, at most 16; 232 s on an H200 with 16 cores in the first GPU
-                                run, docs/benchmarks.md): counts, failures by name, wall time. The tests
-                                marked gpu run only here; a failure weighs more than any timing below.
+                                run, docs/benchmarks.md): counts, failures by name, wall time. A failure
+                                weighs more than any timing below.
+  test sample      50 /    -    --quick: a sample of the other tests, as many as the step's box holds at the
+                                first GPU run's 2.1 worker-seconds a test after 15 s of start (every file
+                                once before any file twice, the same sample at every run).
   ops              15 /  300    bench/ops.py: kernels against references, each case checked before timing,
                                 GB/s against the kernels' targets (--quick: the network cases at 8 and 32 px).
   training speed   30 /  400    bench/train_speed.py, cifar10-resnet, GN and no constraint (the paper's speed
@@ -76,7 +83,7 @@ Steps, in order of value, with their planned seconds (--quick / full run):
   (full run only)   - /  420    bench/compare.py: docs/results.md's gn-stylegan2 comparison on the digits (GN,
                                 NVIDIA's R1 and no constraint, its CPU-sized networks, 60 kimg each, seed 0)
                                 on the GPU, every run that ends in the box scored, the final samples.
-  total           480 / 5145
+  total           360 / 5145
 
 The report ends with the targets of the training step (CUDA graphs) on one H100/H200, each measured value
 against its bound: the cifar10-resnet iteration with graphs at most 0.45x the authors' code with GN and 0.5x
@@ -97,6 +104,7 @@ import importlib.util
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import subprocess
@@ -245,6 +253,7 @@ class Context:
     outdir: str
     quick: bool
     authors_code: Optional[str] = None  # A checkout of the authors' code (bench/authors.py), or None.
+    tests: Optional[List[dict]] = None  # The suite's tests once collected (collect_tests).
     key: str = ''
     deadline: float = 0.0  # time.monotonic() at which the running step's box ends
 
@@ -388,18 +397,136 @@ def op_choices(ctx: Context) -> dict:
         return _measured_calls(ctx, calls, record)
 
 
-def run_test_suite(ctx: Context) -> dict:
-    """The whole suite with the GPU visible (tests marked gpu run; the others pin the CPU), one pytest-xdist worker
-    per core (at most 16) where xdist is installed, idle workers taking tests queued for others (--dist=worksteal)
-    so that long tests do not hold up the end. At its box pytest gets SIGINT, and reports the tests that finished."""
-    xml_path = os.path.join(ctx.workdir, 'tests.xml')
-    parallel = ['-n', str(min(os.cpu_count() or 1, 16)), '--dist=worksteal'] if importlib.util.find_spec('xdist') else []
-    result = run_child([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *parallel,
-                        f'--junitxml={xml_path}'], os.path.join(ctx.workdir, 'tests.log'),
-                       ctx.deadline - time.monotonic(), **SUITE_STOP)
+def _test_workers() -> int:
+    """pytest-xdist workers for a test step: one per core, at most 16 (1: xdist not installed, no workers)."""
+    return min(os.cpu_count() or 1, 16) if importlib.util.find_spec('xdist') else 1
+
+
+def _pytest(ctx: Context, name: str, args: Sequence[str] = (), env: Optional[Dict[str, str]] = None) -> dict:
+    """python -m pytest with the GPU visible, one pytest-xdist worker per core (_test_workers), idle workers taking
+    tests queued for others (--dist=worksteal) so that long tests do not hold up the end, until the box ends: then
+    pytest gets SIGINT and reports the tests that finished. Its counts from the JUnit XML, each failure named."""
+    xml_path = os.path.join(ctx.workdir, f'{name}.xml')
+    workers = _test_workers()
+    parallel = ['-n', str(workers), '--dist=worksteal'] if workers > 1 else []
+    with mock.patch.dict(os.environ, env or {}):
+        result = run_child([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', *parallel,
+                            f'--junitxml={xml_path}', *args], os.path.join(ctx.workdir, f'{name}.log'),
+                           ctx.deadline - time.monotonic(), **SUITE_STOP)
     if os.path.isfile(xml_path):
         result.update(suite_counts(xml_path))
     return result
+
+
+def run_test_suite(ctx: Context) -> dict:
+    """The whole suite with the GPU visible (tests marked gpu run; the others pin the CPU)."""
+    return _pytest(ctx, 'tests')
+
+
+# The quick run's tests. First the tests marked gpu and the files that check the captured training steps and the
+# kernels on the device (what only a GPU shows); then a sample of the rest, as large as its step's plan holds.
+FIRST_TEST_FILES = ('tests/test_graphs.py', 'tests/test_training_step.py', 'tests/test_ops_gpu.py')
+# The sample's cost model, from the first GPU run of the whole suite (docs/benchmarks.md: one H200, 16 workers,
+# 1,769 tests in 232 s): worker-seconds per test, and seconds for pytest's and its workers' start and collection.
+TEST_WORKER_SECONDS = 232 * 16 / 1769
+TEST_START_SECONDS = 15
+SAMPLE_SEED = 0  # The sample is the same at every run: a failure seen once can be seen again.
+# pytest plugin (-p bench.gpu_report, below): with COLLECT_ENV set, the collected tests are written to that JSON
+# file; with SELECT_ENV set, only the tests whose node ids that JSON file lists run.
+COLLECT_ENV = 'GPU_REPORT_COLLECT'
+SELECT_ENV = 'GPU_REPORT_SELECT'
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # pylint: disable=unused-argument
+    """pytest hook, when this module is a pytest plugin: only the selected tests (SELECT_ENV) run."""
+    path = os.environ.get(SELECT_ENV)
+    if path:
+        with open(path) as f:
+            wanted = set(json.load(f))
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in wanted])
+        items[:] = [item for item in items if item.nodeid in wanted]
+
+
+def pytest_collection_finish(session) -> None:
+    """pytest hook, when this module is a pytest plugin: the collected tests' node ids and gpu marks (COLLECT_ENV)."""
+    path = os.environ.get(COLLECT_ENV)
+    if path:
+        with dnnlib.util.atomic_path(path) as tmp, open(tmp, 'w') as f:
+            json.dump([dict(id=item.nodeid, gpu=item.get_closest_marker('gpu') is not None)
+                       for item in session.items], f)
+
+
+def collect_tests(ctx: Context, paths: Sequence[str] = ()) -> List[dict]:
+    """The tests of `paths` (none: the suite) as pytest collects them with the GPU visible (node id and gpu mark), in
+    the suite's order; collected once per run (a subprocess, inside the running step's box)."""
+    if ctx.tests is None:
+        json_path = os.path.join(ctx.workdir, 'collected.json')
+        with mock.patch.dict(os.environ, {COLLECT_ENV: json_path}):
+            result = run_child([sys.executable, '-m', 'pytest', '--collect-only', '-q', '-p', 'no:cacheprovider',
+                                '-p', 'bench.gpu_report', *paths], os.path.join(ctx.workdir, 'collect.log'),
+                               ctx.deadline - time.monotonic())
+        if not os.path.isfile(json_path):
+            raise RuntimeError(f'pytest collected no tests ({_subprocess_line(result)})')
+        with open(json_path) as f:
+            ctx.tests = json.load(f)
+    return ctx.tests
+
+
+def planned_test_seconds(count: int, workers: int) -> float:
+    """The seconds planned for `count` tests on `workers` workers: TEST_START_SECONDS + count * TEST_WORKER_SECONDS /
+    workers."""
+    return TEST_START_SECONDS + count * TEST_WORKER_SECONDS / workers
+
+
+def quick_test_plan(tests: List[dict], workers: int, sample_seconds: float, seed: int = SAMPLE_SEED) -> dict:
+    """The quick run's tests from the collected `tests`: 'first', every test marked gpu or in FIRST_TEST_FILES;
+    'sample', as many of the others as planned_test_seconds fits into `sample_seconds` on `workers` workers, drawn
+    one file at a time in turn (every file once before any file twice), at random within a file (`seed`); both in
+    the suite's order. 'rest': how many tests the sample was drawn from."""
+    first = [t['id'] for t in tests if t['gpu'] or t['id'].split('::')[0] in FIRST_TEST_FILES]
+    chosen = set(first)
+    by_file: Dict[str, List[str]] = {}
+    for t in tests:
+        if t['id'] not in chosen:
+            by_file.setdefault(t['id'].split('::')[0], []).append(t['id'])
+    rng = random.Random(seed)
+    for ids in by_file.values():
+        rng.shuffle(ids)
+    size = max(int((sample_seconds - TEST_START_SECONDS) * workers / TEST_WORKER_SECONDS), 0)
+    sampled: set = set()
+    queues = [list(reversed(ids)) for ids in by_file.values()]
+    while len(sampled) < size and any(queues):
+        for queue in queues:
+            if queue and len(sampled) < size:
+                sampled.add(queue.pop())
+    return dict(first=first, sample=[t['id'] for t in tests if t['id'] in sampled],
+                rest=sum(len(ids) for ids in by_file.values()))
+
+
+def _run_selected(ctx: Context, name: str, ids: List[str], what: str) -> dict:
+    """The tests `ids` through _pytest, selected by this module as a pytest plugin (node ids need no quoting)."""
+    json_path = os.path.join(ctx.workdir, f'{name}-selected.json')
+    with open(json_path, 'w') as f:
+        json.dump(ids, f)
+    files = list(dict.fromkeys(i.split('::')[0] for i in ids))
+    result = _pytest(ctx, name, ['-p', 'bench.gpu_report', *files], {SELECT_ENV: json_path})
+    return dict(result, selected=what)
+
+
+def run_first_tests(ctx: Context) -> dict:
+    """The tests marked gpu and FIRST_TEST_FILES (quick_test_plan's 'first')."""
+    plan = quick_test_plan(collect_tests(ctx), _test_workers(), 0)
+    return _run_selected(ctx, 'tests-first', plan['first'], f'{len(plan["first"])} tests: those marked gpu and '
+                         f'{", ".join(FIRST_TEST_FILES)}')
+
+
+def run_test_sample(ctx: Context) -> dict:
+    """quick_test_plan's sample of the rest of the suite, sized to this step's box."""
+    workers = _test_workers()
+    plan = quick_test_plan(collect_tests(ctx), workers, ctx.deadline - time.monotonic())
+    return _run_selected(ctx, 'tests-sample', plan['sample'], f'a sample of {len(plan["sample"])} of the other '
+                         f'{plan["rest"]} tests (seed {SAMPLE_SEED}; every file before any file twice), planned '
+                         f'{planned_test_seconds(len(plan["sample"]), workers):.0f} s on {workers} workers')
 
 
 def suite_counts(xml_path: str) -> dict:
@@ -485,11 +612,15 @@ SNGAN_PRESETS = 'cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-bigga
 STEPS = [
     Step('environment', 'Environment', environment, {True: 5, False: 5}),
     Step('build', 'Build (torch_utils/custom_ops.py)', build, {True: 60, False: 300}, ('cuda',)),
+    Step('first_tests', 'Tests marked gpu and the CUDA-graph checks (python -m pytest, GPU visible)', run_first_tests,
+         {True: 70, False: None}, ('gpu',)),
     Step('self_check', 'Self-check (first use of each configuration)', self_check, {True: 10, False: 30},
          ('gpu', 'built')),
     Step('choices', 'Kernel or reference (the chooser, first use of each shape)', op_choices, {True: 10, False: 60},
          ('gpu', 'built')),
-    Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: 240, False: 900}, ('gpu',)),
+    Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: None, False: 900}, ('gpu',)),
+    Step('test_sample', 'A sample of the other tests (python -m pytest, GPU visible)', run_test_sample,
+         {True: 50, False: None}, ('gpu',)),
     Step('bench_ops', 'Ops (bench/ops.py)', bench_step('bench/ops.py', {
         True: ['--repeats=5', '--warmup=2', '--sizes=8,32'], False: []}), {True: 15, False: 300}, ('gpu',)),
     Step('train_speed', 'Training speed, cifar10-resnet, CUDA graphs and eager (bench/train_speed.py)',
@@ -684,7 +815,7 @@ def _choices_lines(result: dict) -> List[str]:
 
 
 def _suite_lines(result: dict) -> List[str]:
-    lines = [_subprocess_line(result)]
+    lines = [_subprocess_line(result)] + ([f'Selected: {result["selected"]}.'] if 'selected' in result else [])
     if 'tests' in result:
         lines.append(f'{result["passed"]} passed, {result["failures"]} failed, {result["errors"]} errors, '
                      f'{result["skipped"]} skipped' + (' (the tests that finished before the box)'
@@ -771,6 +902,7 @@ def _target_lines(data: dict) -> List[str]:
 
 
 RENDER = dict(build=_build_lines, self_check=_self_check_lines, choices=_choices_lines, test_suite=_suite_lines,
+              first_tests=_suite_lines, test_sample=_suite_lines,
               bench_ops=_ops_lines, digits=_digits_lines, digits_stylegan2=_digits_stylegan2_lines)
 
 
@@ -840,10 +972,11 @@ def _signals_stop() -> Iterator[None]:
 @click.option('--outdir', default='gpu-report', show_default=True, type=click.Path(file_okay=False),
               help='Where report.md, report.json, logs.tar.gz, digits-fakes.png and digits-stylegan2.png go.')
 @click.option('--quick', is_flag=True, help='The check sized for a GPU lent for 15 minutes: fewer '
-              'repeats and configurations, a short digits run; planned at most 480 s on one H100/H200.')
+              'repeats and configurations, the tests marked gpu and a sample of the others, a short digits run; planned at most '
+              '360 s on one H100/H200.')
 @click.option('--budget', type=click.FloatRange(min=1), metavar='SECONDS',
               help='Most seconds for the whole run, from its start; steps that no longer fit are not started, a '
-              'running step is stopped at its time box  [default: the sum of the planned steps: 480 with --quick, '
+              'running step is stopped at its time box  [default: the sum of the planned steps: 360 with --quick, '
               f'{sum(s.seconds[False] or 0 for s in STEPS):.0f} without]')
 @click.option('--authors-code', type=click.Path(exists=True, file_okay=False), metavar='DIR',
               help='A checkout of the GN-GAN authors\' code (github.com/basiclab/GNGAN-PyTorch): their cifar10-resnet '

@@ -23,7 +23,9 @@ What CUDA does besides, emulated:
 - `kernel_noise()`: kernels that accumulate in a different order at every run (atomics), as a rounding change of
   one unit in the last place at random positions of the inputs of every reduction, at every call, replays too.
 - `CudaAllocatorPools`: the graph pools of CUDA's caching allocator, with their use count (a pool whose graphs
-  were all freed is released, and a capture into it fails), for CudaGraphs itself (torch.cuda's calls replaced).
+  were all freed is released, and a capture into it fails) and the capture stream's cuBLAS workspace (freed with any
+  graph on torch 2.12 and newer, after which a graph that reads it fails at replay), for CudaGraphs itself
+  (torch.cuda's calls replaced).
 - `emulate_pinned_memory()`: Tensor.pin_memory and is_pinned on a CPU build, so that a copy to another device
   (the tests use 'meta') can be told pinned and asynchronous from pageable or blocking.
 """
@@ -144,8 +146,9 @@ class _StillCapturing(TorchDispatchMode):
 class EmulatedGraph:
     """The operators of one captured call, replayable."""
 
-    def __init__(self, ops: list) -> None:
+    def __init__(self, ops: list, read: list[torch.Tensor]) -> None:
         self.ops, self.replays = ops, 0
+        self.read = read  # The tensors from before the capture that its operators used (what a replay reads).
 
     def replay(self) -> None:
         with torch.no_grad():
@@ -202,7 +205,7 @@ class EmulatedGraphs:
                 self._still_capturing.__enter__()
             else:
                 torch.set_rng_state(self._rng_before_capture)
-        graph = EmulatedGraph(recorder.ops)
+        graph = EmulatedGraph(recorder.ops, [tensor for tensor, _ in recorder.saved.values()])
         self.captures.append(graph)
         return graph
 
@@ -259,10 +262,13 @@ class CudaAllocatorPools:
     capture into a pool adds one, freeing the graph (reset) takes it back, and a pool whose count reaches 0 is marked to
     be released, after which a capture into it fails the allocator's assert inside CUDA."""
 
-    def __init__(self, monkeypatch) -> None:
+    def __init__(self, monkeypatch, freeing_clears_workspace: bool = False) -> None:
         self.use_count: dict[int, int] = {}     # pool handle -> graphs captured into it and not freed
         self.released: set[int] = set()
         self.captures: list[int] = []           # The pool of each capture begun.
+        # The capture stream's cuBLAS workspace, which every graph captured on the stream reads. With
+        # freeing_clears_workspace (torch 2.12 and newer), freeing any graph frees it, and the next capture gets a new one.
+        self.workspace, self.freed_workspaces = 1, set()
         pools = self
 
         class Graph:
@@ -271,15 +277,22 @@ class CudaAllocatorPools:
                 if pool in pools.released:
                     raise RuntimeError('INTERNAL ASSERT FAILED at "CUDACachingAllocator.cpp": it->second->use_count > 0')
                 pools.use_count[pool] += 1
-                self.pool = pool
+                self.pool, self.workspace = pool, pools.workspace
 
             def capture_end(self):
                 pass
+
+            def replay(self):
+                if self.workspace in pools.freed_workspaces:
+                    raise RuntimeError('CUDA error: an illegal memory access was encountered')
 
             def reset(self):
                 pools.use_count[self.pool] -= 1
                 if pools.use_count[self.pool] == 0:
                     pools.released.add(self.pool)
+                if freeing_clears_workspace:
+                    pools.freed_workspaces.add(pools.workspace)
+                    pools.workspace += 1
 
         def graph_pool_handle():
             handle = len(pools.use_count) + 1

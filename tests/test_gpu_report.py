@@ -53,21 +53,78 @@ def test_report_without_gpu(tmp_path, monkeypatch):
         if key not in ('environment', 'build'):
             assert (entry['status'], entry['why'], entry['result']) == ('not run', 'no GPU', None)
             assert f'### {entry["title"]}\n\nNot run: no GPU.' in text
-    assert data['budget_s'] == 480 and data['stopped'] is None
+    assert data['budget_s'] == 360 and data['stopped'] is None
     assert sorted(os.listdir(tmp_path / 'report')) == ['notes.txt', 'report.json', 'report.md']
 
 
-def test_the_plan_is_the_docstrings_table_and_quick_fits_480_seconds():
-    """The docstring's table is the plan, step by step; --quick's plans add up to its default budget of 480 s, and the
-    full run plans every step that --quick runs."""
+def test_the_plan_is_the_docstrings_table_and_quick_fits_360_seconds():
+    """The docstring's table is the plan, step by step; --quick's plans add up to its default budget of 360 s, and the
+    full run plans every step that --quick runs but its two test steps, in whose place it runs the whole suite."""
     doc = gpu_report.__doc__
     table = doc[doc.index('  step            planned s'):doc.index('  total')]
-    plans = [(None if quick == '-' else int(quick), int(full))
-             for quick, full in re.findall(r'^  .{15}\s*(\d+|-) /\s+(\d+)    ', table, re.MULTILINE)]
+    plans = [tuple(None if plan == '-' else int(plan) for plan in row)
+             for row in re.findall(r'^  .{15}\s*(\d+|-) /\s+(\d+|-)    ', table, re.MULTILINE)]
     assert plans == [(step.seconds[True], step.seconds[False]) for step in gpu_report.STEPS]
     quick, full = gpu_report.planned_steps(True), gpu_report.planned_steps(False)
-    assert sum(step.seconds[True] for step in quick) == 480 and {s.key for s in quick} <= {s.key for s in full}
-    assert f'  total           480 / {sum(step.seconds[False] for step in full):4d}\n' in doc
+    assert sum(step.seconds[True] for step in quick) == 360
+    assert {s.key for s in quick} - {s.key for s in full} == {'first_tests', 'test_sample'}
+    assert {s.key for s in full} - {s.key for s in quick} >= {'test_suite'}
+    assert f'  total           360 / {sum(step.seconds[False] for step in full):4d}\n' in doc
+
+
+def _suite(files):
+    """A collected suite: `files` maps a file name to (tests, how many of them are marked gpu, the first ones)."""
+    return [dict(id=f'tests/{name}::test_{i}', gpu=i < gpu) for name, (count, gpu) in files.items() for i in range(count)]
+
+
+def test_quick_plan_runs_the_gpu_tests_first_and_samples_the_rest_within_its_plan():
+    """--quick's tests: first (right after the build) every test marked gpu and every test of the graph-check files,
+    then, after the self-check and the chooser, a sample of the others as large as the sample step's plan holds on
+    16 workers by the cost model, drawn from every file before any file twice, the same at every run."""
+    keys = [step.key for step in gpu_report.planned_steps(True)]
+    assert keys[:4] == ['environment', 'build', 'first_tests', 'self_check'] and keys[5] == 'test_sample'
+    plan_s = gpu_report.planned_steps(True)[5].seconds[True]
+    files = {'test_graphs.py': (30, 3), 'test_training_step.py': (20, 0), 'test_ops_gpu.py': (40, 40),
+             'test_loss.py': (120, 2), 'test_misc.py': (900, 0), 'test_one.py': (1, 0), 'test_two.py': (2, 0)}
+    files.update({f'test_f{i}.py': (10 + 7 * i, 1 if i % 3 == 0 else 0) for i in range(40)})
+    tests = _suite(files)
+    plan = gpu_report.quick_test_plan(tests, workers=16, sample_seconds=plan_s)
+    first_files = {'test_graphs.py', 'test_training_step.py', 'test_ops_gpu.py'}
+    expected_first = [t['id'] for t in tests if t['gpu'] or t['id'].split('::')[0][6:] in first_files]
+    assert plan['first'] == expected_first and len(expected_first) == 30 + 20 + 40 + 2 + 14
+    rest = [t['id'] for t in tests if t['id'] not in set(expected_first)]
+    assert plan['rest'] == len(rest) and set(plan['sample']) <= set(rest)
+    assert plan['sample'] == [i for i in rest if i in set(plan['sample'])]  # In the suite's order.
+    # (50 s - 15 s of start) * 16 workers / (232 * 16 / 1769 worker-seconds a test) = 266.9: 266 tests.
+    assert len(plan['sample']) == 266 == (plan_s - 15) * 1769 // 232
+    assert gpu_report.planned_test_seconds(266, 16) <= plan_s < gpu_report.planned_test_seconds(267, 16)
+    drawn = {name: sum(i.startswith(f'tests/{name}::') for i in plan['sample']) for name in files}
+    left = {name: sum(i.startswith(f'tests/{name}::') for i in rest) for name in files}
+    depth = max(drawn.values())
+    assert all(drawn[name] in (min(left[name], depth - 1), min(left[name], depth)) for name in files if left[name])
+    assert drawn['test_one.py'] == 1 and drawn['test_two.py'] == 2 and 1 < depth < 12
+    assert gpu_report.quick_test_plan(tests, 16, plan_s) == plan
+    assert gpu_report.quick_test_plan(tests, 16, plan_s, seed=1)['sample'] != plan['sample']
+    assert gpu_report.quick_test_plan(tests, 16, 10_000)['sample'] == rest  # Room for all: the whole rest.
+    assert gpu_report.quick_test_plan(tests, 16, 10)['sample'] == []  # Not even the start fits.
+
+
+def test_quick_tests_are_collected_with_their_gpu_marks_and_run_as_selected(tmp_path, monkeypatch):
+    """The collection (this module as a pytest plugin) records each test's node id and gpu mark; the selection runs
+    exactly the tests it names, also those whose node ids hold spaces, which pytest would not take as arguments."""
+    ctx = gpu_report.Context(workdir=str(tmp_path), outdir=str(tmp_path), quick=True, deadline=time.monotonic() + 300)
+    tests = gpu_report.collect_tests(ctx, ['tests/test_generate.py', 'tests/test_dataset.py'])
+    assert ctx.tests is tests and gpu_report.collect_tests(ctx) is tests  # Collected once.
+    gpu = [t['id'] for t in tests if t['gpu']]
+    assert gpu == [t['id'] for t in tests if t['id'].startswith('tests/test_generate.py::') and t['id'].endswith('[cuda]')]
+    assert len(gpu) >= 1
+    chosen = [t['id'] for t in tests if t['id'].startswith('tests/test_dataset.py::test_validate_names_the_bad_image[')
+              and ' ' in t['id']][:2]
+    assert len(chosen) == 2
+    monkeypatch.setattr(gpu_report, '_test_workers', lambda: 1)
+    result = gpu_report._run_selected(ctx, 'selected', chosen, 'two tests')
+    assert result['ok'] and (result['tests'], result['passed']) == (2, 2), open(tmp_path / 'selected.log').read()
+    assert 'Selected: two tests.' in gpu_report._suite_lines(result)
 
 
 def _fake_step(key, plan, action=lambda ctx: None, needs=()):
@@ -276,7 +333,7 @@ def test_self_check_step_measures_every_configuration(tmp_path, host_kernels, cp
 
 
 def test_markdown_flags_failed_checks_and_lists_choices():
-    report = gpu_report.Report('.', '.', quick=True, budget=480, steps=gpu_report.planned_steps(True), start=0.0)
+    report = gpu_report.Report('.', '.', quick=True, budget=360, steps=gpu_report.planned_steps(True), start=0.0)
     report.step('environment').update(status='ok', result=gpu_report.environment(None), box_s=5, seconds=0.1)
     report.step('self_check').update(status='failed', why=None, box_s=10, seconds=1.0, result=dict(ok=False, rows=[dict(
         op='upfirdn2d', dtype='float16', error=float('nan'), tolerance=0.02, where='exception', ms=3.0, ok=False,
@@ -291,7 +348,7 @@ def test_markdown_flags_failed_checks_and_lists_choices():
     assert any(line.startswith('| filter2d [1,2,1]') and '0.125' in line and 'reference' in line for line in lines)
     assert '**Stopped at its time box** after 15 s (box 15 s).' in lines
     assert 'stopped at its time box after 1 of 60 calls.' in lines
-    assert '| Test suite (python -m pytest, GPU visible) | 240 |  |  | not run: not reached yet |' in lines
+    assert '| A sample of the other tests (python -m pytest, GPU visible) | 50 |  |  | not run: not reached yet |' in lines
 
 
 def test_suite_results_name_each_failure(tmp_path, monkeypatch):
@@ -346,7 +403,7 @@ def test_digits_run_is_stopped_by_its_time_box_and_its_last_snapshot_scored(tmp_
     assert 0 < scored[0][2] <= gpu_report.DIGITS_SCORING  # The scoring gets the rest of the box.
     grids = sorted(name for name in os.listdir(run_dir) if name.startswith('fakes0'))
     assert (outdir / 'digits-fakes.png').read_bytes() == open(os.path.join(run_dir, grids[-1]), 'rb').read()
-    report = gpu_report.Report(str(outdir), str(workdir), quick=True, budget=480, steps=gpu_report.planned_steps(True),
+    report = gpu_report.Report(str(outdir), str(workdir), quick=True, budget=360, steps=gpu_report.planned_steps(True),
                                start=time.monotonic())
     report.write()
     with tarfile.open(outdir / 'logs.tar.gz') as tar:

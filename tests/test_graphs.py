@@ -377,6 +377,30 @@ def test_graphs_are_captured_again_after_every_graph_of_the_pool_was_freed(monke
     assert pools.captures == [1, 2, 2, 3] and pools.released == {1, 2}
 
 
+@pytest.mark.parametrize('clears', [False, True], ids=['torch-2.11', 'torch-2.12'])
+def test_a_graph_freed_beside_live_ones_leaves_them_their_cublas_workspace(monkeypatch, clears):
+    """On torch 2.12 and newer freeing a graph frees the cuBLAS workspace of the stream it was captured on, which the
+    other live graphs captured there read (emulated: their replay then fails as an illegal memory access): a graph
+    freed (evicted, rejected, released) while others live is kept until the last is freed, and all go together; on
+    older torch each is freed at once. Either way a pool emptied is never captured into again."""
+    from tests.graph_emulator import CudaAllocatorPools
+    from torch_utils import compat
+    pools = CudaAllocatorPools(monkeypatch, freeing_clears_workspace=clears)
+    monkeypatch.setattr(compat, 'FREEING_A_GRAPH_CLEARS_STREAM_WORKSPACE', clears)
+    engine = graphs.CudaGraphs(torch.device('cuda'))
+    d, g = engine.capture(lambda: None), engine.capture(lambda: None)
+    engine.free(d)                                      # D's graph evicted or rejected while G's lives.
+    g.replay()
+    assert pools.use_count[1] == (2 if clears else 1) and engine.live == 1
+    d = engine.capture(lambda: None)                    # D's next key, beside G's.
+    engine.free(g)
+    d.replay()
+    engine.free(d)                                      # The last: every graph freed, the pool released.
+    assert pools.use_count[1] == 0 and pools.released == {1} and engine.retired == []
+    engine.capture(lambda: None).replay()               # A fresh pool, a fresh workspace.
+    assert pools.captures == [1, 1, 1, 2]
+
+
 class GeneratorOfTorch2_11:
     """A CUDA generator as torch 2.5 to 2.11 keep it: seed, offset and one capture flag in a state object, the flag set
     when a capture begins and cleared only when one ends well; a draw outside a capture with the flag set raises;
@@ -500,6 +524,31 @@ def test_cuda_captures_again_after_every_graph_of_its_pool_was_freed():
     last.replay()
     torch.cuda.synchronize()
     assert x.tolist() == [5.0, 5.0, 5.0] and engine.live == 1  # (0 + 2) * 3 - 1
+
+
+@pytest.mark.gpu
+def test_cuda_replays_a_graph_after_another_captured_on_its_stream_was_freed():
+    """Two graphs with matrix products (cuBLAS, whose workspace is kept per stream) captured on the one capture stream,
+    one freed, the allocator's cache emptied and its memory taken by other tensors: the other still replays what it
+    recorded (on torch 2.12 and newer freeing the first would have freed the workspace the second reads)."""
+    device = torch.device('cuda')
+    engine = graphs.CudaGraphs(device)
+    torch.manual_seed(0)
+    a, b = torch.randn(256, 256, device=device), torch.randn(256, 256, device=device)
+    out_first, out_second = torch.zeros(256, 256, device=device), torch.zeros(256, 256, device=device)
+    engine.run(lambda: out_first.copy_(a @ b))          # Warm-up on the capture stream, as the steps do.
+    first = engine.capture(lambda: out_first.copy_(a @ b))
+    second = engine.capture(lambda: out_second.copy_(b @ a))
+    engine.free(first)
+    torch.cuda.empty_cache()
+    filler = [torch.full([1 << 20], float('nan'), device=device) for _ in range(64)]  # Reuses what was freed.
+    out_second.zero_()
+    second.replay()
+    torch.cuda.synchronize()
+    expected = (b.double() @ a.double()).float()
+    assert torch.allclose(out_second, expected, rtol=1e-2, atol=1e-2) and len(filler) == 64
+    engine.free(second)
+    assert engine.live == 0 and engine.retired == []
 
 
 FAILED_CAPTURE = """

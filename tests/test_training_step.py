@@ -291,3 +291,39 @@ def test_graphs_pass_their_check_with_the_default_nondeterministic_kernels(tmp_p
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert 'CUDA graphs' not in result.stdout, result.stdout
+
+
+def test_the_table_of_what_a_captured_step_reads_is_generated_from_the_steps():
+    """docs/ops.md's table of what a captured step reads is docs/make_graph_reads_md.py's, which captures the steps:
+    every value the schedules move (the learning rates under SN-GAN's decay, the fade-in's lod, gn-stylegan2's EMA
+    ramp-up, the step number) is a device tensor the replays read, no constant changes, and nothing read is unnamed."""
+    sys.path.insert(0, os.path.join(ROOT, 'docs'))
+    try:
+        import make_graph_reads_md
+    finally:
+        sys.path.remove(os.path.join(ROOT, 'docs'))
+    generated = make_graph_reads_md.render()
+    rows = {}
+    for line in generated.splitlines()[4:]:
+        if not line.startswith('| '):
+            break
+        value, kind, *cells = [cell.strip() for cell in line.strip('|').split('|')]
+        rows[value] = (kind, dict(zip(make_graph_reads_md.PRESETS, cells)))
+    assert rows["D's optimizer `lr`"] == ('device tensor', dict(
+        {'cifar10-resnet': 'D, changes', 'gn-stylegan': 'D, fixed', 'gn-stylegan2': 'D, fixed'}))
+    assert rows["G's optimizer `lr`"][1]['cifar10-resnet'] == 'G, changes'
+    assert rows["G's buffers `lod`"] == ('device tensor', {'cifar10-resnet': '', 'gn-stylegan': 'D+G, changes',
+                                                           'gn-stylegan2': ''})
+    assert rows['TrainingStep `ema_beta`'][1]['gn-stylegan2'] == 'G, changes'
+    assert all(rows[f"{net}'s updater `step_number`"][1][cfg] == f'{net}, changes' for net in 'DG'
+               for cfg in make_graph_reads_md.PRESETS)
+    assert rows['`self._structure()`'] == ('graph key', dict.fromkeys(make_graph_reads_md.PRESETS, 'D+G'))
+    assert rows['`tuple(real_img.shape)`'][0] == 'graph key'
+    constants = {value: cells for value, (kind, cells) in rows.items() if kind == 'constant'}
+    assert "D's optimizer `betas`" in constants and 'loss `r1_gamma`' in constants
+    assert not [value for value, cells in constants.items() if any('changes' in cell for cell in cells.values())]
+    assert not [value for value in rows if 'made outside the step' in value]
+    with open(make_graph_reads_md.DOC_PATH, encoding='utf-8') as f:
+        committed = f.read()
+    assert make_graph_reads_md.updated(committed, generated) == committed, \
+        'docs/ops.md\'s table of what a captured step reads is out of date: run python docs/make_graph_reads_md.py'

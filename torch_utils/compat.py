@@ -136,3 +136,9 @@ def clear_generator_capture(generator: torch.Generator) -> None:
     not the flag (graphsafe_set_state and clone_state, both in 2.5); on 2.12 and newer nothing is left to clear."""
     if GENERATOR_KEEPS_FAILED_CAPTURE:
         generator.graphsafe_set_state(generator.clone_state())
+
+
+# torch 2.12 and newer free the cuBLAS workspaces of the stream a graph was captured on when that graph is freed (pytorch
+# issue 193402, open), though every other live graph captured on the same stream still reads them: its next replay, or
+# eager work after the memory is reused, reads freed memory. 2.5 to 2.11 keep the workspaces for the process.
+FREEING_A_GRAPH_CLEARS_STREAM_WORKSPACE = release(torch.__version__) >= (2, 12)

@@ -40,7 +40,9 @@ D's and G's graphs share one memory pool (they never replay at once, and what ou
 parameters, optimizer state, static inputs and statistics, is made outside the captures). Each kind of
 step keeps the graphs of its KEYS_KEPT most recently used keys (a step and its lazily regularised
 variant, StyleGAN2's), freeing the least recently used for a new one: progressive growing never returns
-to a level it left, so its graphs of the levels behind are freed as it grows. On a CPU, or with graphs
+to a level it left, so its graphs of the levels behind are freed as it grows. On torch 2.12 and newer freeing a
+graph frees the cuBLAS workspace of its capture stream, which the other graphs read: there a freed graph is kept
+until every graph is freed (`CudaGraphs.free`). On a CPU, or with graphs
 off, the eager step runs as is. What CUDA provides (a capture stream, graphs, the generator's state,
 the synchronisation watch, the repair) sits in `CudaGraphs`, so that the tests can run the same
 machinery on a CPU under an emulation of graphs that also emulates CUDA's failures and
@@ -179,6 +181,7 @@ class CudaGraphs:
         self.device, self.stream = device, torch.cuda.Stream(device)
         self.pool = None  # The shared pool, made for the first capture and again whenever every graph in it was freed.
         self.live = 0     # Graphs captured into the pool and not freed.
+        self.retired: list[torch.cuda.CUDAGraph] = []  # Freed by their steps, kept until every graph is (see free).
         self.failed_inside_cuda = False  # Whether the last capture failed in CUDA (recover() before the eager step).
         self.rng_before_capture: torch.Tensor | None = None
 
@@ -224,9 +227,18 @@ class CudaGraphs:
         return graph
 
     def free(self, graph: torch.cuda.CUDAGraph) -> None:
-        """Free a graph from capture(): its share of the pool returns to the pool."""
-        graph.reset()
+        """Free a graph from capture(): its share of the pool returns to the pool. On torch 2.12 and newer freeing a
+        graph also frees the cuBLAS workspace of the stream it was captured on, which every other graph here (one
+        capture stream) still reads (compat.FREEING_A_GRAPH_CLEARS_STREAM_WORKSPACE): there a graph freed while others
+        live is only retired, and the retired graphs are freed with the last live one, when none is left to read the
+        workspace. Their memory stays taken until then (at most the graphs of the keys a run has left since)."""
         self.live -= 1
+        if compat.FREEING_A_GRAPH_CLEARS_STREAM_WORKSPACE and self.live > 0:
+            self.retired.append(graph)
+            return
+        for freed in self.retired + [graph]:
+            freed.reset()
+        self.retired = []
 
     def recover(self) -> None:
         """After a capture that failed inside CUDA: end what the capture left (the allocator's capture into the pool,
