@@ -115,6 +115,12 @@ def _tensor_names(steps: training_step.TrainingStep) -> dict[int, str]:
     return names
 
 
+# The settings of a param group that Adam reads in every supported torch (2.5 keeps betas as the list it was given,
+# newer releases a tuple; newer ones add flags such as decoupled_weight_decay, which Adam leaves False): the table
+# is then the same whichever torch writes it.
+OPTIMIZER_SETTINGS = ('amsgrad', 'betas', 'capturable', 'differentiable', 'eps', 'maximize', 'weight_decay')
+
+
 def _constants(steps: training_step.TrainingStep) -> dict[str, tuple[object, set]]:
     """The host numbers of the step's objects that a capture bakes in, by name: (value, the steps whose objects hold
     it: an optimizer's and an updater's, their network's step; the loss's, both)."""
@@ -123,7 +129,9 @@ def _constants(steps: training_step.TrainingStep) -> dict[str, tuple[object, set
     for net, updater in steps.updaters.items():
         for group in updater.optimizer.param_groups:
             for k, v in group.items():
-                if isinstance(v, numbers) or (isinstance(v, tuple) and all(isinstance(x, numbers) for x in v)):
+                if k not in OPTIMIZER_SETTINGS:
+                    continue
+                if isinstance(v, numbers) or (isinstance(v, (tuple, list)) and all(isinstance(x, numbers) for x in v)):
                     found[f'{net}\'s optimizer `{k}`'] = v, {net}
         found.update({f'{net}\'s updater `{k}`': (v, {net}) for k, v in vars(updater).items() if isinstance(v, numbers)})
     found.update({f'loss `{k}`': (v, {'D', 'G'}) for k, v in vars(steps.loss).items() if isinstance(v, numbers)})
