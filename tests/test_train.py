@@ -309,7 +309,7 @@ def test_more_processes_than_gpus_are_refused_before_anything_starts(tmp_path, m
 def test_cpu_processes_join_a_gloo_group_when_gpus_are_visible(monkeypatch):
     """--device=cpu --gpus=2 on a GPU machine (stubbed): each process runs on the CPU, in a gloo process group."""
     import dnnlib
-    import train
+    from training import launch
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: pytest.fail(f'set_device({device})'))
@@ -322,9 +322,9 @@ def test_cpu_processes_join_a_gloo_group_when_gpus_are_visible(monkeypatch):
         joined.append(backend)
         raise Joined
     monkeypatch.setattr(torch.distributed, 'init_process_group', init_process_group)
-    monkeypatch.setattr(train, 'set_threads', lambda n: None)
+    monkeypatch.setattr(launch, 'set_threads', lambda n: None)
     with pytest.raises(Joined):
-        train._run_process(1, dnnlib.EasyDict(experiment=Experiment(device='cpu', gpus=2), run_dir='.'), init_method='tcp://127.0.0.1:9',
+        launch.run_process(1, dnnlib.EasyDict(experiment=Experiment(device='cpu', gpus=2), run_dir='.'), init_method='tcp://127.0.0.1:9',
                            num_threads=None)
     assert joined == ['gloo']
 
