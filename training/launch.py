@@ -10,7 +10,8 @@
                     others have LEAVE_GRACE_S to end by themselves.
 
 A process that fails ends with one line on stderr and exit status 1, or EXIT_STOPPED when a signal stopped
-it; train.py ends with the status of the process that ended first (128 + N for one killed by signal N).
+it; with --gpus=N, train.py ends with the status of the first process that failed (128 + N for one killed by
+signal N, as a shell says).
 """
 
 from __future__ import annotations
@@ -41,16 +42,16 @@ LEAVE_GRACE_S = 10  # --gpus=N: how long the others may take to end after one pr
 
 
 @dataclasses.dataclass(frozen=True)
-class Place:
+class Placement:
     device: torch.device    # The experiment's device (--device, or CUDA when visible).
     gpus: int               # Processes of the run: --gpus, or torchrun's WORLD_SIZE.
     rank: int               # This process's rank among them (0 unless a torchrun worker).
     torchrun: bool          # This process is a worker that torchrun started.
 
 
-def place(gpus: int, device: str | None) -> Place:
-    """Where the run's processes are, for --gpus=`gpus` and --device=`device`; StartRefused when this machine lacks
-    the GPUs they need."""
+def place(gpus: int, device: str | None) -> Placement:
+    """Where the run's processes are, for --gpus=`gpus` and --device=`device`; StartRefused for a device that is not
+    one, or when this machine lacks the GPUs the processes need."""
     torchrun = 'RANK' in os.environ and 'WORLD_SIZE' in os.environ
     if torchrun:
         gpus = int(os.environ['WORLD_SIZE'])
@@ -62,10 +63,10 @@ def place(gpus: int, device: str | None) -> Place:
         devices.check_process_count(parsed, int(os.environ.get('LOCAL_WORLD_SIZE', gpus)))
     except ValueError as e:
         raise StartRefused(str(e))
-    return Place(device=parsed, gpus=gpus, rank=int(os.environ['RANK']) if torchrun else 0, torchrun=torchrun)
+    return Placement(device=parsed, gpus=gpus, rank=int(os.environ['RANK']) if torchrun else 0, torchrun=torchrun)
 
 
-def open_run_dir(start: Start, outdir: str, where: Place, stop: StopSignal) -> dnnlib.EasyDict:
+def open_run_dir(start: Start, outdir: str, where: Placement, stop: StopSignal) -> dnnlib.EasyDict:
     """The run that the processes train (for `run_process`): a new run directory in `outdir` with training_options.json,
     or the one that `start` continues, without the records after its snapshot (they are redone). Prints where, and
     what the run starts from."""
@@ -111,7 +112,7 @@ def open_run_dir(start: Start, outdir: str, where: Place, stop: StopSignal) -> d
                            stop_shared=stop.shared)
 
 
-def launch(run: dnnlib.EasyDict, where: Place, num_threads: int | None, stop: StopSignal) -> None:
+def launch(run: dnnlib.EasyDict, where: Placement, num_threads: int | None, stop: StopSignal) -> None:
     """Train `run` in one process per GPU: this one (one GPU, or a torchrun worker) or as many spawned ones, with
     `num_threads` CPU threads each (None: the default of run_process)."""
     if where.torchrun:
@@ -131,26 +132,6 @@ def launch(run: dnnlib.EasyDict, where: Place, num_threads: int | None, stop: St
                 pass
         except torch.multiprocessing.ProcessExitedException as e:  # The process printed its reason.
             sys.exit(128 - e.exit_code if e.exit_code < 0 else e.exit_code or 1)  # Killed by signal N: 128 + N, as a shell says.
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def _end_with_parent() -> None:
-    """Have Linux send this spawned process SIGTERM when train.py's own process ends, however it ends (`kill -9`,
-    the out-of-memory killer): it stops after its G step with a snapshot, as on a signal that train.py passes on.
-    torch's spawn asks for SIGINT instead, which a process started in the background by a script
-    (`nohup python train.py ... &`) ignores: its workers trained on by themselves."""
-    if not sys.platform.startswith('linux'):
-        return
-    PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    parent = torch.multiprocessing.parent_process()
-    if parent is not None and os.getppid() != parent.pid:  # Ended before the request was made.
-        sys.exit(1)
 
 
 def run_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num_threads: int | None,
@@ -233,6 +214,26 @@ def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num
             logger.close()
         if torch.distributed.is_initialized():
             compat.destroy_process_group()
+
+
+def _end_with_parent() -> None:
+    """Have Linux send this spawned process SIGTERM when train.py's own process ends, however it ends (`kill -9`,
+    the out-of-memory killer): it stops after its G step with a snapshot, as on a signal that train.py passes on.
+    torch's spawn asks for SIGINT instead, which a process started in the background by a script
+    (`nohup python train.py ... &`) ignores: its workers trained on by themselves."""
+    if not sys.platform.startswith('linux'):
+        return
+    PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    parent = torch.multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:  # Ended before the request was made.
+        sys.exit(1)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
 
 
 def _local_rank(rank: int) -> int:
