@@ -267,6 +267,8 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--metrics=fid10k_full', '--detector=/nonexistent/inception.pt'], 'cannot load the feature detector /nonexistent/inception.pt'),
     (['--metrics=is50k', '--detector={notes}'], 'pass --detector=PATH_OR_URL of a TorchScript detector'),
     (['--metrics=pr50k3_full', '--pr-detector=http://127.0.0.1:9/vgg16.pt'], 'pass --pr-detector=/path/to/vgg16.pt'),
+    (['--metrics=fid50k'], '--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats'),
+    (['--metrics=fid10k', '--ref-stats=/nonexistent.npz'], '--ref-stats: no such file or folder: /nonexistent.npz'),
     (['--metrics=fid10k', '--ref-stats={notes}'], 'is not an .npz file of mu and sigma'),
     (['--metrics=fid10k', '--ref-data={unlabeled}'], '--ref-data holds 32x32 images with 3 channel(s)'),
     (['--metrics=kid50k_full', '--best-metric=kid50k_full'], 'best'),
