@@ -1,17 +1,19 @@
-"""What a run starts from: the command line's experiment, and the snapshot or networks it continues.
+"""What a run starts from: the command line's experiment, and the snapshot or networks it takes up (`take_in`).
 
+    no --resume       a new run of the command line's experiment (its options, else the preset's, else the
+                      defaults; `experiment_of`);
     --resume=PKL      one of our snapshots (`load_resume`): the run continues with its networks, optimizers,
                       counters and random streams; the experiment options that the command line leaves out
                       are the snapshot's, and one that differs needs --resume-override (`experiment_of`);
     --resume=latest   the newest run in --outdir of the experiment this command describes
                       (training/run/run_dirs.py), continued in its own directory; or a new run;
-    --resume=NVIDIA   a StyleGAN2 pickle of NVIDIA's code (`load_nvidia`, read as data by
-                      torch_utils/nvidia_pickle.py): a new run of the command line's experiment from its
-                      G, G_ema and D, with fresh optimizers and counters.
+    --resume=PKL      of a StyleGAN2 pickle of NVIDIA's code (`load_nvidia`, read as data by
+                      torch_utils/nvidia_pickle.py): a new run of the command line's experiment from its G,
+                      G_ema and D (unless --resume-fresh-d), with fresh optimizers and counters.
 
-Networks to continue from are refused when they are not the ones the run builds (`check_resume_networks`),
-and the data, the metrics and their references are checked before a run directory exists (`take_in`). Every
-refusal is a `StartRefused` whose message is the one line that train.py prints.
+Networks to take up are refused when they are not the ones the run builds (`check_resume_networks`); the data,
+the metrics and their references are checked before a run directory exists. Every refusal is a `StartRefused`
+whose message is the one line that train.py prints.
 """
 
 from __future__ import annotations
