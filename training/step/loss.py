@@ -178,6 +178,7 @@ class Constraint:
     spectral_norm: bool = False         # D is built with spectral normalization (its spectral_norm kwarg).
     penalty: Callable | None = None     # Extra D-step term (loss, real_img, real_c, gen_img) -> (per sample, ||grad||).
     penalty_on_fakes: bool = False      # The penalty reads gen_img (else it gets None in a 'reg' phase).
+    lazy: bool = False                  # The penalty may run every k-th D step only (lazy regularization, StyleGAN2).
 
 
 CONSTRAINTS = {
@@ -187,7 +188,7 @@ CONSTRAINTS = {
     'sn':   Constraint(spectral_norm=True),
     'gp1':  Constraint(penalty=functools.partial(interpolate_penalty, center=1.0), penalty_on_fakes=True),
     'gp0':  Constraint(penalty=functools.partial(interpolate_penalty, center=0.0), penalty_on_fakes=True),
-    'r1':   Constraint(penalty=r1_penalty),
+    'r1':   Constraint(penalty=r1_penalty, lazy=True),
     'none': Constraint(),
 }
 NORMS = tuple(CONSTRAINTS)
