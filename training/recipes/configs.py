@@ -115,7 +115,7 @@ PRESETS = {
                                description='StyleGAN2 (NVIDIA StyleGAN2-ADA\'s networks and configurations, --sg2-cfg), '
                                            'hinge loss, GN instead of R1, path length regularization and style mixing; '
                                            'class-conditional when the data has labels'),
-    # Not from the paper: the README's first command, minutes on a 2-core CPU; how it was chosen: docs/results-notes.md.
+    # Not from the paper: the README's first command, narrow and short enough to train in minutes on a 2-core CPU.
     'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=2e-3, lr_D=2e-3, n_dis=1,
                                batch_D=16, batch_G=32, total_steps=5000, lr_decay='linear', ema_beta=0.995,
                                ema_start=500, G_args=dict(ch=16), D_args=dict(ch=8), xflip=False, conditional='if-labels',
