@@ -101,6 +101,38 @@ def test_a_reference_to_a_missing_file_is_found(tmp_path):
     assert missing_references(str(doc)) == ['gone.md', 'bench/diagnose.py', 'training/networks/nowhere.py']
 
 
+def heading_anchors(text: str) -> set[str]:
+    """The anchors of a Markdown text's headings (code blocks left out), as GitHub makes them: lower case, punctuation
+    but - and _ dropped, each space a hyphen."""
+    text = re.sub(r'^```.*?^```', '', text, flags=re.M | re.S)
+    return {re.sub(r'[^\w\- ]', '', h.strip().lower()).replace(' ', '-') for h in re.findall(r'^#+ (.*)$', text, re.M)}
+
+
+def missing_anchors(path: str) -> list[str]:
+    """The links of a Markdown document to a part of a page of the repository ([text](page.md#part), [text](#part))
+    whose page has no heading of that anchor: how the user docs cite a figure of the records."""
+    missing = []
+    for target, anchor in re.findall(r'\]\(([^)#\s]*)#([^)\s]+)\)', open(path, encoding='utf-8').read()):
+        page = os.path.join(os.path.dirname(path), target) if target else path
+        if '://' not in target and page.endswith('.md') and os.path.exists(page):
+            if anchor not in heading_anchors(open(page, encoding='utf-8').read()):
+                missing.append(f'{target}#{anchor}')
+    return missing
+
+
+def test_links_to_a_part_of_a_page_find_its_heading():
+    for path in _user_docs() + _records():
+        assert missing_anchors(path) == [], os.path.relpath(path, REPO_ROOT)
+
+
+def test_a_link_to_a_missing_heading_is_found(tmp_path):
+    (tmp_path / 'record.md').write_text('# Record\n\n## Two processes on two cores: `--gpus=2`\n\n```\n# not a heading\n```\n')
+    doc = tmp_path / 'doc.md'
+    doc.write_text('## `dataset_tool.py`: workers\n\n[a](record.md#two-processes-on-two-cores---gpus2) '
+                   '[b](record.md#not-a-heading) [c](#dataset_toolpy-workers) [d](#gone) [e](https://example.com/x.md#y)\n')
+    assert missing_anchors(str(doc)) == ['record.md#not-a-heading', '#gone']
+
+
 #----------------------------------------------------------------------------
 # Measured figures carry their device and date.
 #
