@@ -41,7 +41,7 @@ PRESETS = {
                                description='CelebA-HQ 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
     'church256-resnet':   dict(_SNGAN_LARGE, resolution=256, ema_start=20_000,
                                description='LSUN Church 256x256, SN-GAN ResNet, hinge loss, n_dis 5, G EMA'),
-    # Not from the paper: the README's first command, minutes on a 2-core CPU; how it was chosen: docs/results-notes.md.
+    # Not from the paper: the README's first command, narrow and short enough to train in minutes on a 2-core CPU.
     'quickstart':         dict(_SNGAN_SMALL, arch='cnn', resolution=32, loss='hinge', lr_G=2e-3, lr_D=2e-3, n_dis=1,
                                batch_D=16, batch_G=32, total_steps=5000, lr_decay='linear', ema_beta=0.995,
                                ema_start=500, G_args=dict(ch=16), D_args=dict(ch=8), xflip=False, conditional='if-labels',

@@ -239,7 +239,7 @@ class GANLoss:
         self.precision = precision if isinstance(precision, Precision) else Precision(precision)
         param = next(D.parameters(), None)
         device_type = None if param is None else param.device.type
-        if fuse_d_calls is None:  # On a CPU one call on the concatenation measured slower (docs/benchmarks.md).
+        if fuse_d_calls is None:  # One call halves a GPU D step's kernel launches; on a CPU it gains nothing.
             fuse_d_calls = bool(getattr(D, 'is_sample_independent', False)) and device_type == 'cuda'
         self.fuse_d_calls = bool(fuse_d_calls)
         self.bias_layers = None if linear_d is False or self.constraint.gn_zeta is None else linearizable_layers(D)
