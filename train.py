@@ -62,11 +62,9 @@ import click  # noqa: E402
 
 import dnnlib  # noqa: E402
 from training import intake, launch  # noqa: E402
-from training.recipes.configs import SG2_SPECS  # noqa: E402
+from training.recipes.stylegan2 import SPECS as SG2_SPECS  # noqa: E402
 from training.run.stop_signal import StopSignal, shared_request  # noqa: E402
-from training.step.loss import LOSSES, NORMS  # noqa: E402
-from training.step.precision import PRECISIONS  # noqa: E402
-from training.step.training_step import CUDA_GRAPHS  # noqa: E402
+from training.step import CUDA_GRAPHS, LOSSES, NORMS, PRECISIONS  # noqa: E402
 
 #----------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from torch_utils.threads import set_threads
 from training.intake import Start, StartRefused, load_resume, without_resume
 from training.run import run_dirs, write_failure
 from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopSignal
-from training.step.graphs import CudaGraphsBroken
+from training.step import CudaGraphsBroken
 
 LEAVE_GRACE_S = 10  # --gpus=N: how long the others may take to end after one process ended (before SIGTERM, SIGKILL).
 
