@@ -2,6 +2,10 @@
 
     experiment.py       one run described once: preset, command-line options, data facts (Experiment)
     training_loop.py    the algorithm: alternating D and G steps, ticks, snapshots, metrics
+    intake.py           what a run starts from: our snapshots (--resume), NVIDIA's pickles, the data and
+                        metrics checked, the options a resumed run takes from its snapshot
+    launch.py           the run's processes: train.py's own, one per GPU spawned, or torchrun's; signals
+                        passed on, exit statuses
     data/               the data path: datasets, the real-image stream, fake labels
     step/               one training step: losses, the D constraints (GN among them), CR augmentations,
                         arithmetic, and the updater that applies a step to one network

@@ -1,7 +1,8 @@
 """Run directories in --outdir: numbered when made, and found again by --resume=latest.
 
 A run writes into <outdir>/<number>-<description>/ (`next_run_dir`: one more than the highest number
-there). `find_latest` is --resume=latest, which lets a requeued job rerun its own command line:
+there), made by `create` with the run's training_options.json. `find_latest` is --resume=latest,
+which lets a requeued job rerun its own command line:
 
     run directories, newest (highest number) first:
         pass over one whose experiment differs from the command's (Experiment.changes, as --resume
@@ -33,6 +34,31 @@ from training.run.run_state import load_resumable
 _RUN_DIR = re.compile(r'(\d+)-')
 _SNAPSHOT = re.compile(r'network-snapshot-(\d+)(?:\.(\d{3}))?\.pkl')  # The label of run_state.snapshot_label.
 _OPTIONS_MAX_BYTES = 1 << 20  # training_options.json is a few kB; anything larger is not one of ours.
+
+
+def check_outdir(outdir: str) -> None:
+    """ValueError with a one-line message for an --outdir that is a file, or a folder (or the nearest existing
+    parent) that cannot be written."""
+    if os.path.exists(outdir) and not os.path.isdir(outdir):
+        raise ValueError(f'--outdir: {outdir} is a file, not a folder')
+    existing = os.path.abspath(outdir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f'--outdir: cannot write to {existing}')
+
+
+def create(run_dir: str, options: dict) -> None:
+    """Make the new run directory `run_dir` with training_options.json holding `options`. A write that fails
+    (dnnlib.util.WriteError) leaves nothing of the run: the directory is removed again."""
+    os.makedirs(run_dir, exist_ok=False)
+    try:
+        with dnnlib.util.writing(path := os.path.join(run_dir, 'training_options.json')), \
+                dnnlib.util.atomic_path(path) as tmp, open(tmp, 'wt') as f:
+            json.dump(options, f, indent=2)
+    except dnnlib.util.WriteError:
+        os.rmdir(run_dir)
+        raise
 
 
 def next_run_dir(outdir: str, desc: str) -> str:
