@@ -48,33 +48,25 @@ def is_fid_metric(metric: str) -> bool:
     return is_valid_metric(metric) and metric.startswith('fid')
 
 
-def parse_metrics(text: str) -> list[str]:
-    """The metric names of a comma-separated --metrics list ('none': no metric); ValueError with a one-line message
-    naming any unknown one."""
-    names = [] if text.strip().lower() == 'none' else [name.strip() for name in text.split(',') if name.strip()]
-    unknown = [name for name in names if not is_valid_metric(name)]
+def parse_metrics(text: str) -> tuple[str, ...]:
+    """The metric names of a comma-separated --metrics list ('none': no metric), as given (check_metrics checks them)."""
+    return () if text.strip().lower() == 'none' else tuple(name.strip() for name in text.split(',') if name.strip())
+
+
+def check_metrics(metrics: tuple[str, ...], best_metric: str | None, has_reference: bool) -> str | None:
+    """Check a run's metrics and return the one that decides `network-best.pkl`; ValueError with a one-line message
+    naming an unknown metric, or a metric that compares with a reference split (fid50k, fid10k) when the run has
+    none (`has_reference`: --ref-data or --ref-stats given).
+
+    The best metric is `best_metric` when given: it must be one of `metrics` and a FID metric, so that a single
+    protocol decides and lower is better; else the first FID metric of `metrics`; None when there is none (no best
+    snapshot). Its value is `result.results[name]`.
+    """
+    unknown = [name for name in metrics if not is_valid_metric(name)]
     if unknown:
         raise ValueError(f'--metrics: unknown {", ".join(unknown)}; valid: {", ".join(list_valid_metrics())}')
-    return names
-
-
-def check_references(metrics: list[str], ref_data: str | None, ref_stats: str | None) -> None:
-    """ValueError with a one-line message unless --ref-data and --ref-stats, where given, exist, and one of them is
-    given for the metrics that compare with a reference split (fid50k, fid10k)."""
-    for option, path in [('--ref-data', ref_data), ('--ref-stats', ref_stats)]:
-        if path is not None and not os.path.exists(path):
-            raise ValueError(f'{option}: no such file or folder: {path}')
-    if any(metric in ('fid50k', 'fid10k') for metric in metrics) and ref_data is None and ref_stats is None:
+    if any(metric in ('fid50k', 'fid10k') for metric in metrics) and not has_reference:
         raise ValueError('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats')
-
-
-def best_metric_name(metrics: list[str], best_metric: str | None = None) -> str | None:
-    """The metric that decides `network-best.pkl` among the `metrics` evaluated during training.
-
-    `best_metric` when given: it must be one of `metrics` and a FID metric, so that a single protocol
-    decides and lower is better; else the first FID metric of `metrics`; None when there is none (no
-    best snapshot). Its value is `result.results[name]`. Raises ValueError with a one-line message.
-    """
     if best_metric is None:
         return next((metric for metric in metrics if is_fid_metric(metric)), None)
     if not is_fid_metric(best_metric):
@@ -85,6 +77,13 @@ def best_metric_name(metrics: list[str], best_metric: str | None = None) -> str 
         raise ValueError(f'--best-metric={best_metric} is not evaluated: add it to --metrics '
                          f'({",".join(metrics) or "none"})')
     return best_metric
+
+
+def check_references(ref_data: str | None, ref_stats: str | None) -> None:
+    """ValueError with a one-line message unless --ref-data and --ref-stats, where given, exist."""
+    for option, path in [('--ref-data', ref_data), ('--ref-stats', ref_stats)]:
+        if path is not None and not os.path.exists(path):
+            raise ValueError(f'{option}: no such file or folder: {path}')
 
 
 def check_detectors(metrics: list[str], detector_url: str | None = None, pr_detector_url: str | None = None) -> None:

@@ -109,7 +109,7 @@ def test_record_is_plain_data_that_rebuilds_the_same_experiment():
     experiment = build('gn-stylegan', cmax=16, glr=3e-4, kimg=160, metrics=('fid50k_full',), best_metric='fid50k_full')
     record = json.loads(json.dumps(experiment.record()))  # Through JSON: plain data only.
     assert Experiment.from_snapshot(dict(experiment=record)) == experiment
-    assert Experiment.from_snapshot(dict(experiment=record)).changes(experiment.replace(dlr=2e-3, seed=1)) == \
+    assert Experiment.from_snapshot(dict(experiment=record)).changes(Experiment.build(**dict(record, dlr=2e-3, seed=1))) == \
         ['--seed=1 (was 0)', '--dlr=0.002 (was None)']
 
 

@@ -384,14 +384,19 @@ def test_data_that_does_not_fit_the_generator_is_refused(setup):
         metric_main.calc_metric('fid50k_full', G=TinyGenerator(), dataset_kwargs=dataset_kwargs_of(big), **kwargs)
 
 
-def test_best_metric_name():
-    assert metric_main.best_metric_name(['is50k', 'fid10k', 'fid50k_full']) == 'fid10k'
-    assert metric_main.best_metric_name(['is50k', 'kid50k_full']) is None
-    assert metric_main.best_metric_name([]) is None
-    assert metric_main.best_metric_name(['fid10k', 'fid50k_full'], 'fid50k_full') == 'fid50k_full'
+def test_check_metrics_picks_the_best_metric_and_refuses_what_cannot_be_evaluated():
+    check = lambda metrics, best=None, has_reference=False: metric_main.check_metrics(tuple(metrics), best, has_reference)
+    assert check(['is50k', 'fid10k', 'fid50k_full'], has_reference=True) == 'fid10k'
+    assert check(['is50k', 'kid50k_full']) is None
+    assert check([]) is None
+    assert check(['fid10k', 'fid50k_full'], 'fid50k_full', has_reference=True) == 'fid50k_full'
     with pytest.raises(ValueError, match='is not evaluated'):
-        metric_main.best_metric_name(['fid10k'], 'fid50k_full')
+        check(['fid10k'], 'fid50k_full', has_reference=True)
     with pytest.raises(ValueError, match='decided by a FID metric'):
-        metric_main.best_metric_name(['is50k', 'fid10k'], 'is50k')
+        check(['is50k', 'fid10k'], 'is50k', has_reference=True)
     with pytest.raises(ValueError, match='decided by a FID metric'):
-        metric_main.best_metric_name(['fid10k'], 'fid5k')
+        check(['fid10k'], 'fid5k', has_reference=True)
+    with pytest.raises(ValueError, match='give it with --ref-data or --ref-stats'):
+        check(['is50k', 'fid10k'])
+    with pytest.raises(ValueError, match='^--metrics: unknown fid1, is5k; valid: fid50k_full, '):
+        check(['fid1', 'is50k', 'is5k'])

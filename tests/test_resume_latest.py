@@ -1,6 +1,7 @@
 """--resume=latest (training/run/run_dirs.py): which run directory and snapshot a requeued job continues, the records
 it drops before redoing them, and train.py's lines for it."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -39,7 +40,7 @@ def test_the_newest_matching_run_and_its_newest_complete_snapshot(tmp_path, one_
     outdir.mkdir()
     _copy_run(source, outdir / '00007-match', experiment)
     # Another experiment by its training_options.json: its snapshots are never opened (they are not even snapshots).
-    _copy_run(source, outdir / '00008-other-seed', experiment.replace(seed=5))
+    _copy_run(source, outdir / '00008-other-seed', dataclasses.replace(experiment, seed=5))
     for name in os.listdir(outdir / '00008-other-seed'):
         if name.startswith('network-snapshot-'):
             (outdir / '00008-other-seed' / name).write_bytes(b'not a snapshot')
@@ -72,7 +73,7 @@ def test_the_newest_matching_run_and_its_newest_complete_snapshot(tmp_path, one_
     assert run_dirs.find_latest(str(outdir), experiment, lines.append) is None
     assert lines == [f'--resume=latest: {outdir / "00011-no-snapshot"} has no complete snapshot to continue from']
     shutil.rmtree(outdir / '00011-no-snapshot')
-    assert run_dirs.find_latest(str(outdir), experiment.replace(seed=9), lines.append) is None
+    assert run_dirs.find_latest(str(outdir), dataclasses.replace(experiment, seed=9), lines.append) is None
     assert run_dirs.find_latest(str(tmp_path / 'nothing-here'), experiment, lines.append) is None
     lines.clear()
     assert run_dirs.next_run_dir(str(outdir), 'x') == str(outdir / '00010-x')

@@ -26,6 +26,7 @@ import os
 from typing import Any
 
 import dnnlib
+from metrics import metric_main
 from training.recipes import configs
 from training.recipes.recipe import Recipe
 from training.step import CUDA_GRAPHS, FP16_NOT_CAPTURED, LOSSES, NORMS, PRECISIONS, Precision
@@ -144,6 +145,9 @@ class Experiment:
             raise ValueError(f'--cfg={name} is class-conditional, but the dataset has no labels')
         configs.check_options(name, given, values['img_resolution'])
         recipe.fill(values, given, preset)
+        values['metrics'] = tuple(values.get('metrics', ()))
+        has_reference = values.get('ref_data') is not None or values.get('ref_stats') is not None
+        values['best_metric'] = metric_main.check_metrics(values['metrics'], values.get('best_metric'), has_reference)
         experiment = cls(**values)
         experiment.schedule  # Built once: checks the batches against --gpus and --batch-gpu.
         return experiment
@@ -183,10 +187,6 @@ class Experiment:
         """The IDENTITY fields where `other` differs from this one: ['--norm=gp1 (was gn)', ...]."""
         return [f'--{name.replace("_", "-")}={getattr(other, name)} (was {getattr(self, name)})'
                 for name in IDENTITY if getattr(other, name) != getattr(self, name)]
-
-    def replace(self, **changes: Any) -> Experiment:
-        """This Experiment with some fields changed, filled in and checked again."""
-        return Experiment.build(**dict(dataclasses.asdict(self), **changes))
 
     #------------------------------------------------------------------------
     # What the training loop builds from it.

@@ -28,6 +28,7 @@ import torch
 import dnnlib
 from torch_utils import persistence
 from training.data.dataset import ImageFolderDataset
+from metrics import metric_main
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment
 from training.run import run_dirs
 from training.run.stop_signal import EXIT_STOPPED, StopRequested, StopSignal
@@ -93,7 +94,8 @@ def take_in(opts: dnnlib.EasyDict, gpus: int, device: torch.device, rank: int, s
         resume = continuation.snapshot
     if resume is not None or initial is not None:
         check_resume_networks(resume or initial, experiment, resume_pkl)
-    return Start(experiment=_with_metrics(experiment, opts), resume_overrides=resume_overrides, resume=resume,
+    _check_references(experiment, opts)
+    return Start(experiment=experiment, resume_overrides=resume_overrides, resume=resume,
                  resume_pkl=resume_pkl, initial=initial, latest=latest, continuation=continuation,
                  resume_given=opts.resume is not None and not latest)
 
@@ -165,8 +167,10 @@ def experiment_of(opts: dnnlib.EasyDict, gpus: int, device: torch.device,
     except (ValueError, TypeError) as e:
         raise StartRefused(f'--resume: {opts.resume}: {e}')
     options = {name: opts[name] for name in EXPERIMENT_OPTIONS}
-    if options['data'] is not None:
-        options['data'] = os.path.abspath(options['data'])  # Snapshots work from any folder.
+    options.update(metrics=metric_main.parse_metrics(opts.metrics), best_metric=opts.best_metric, tick=opts.tick,
+                   snap=opts.snap, detector=opts.detector, pr_detector=opts.pr_detector)
+    for name in ('data', 'ref_data', 'ref_stats'):  # Snapshots work from any folder.
+        options[name] = None if opts[name] is None else os.path.abspath(opts[name])
     if recorded is not None:
         length_given = options['steps'] is not None or options['kimg'] is not None
         options.update({name: getattr(recorded, name) for name in IDENTITY + CONTINUED
@@ -227,28 +231,22 @@ def without_resume(args: list[str]) -> list[str]:
     return kept
 
 
-def _with_metrics(experiment: Experiment, opts: dnnlib.EasyDict) -> Experiment:
-    """`experiment` with the metrics of --metrics and their references, each checked now (a detector is fetched now),
-    not at the first snapshot hours in."""
-    from metrics import detectors, frechet_inception_distance, metric_main
+def _check_references(experiment: Experiment, opts: dnnlib.EasyDict) -> None:
+    """The metrics' reference data and statistics (as the command line names them), and their detectors (a URL is
+    fetched now), checked now, not at the first snapshot hours in."""
+    from metrics import detectors, frechet_inception_distance
     try:
-        metrics = metric_main.parse_metrics(opts.metrics)
-        metric_main.check_references(metrics, opts.ref_data, opts.ref_stats)
-        best_metric = metric_main.best_metric_name(metrics, opts.best_metric)
-        if opts.ref_stats is not None:
-            frechet_inception_distance.load_ref_stats(opts.ref_stats)  # mu [D] and sigma [D, D], finite.
-        if opts.ref_data is not None:
-            ref_shape = open_dataset(opts.ref_data, use_labels=False, option='--ref-data').image_shape
+        metric_main.check_references(opts.ref_data, opts.ref_stats)
+        if experiment.ref_stats is not None:
+            frechet_inception_distance.load_ref_stats(experiment.ref_stats)  # mu [D] and sigma [D, D], finite.
+        if experiment.ref_data is not None:
+            ref_shape = open_dataset(experiment.ref_data, use_labels=False, option='--ref-data').image_shape
             if list(ref_shape) != [experiment.img_channels, experiment.img_resolution, experiment.img_resolution]:
                 raise ValueError(f'--ref-data holds {ref_shape[2]}x{ref_shape[1]} images with {ref_shape[0]} channel(s), '
                                  f'the training data {experiment.img_resolution}x{experiment.img_resolution} with '
                                  f'{experiment.img_channels}')
-        metric_main.check_detectors(metrics, opts.detector, opts.pr_detector)
+        metric_main.check_detectors(list(experiment.metrics), experiment.detector, experiment.pr_detector)
     except (ValueError, detectors.DetectorUnavailableError) as e:
         raise StartRefused(str(e))
-    absolute = lambda path: None if path is None else os.path.abspath(path)
-    return experiment.replace(metrics=tuple(metrics), best_metric=best_metric, tick=opts.tick, snap=opts.snap,
-                              ref_data=absolute(opts.ref_data), ref_stats=absolute(opts.ref_stats),
-                              detector=opts.detector, pr_detector=opts.pr_detector)
 
 #----------------------------------------------------------------------------
