@@ -31,6 +31,8 @@ import textwrap
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch_utils.startup  # noqa: E402,F401  (first after the path: the wait policy, the torch check, warnings)
+
 import pytest  # noqa: E402  (its MonkeyPatch lets Adam capture on a CPU for the emulation, and undoes it)
 import torch  # noqa: E402
 
