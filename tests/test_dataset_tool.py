@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 import dataset_tool
 from bench import hostile_cases
-from tests.test_dataset import png16_bytes
+from tests.support.images import png16_bytes, png_bytes
 from torch_utils import bounded_read
 from training.data.dataset import ImageFolderDataset
 
@@ -39,11 +39,6 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def random_pixels(rng: np.random.Generator, height: int, width: int, channels: int) -> np.ndarray:
     return rng.integers(0, 256, size=[height, width, channels], dtype=np.uint8)
-
-def png_bytes(pixels: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(buffer, format='png')
-    return buffer.getvalue()
 
 def write_file(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from bench import gpu_report
 from ops import bias_act
-from tests.host_plugin import HostPlugin
+from tests.support.host_plugin import HostPlugin
 from tests.test_kernel_choice import _UpsamplingOnePercentOff
 from torch_utils import kernel_choice
 
@@ -309,7 +309,7 @@ def test_build_step_reports_each_plugins_cause(tmp_path):
 @pytest.mark.parametrize('plugin_class, failing', [(HostPlugin, set()), (_UpsamplingOnePercentOff, {'upsample2d', 'downsample2d'})],
                          ids=['right', 'upsampling-off'])
 def test_self_check_step_measures_every_configuration(tmp_path, host_kernels, cpu_kernel_path, plugin_class, failing):
-    """The self-check step on the CPU route through the kernels (tests/host_plugin.py): a row per op and dtype with the
+    """The self-check step on the CPU route through the kernels (tests/support/host_plugin.py): a row per op and dtype with the
     error measured against the float64 reference; a kernel whose upsampling is 1% off fails the rows that upsample
     (2x upsampling, and 2x downsampling's gradient) in float32 only; a box already spent stops the step before its
     first check."""

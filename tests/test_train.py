@@ -17,44 +17,12 @@ import psutil
 import pytest
 import torch
 
+from tests.support.runs import only_run_dir, run_cli, run_clis, snapshots
 from torch_utils import persistence
 from training.experiment import Experiment
 from training.recipes import progressive
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_clis(*commands, check=True):
-    """Each command (the arguments of one `python ...`) in its own process, all at once, as a user would start them
-    from several shells; their CompletedProcess results, in order. Commands that do not depend on each other run
-    together so that a test uses the cores it would otherwise leave idle."""
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    processes = [subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for args in commands]
-    try:
-        outputs = [process.communicate(timeout=600) for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-    results = [subprocess.CompletedProcess(p.args, p.returncode, *output) for p, output in zip(processes, outputs)]
-    for args, result in zip(commands, results):
-        if check and result.returncode != 0:
-            raise AssertionError(f'{args[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
-    return results
-
-
-def run_cli(*args, check=True):
-    return run_clis(args, check=check)[0]
-
-
-def only_run_dir(outdir):
-    dirs = sorted(os.listdir(outdir))
-    assert len(dirs) == 1, dirs
-    return os.path.join(outdir, dirs[0])
-
-
-def snapshots(run_dir):
-    return sorted(f for f in os.listdir(run_dir) if f.startswith('network-snapshot-'))
 
 
 @pytest.fixture(scope='module')

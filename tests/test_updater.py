@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dnnlib
 from training.experiment import Experiment
 from training.recipes import configs
-from tests.graph_emulator import capturable_on_cpu
+from tests.support.graph_emulator import capturable_on_cpu
 from training.step.updater import NEVER, NetworkUpdater, make_capturable, split_round, update_ema
 
 
