@@ -363,7 +363,7 @@ TRAIN_COMMANDS = _train_commands()
 
 @pytest.mark.parametrize('where, args', TRAIN_COMMANDS, ids=[f'{w}: {" ".join(a)}'[:120] for w, a in TRAIN_COMMANDS])
 def test_train_example_runs_dry(where, args, tmp_path):
-    from tests.test_metric_main import make_detector
+    from tests.support.stand_ins import make_detector
     resolution_of = {'stl10': 48, 'celebahq128': 128, 'celebahq-128': 128, 'celebahq256': 256, 'celebahq-256': 256,
                      'church256': 256, 'celebahq-1024': 64}  # 1024x1024 stand-in: a dry run needs a power of two only.
     run_args = []

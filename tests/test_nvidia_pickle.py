@@ -27,7 +27,7 @@ import dnnlib
 import generate
 import legacy
 from bench import hostile_cases
-from tests.test_metric_main import make_detector, write_dataset_zip
+from tests.support.stand_ins import make_detector, write_dataset_zip
 from tests.support.runs import only_run_dir, run_cli, snapshots
 from torch_utils import nvidia_pickle, persistence
 from training.networks import stylegan2

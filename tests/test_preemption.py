@@ -25,7 +25,7 @@ import torch
 
 from tests.support import runs
 from tests.support.runs import only_run_dir, snapshots
-from tests.test_metric_main import make_detector, write_dataset_zip
+from tests.support.stand_ins import make_detector, write_dataset_zip
 from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
 from torch_utils import persistence
 from training import training_loop

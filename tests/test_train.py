@@ -299,7 +299,7 @@ def test_cpu_processes_join_a_gloo_group_when_gpus_are_visible(monkeypatch):
 
 def test_dry_run_prints_the_v1_phase_table(tmp_path):
     """The paper's 8-GPU run at 64x64: global batch 256 at 8x8 and 32 at 64x64, on 8 GPUs or 1."""
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     write_dataset_zip(str(tmp_path / 'data64.zip'), num_images=2, resolution=64)
     cases = [(8, '16', '4'), (1, '16', '16')]  # 8x8 on 8 GPUs: 32 each, 2 rounds of 16.
     results = run_clis(*[['train.py', '--cfg=gn-stylegan', f'--data={tmp_path / "data64.zip"}', f'--gpus={gpus}',
@@ -320,7 +320,7 @@ def test_dry_run_says_when_gpus_shrink_the_minibatch_stddev_groups(tmp_path):
     import re
     from click.testing import CliRunner
     import train
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     write_dataset_zip(str(tmp_path / 'data64.zip'), num_images=2, resolution=64)
     v1_batch = {8: 256, 16: 128, 32: 64, 64: 32}  # StyleGAN v1's global minibatch by resolution (the paper's run).
     for gpus, batch in [(1, None), (8, None), (16, None), (32, None), (16, 16)]:

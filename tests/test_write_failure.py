@@ -19,7 +19,7 @@ import pytest
 from dnnlib.util import WriteError
 from tests.support import full_disk, runs
 from tests.support.runs import snapshots
-from tests.test_metric_main import make_detector, write_dataset_zip
+from tests.support.stand_ins import make_detector, write_dataset_zip
 from tests.test_preemption import assert_same_snapshot
 from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
 from torch_utils import persistence
