@@ -71,7 +71,8 @@ else:
     runpy.run_path(sys.argv[0], run_name='__main__')
 '''
 
-# The arguments of a run that would write under {tmp}, or (docs/make_*.py) only check (the others run without any).
+# The arguments of a run that would write under {tmp}, or (docs/make_*.py) only check. The other programs get --help,
+# so that one that does not make the start-up prints its help instead of doing any work.
 ARGUMENTS = {
     'train.py': ['--outdir={tmp}/runs', '--steps=1'],
     'generate.py': ['--network={tmp}/none.pkl', '--seeds=0', '--outdir={tmp}/out'],
@@ -104,7 +105,7 @@ ARGUMENTS = {
 def test_every_program_on_an_older_torch_says_so_in_one_line(tmp_path):
     major, minor = compat.OLDEST_TORCH
     older = f'{major}.{minor - 1}.1'
-    runs = [program + [a.format(tmp=tmp_path) for a in ARGUMENTS.get(program[-1], [])] for program in programs()]
+    runs = [program + [a.format(tmp=tmp_path) for a in ARGUMENTS.get(program[-1], ['--help'])] for program in programs()]
     assert len(runs) >= 25 and set(ARGUMENTS) <= {program[-1] for program in programs()}
     processes = [subprocess.Popen([sys.executable, '-c', _AGED_TORCH, older] + argv, cwd=REPO_ROOT,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in runs]
