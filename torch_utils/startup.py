@@ -28,7 +28,8 @@ from torch_utils import threads
 #----------------------------------------------------------------------------
 
 
-def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None) -> str:
+def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                   line: str | None = None) -> str:
     """`warnings.formatwarning` without the source line: 'file:line: Category: message' and a newline."""
     del line  # The source of the warn() call: not shown.
     return f'{filename}:{lineno}: {category.__name__}: {message}\n'

@@ -35,7 +35,8 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None) -> subproce
     return run_clis(list(args), check=check, env=env)[0]
 
 
-def run_train(*args: str, script: str = 'train.py', env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
+def run_train(*args: str, script: str = 'train.py', env: dict | None = None,
+              check: bool = False) -> subprocess.CompletedProcess:
     """`python SCRIPT ARGS`: train.py, or a test's wrapper of it (tests/support/signal_at_step.py, full_disk.py);
     its result whatever its exit status, unless `check`."""
     return run_clis([script, *args], check=check, env=env)[0]
