@@ -72,7 +72,7 @@ import dnnlib  # noqa: E402
 from torch_utils import compat, devices, persistence  # noqa: E402
 from training.data.dataset import ImageFolderDataset  # noqa: E402
 from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment  # noqa: E402
-from training.recipes.configs import SG2_SPECS  # noqa: E402
+from training.recipes.stylegan2 import SPECS as SG2_SPECS  # noqa: E402
 from training.run import run_dirs, write_failure  # noqa: E402
 from training.run.stop_signal import EXIT_STOPPED, RunStopped, StopRequested, StopSignal, shared_request  # noqa: E402
 from training.step.loss import LOSSES, NORMS  # noqa: E402

@@ -22,11 +22,10 @@ import dataclasses
 import json
 import os
 import re
-from typing import Callable
+from typing import Any, Callable
 
 import dnnlib
 from torch_utils import persistence
-from training.experiment import Experiment
 from training.run.run_state import load_resumable
 
 #----------------------------------------------------------------------------
@@ -61,16 +60,17 @@ def snapshots_newest_first(run_dir: str) -> list[str]:
     return [os.path.join(run_dir, name) for _, name in sorted(found, reverse=True)]
 
 
-def _recorded_experiment(run_dir: str) -> Experiment | None:
-    """The experiment that training_options.json of `run_dir` records (None: no such file, or one that does not say)."""
+def _recorded_experiment(run_dir: str, experiment_class: type) -> Any:
+    """The experiment (an `experiment_class`, training/experiment.py's Experiment) that training_options.json of
+    `run_dir` records (None: no such file, or one that does not say)."""
     path = os.path.join(run_dir, 'training_options.json')
     try:
         if os.path.getsize(path) > _OPTIONS_MAX_BYTES:
             return None
         with open(path, 'rt') as f:
             options = json.load(f)
-        fields = {field.name for field in dataclasses.fields(Experiment)}
-        return Experiment.from_snapshot({'experiment': {name: value for name, value in options.items() if name in fields}})
+        fields = {field.name for field in dataclasses.fields(experiment_class)}
+        return experiment_class.from_snapshot({'experiment': {name: value for name, value in options.items() if name in fields}})
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -82,18 +82,18 @@ class Continuation:
     snapshot: dnnlib.EasyDict   # loaded.
 
 
-def find_latest(outdir: str, experiment: Experiment, log: Callable[[str], None]) -> Continuation | None:
-    """The run of `experiment` that --resume=latest continues, by the rule in the module docstring; `log` gets a line
-    for each snapshot passed over."""
+def find_latest(outdir: str, experiment: Any, log: Callable[[str], None]) -> Continuation | None:
+    """The run of `experiment` (training/experiment.py's Experiment) that --resume=latest continues, by the rule in the
+    module docstring; `log` gets a line for each snapshot passed over."""
     for _, run_dir in reversed(_run_dirs(outdir)):
-        recorded = _recorded_experiment(run_dir)
+        recorded = _recorded_experiment(run_dir, type(experiment))
         if recorded is not None and recorded.changes(experiment):
             continue
         persistence.remove_stale_temporaries(run_dir)  # Left by a writer that was killed.
         for path in snapshots_newest_first(run_dir):
             try:
                 snapshot = load_resumable(path)
-                trained = Experiment.from_snapshot(snapshot)
+                trained = type(experiment).from_snapshot(snapshot)
             except (OSError, ValueError, TypeError, persistence.UnsafeSnapshotError) as e:
                 log(f'--resume=latest: passing over {path}: {dnnlib.util.first_line(e)}')
                 continue
