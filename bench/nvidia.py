@@ -1,4 +1,6 @@
-"""training/networks/stylegan2.py against NVIDIA's own StyleGAN2 networks: `python -m bench.nvidia --nvidia-code=DIR`.
+"""training/networks/stylegan2.py against NVIDIA's own StyleGAN2 networks:
+
+    python -m bench.nvidia --nvidia-code=DIR --out=bench-nvidia.json
 
 DIR is a checkout of NVIDIA's StyleGAN2-ADA PyTorch release (github.com/NVlabs/stylegan2-ada-pytorch, whose
 networks are training/networks.py) or of their StyleGAN3 repository (github.com/NVlabs/stylegan3, whose StyleGAN2
