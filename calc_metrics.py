@@ -43,6 +43,8 @@ lipschitz50k.
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import json
 import logging
 import os
@@ -51,21 +53,14 @@ import socket
 import sys
 import tempfile
 
-from torch_utils.threads import set_threads, set_wait_policy
+import click
+import torch
 
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import click  # noqa: E402
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-import legacy  # noqa: E402
-from metrics import detectors, features, frechet_inception_distance, metric_main  # noqa: E402
-from torch_utils import compat, devices, persistence  # noqa: E402
+import dnnlib
+import legacy
+from metrics import detectors, features, frechet_inception_distance, metric_main
+from torch_utils import compat, devices, persistence
+from torch_utils.threads import set_threads
 
 # Problems of the user's making (no detector, missing, mismatched or unreadable data): one line, exit code 1.
 _USER_ERRORS = (detectors.DetectorUnavailableError, ValueError, OSError)

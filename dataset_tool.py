@@ -19,6 +19,8 @@ the writer, and results are written in source order, so the dataset is the same,
 a one-process run's, and so is the first error met.
 """
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import collections
 import concurrent.futures
 import contextlib
@@ -40,23 +42,16 @@ import zipfile
 import zlib
 from typing import BinaryIO, Callable, Iterator, Optional, Union
 
-from torch_utils.threads import set_threads, set_wait_policy
+import click
+import numpy as np
+import PIL
+import PIL.Image
+from tqdm import tqdm
 
-set_wait_policy()  # Before torch is imported (training/data/dataset.py imports it; torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import click  # noqa: E402
-import numpy as np  # noqa: E402
-import PIL  # noqa: E402
-import PIL.Image  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import dnnlib  # noqa: E402
-from torch_utils import bounded_read  # noqa: E402
-from training.data.dataset import DatasetError, image_channels, max_labels_size  # noqa: E402
+import dnnlib
+from torch_utils import bounded_read
+from torch_utils.threads import set_threads
+from training.data.dataset import DatasetError, image_channels, max_labels_size
 
 CIFAR10_SIZE = 32     # CIFAR-10 images are 32x32 RGB, stored as rows of 3*32*32 bytes (channel, row, column).
 STL10_SIZE = 96       # STL-10 images are 96x96 RGB, stored per channel in column-major order.

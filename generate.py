@@ -30,25 +30,20 @@ truncation of every style layer, so that a seed gives the image their tool gives
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import math
 import os
 import shutil
 
-from torch_utils.threads import set_threads, set_wait_policy
+import click
+import numpy as np
+import torch
 
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import click  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-import legacy  # noqa: E402
-from torch_utils import devices, misc, persistence  # noqa: E402
+import dnnlib
+import legacy
+from torch_utils import devices, misc, persistence
+from torch_utils.threads import set_threads
 
 MAX_SEED = 2 ** 32 - 1            # np.random.RandomState takes seeds in [0, 2^32).
 

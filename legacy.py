@@ -33,23 +33,17 @@ Usage (a converted snapshot; generate.py and calc_metrics.py also take the check
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import warnings
 
-from torch_utils.threads import set_wait_policy
+import click
+import numpy as np
+import torch
 
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import click  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-from torch_utils import bounded_read, compat, nvidia_pickle, persistence  # noqa: E402
-from training.recipes import configs  # noqa: E402
+import dnnlib
+from torch_utils import bounded_read, compat, nvidia_pickle, persistence
+from training.recipes import configs
 
 #----------------------------------------------------------------------------
 

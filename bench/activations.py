@@ -3,8 +3,8 @@ CPU size on the embedded digits: the standard CNN's discriminator with each acti
 SN-GAN and GN-GAN.
 
 \b
-    python bench/activations.py --outdir=out/activations
-    python bench/activations.py --outdir=out/activations --methods=sn,gn --acts=relu,softplus --steps=200
+    python -m bench.activations --outdir=out/activations
+    python -m bench.activations --outdir=out/activations --methods=sn,gn --acts=relu,softplus --steps=200
 
 Each cell is train.py itself, `--cfg=quickstart --act=ACT` with the method's constraint and loss:
 
@@ -23,27 +23,18 @@ and DIR/activations.json, and prints the table. The paper's own command is the s
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import json
 import os
-import sys
 import time
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-
-from bench import depth_study, quickstart_quality  # noqa: E402
-from training.networks import sngan  # noqa: E402
+from bench import depth_study, quickstart_quality
+from training.networks import sngan
 
 METHODS = {'gan': ('none', 'ns'), 'wgan-gp': ('gp1', 'wasserstein'), 'sn': ('sn', 'ns'), 'gn': ('gn', 'ns')}
 METHOD_NAMES = {'gan': 'GAN', 'wgan-gp': 'WGAN-GP', 'sn': 'SN-GAN', 'gn': 'GN-GAN'}

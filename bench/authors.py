@@ -18,6 +18,8 @@ under the switches of the precision it is compared at (fp32 or tf32: it has no m
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import importlib
 import os
 import statistics
@@ -27,10 +29,8 @@ from typing import Callable
 import click
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.common import module_command  # noqa: E402
-from torch_utils import devices  # noqa: E402
+from bench.common import module_command
+from torch_utils import devices
 
 # Preset -> (module, G class, D class, number of classes, loss class) of the authors' repository and configs.
 ARCHITECTURES = {
@@ -158,7 +158,7 @@ def ours_over_authors(rows: list[dict], authors_rows: list[dict]) -> list[dict]:
 
 
 # Not a program: --help shows this module's docstring, and a run names the program to run instead.
-main = module_command(__doc__, 'bench/train_speed.py --authors-code=DIR')
+main = module_command(__doc__, 'python -m bench.train_speed --authors-code=DIR')
 
 if __name__ == '__main__':
     main()

@@ -10,6 +10,8 @@ host: ATen operators dispatched and Python function calls, the same on a CPU as 
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import contextlib
 import json
 import os
@@ -20,14 +22,12 @@ import click
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import dnnlib  # noqa: E402
-from torch_utils import devices, misc  # noqa: E402
-from training.experiment import Experiment  # noqa: E402
-from training.recipes import configs  # noqa: E402
-from training.step.precision import Precision  # noqa: E402
-from training.step.training_step import TrainingStep  # noqa: E402
+import dnnlib
+from torch_utils import devices, misc
+from training.experiment import Experiment
+from training.recipes import configs
+from training.step.precision import Precision
+from training.step.training_step import TrainingStep
 
 #----------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ def random_batch(G: torch.nn.Module, n: int, resolution: int, device: torch.devi
 
 
 # Not a program: --help shows this module's docstring, and a run names the programs to run instead.
-main = module_command(__doc__, 'the bench scripts (bench/train_speed.py, bench/stylegan.py, bench/precision.py)')
+main = module_command(__doc__, 'the bench programs (python -m bench.train_speed, bench.stylegan, bench.precision)')
 
 if __name__ == '__main__':
     main()

@@ -1,11 +1,11 @@
 """Equal-budget comparisons: one preset under several discriminator constraints and losses, several seeds each.
 
 \b
-    python bench/compare.py --out=compare-sngan --settings=gn:hinge,sn:hinge,gp1:wasserstein,r1:ns,none:hinge \\
+    python -m bench.compare --out=compare-sngan --settings=gn:hinge,sn:hinge,gp1:wasserstein,r1:ns,none:hinge \\
         --seeds=0,1,2 --steps=3000 --snaps=5
 
 \b
-    python bench/compare.py --out=compare-stylegan --cfg=gn-stylegan --settings=gn:hinge,r1:ns,none:ns \\
+    python -m bench.compare --out=compare-stylegan --cfg=gn-stylegan --settings=gn:hinge,r1:ns,none:ns \\
         --seeds=0,1,2 --kimg=24 --snaps=3 --extra="--cmax=32 --batch=32 --lod-kimg=6 --resolution=16 --xflip=0"
 
 Every (setting, seed) is one `train.py` run (--cfg, --norm, --loss, --seed, the same length for all,
@@ -27,6 +27,8 @@ seeds, continues where it stopped and merges the results; a run that did not fin
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import datetime
 import glob
 import json
@@ -40,22 +42,12 @@ import time
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-
-from bench.common import write_json_atomic  # noqa: E402
-from bench.quickstart_quality import generate, judge, trained_judge  # noqa: E402
-from torch_utils import misc  # noqa: E402
-from training.step import loss as loss_lib  # noqa: E402
+from bench.common import write_json_atomic
+from bench.quickstart_quality import generate, judge, trained_judge
+from torch_utils import misc
+from training.step import loss as loss_lib
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEASURES = ('confident', 'classes', 'as_asked', 'fd')

@@ -1,7 +1,7 @@
 """dataset_tool.py's conversion speed by number of worker processes.
 
-    python bench/dataset_tool_speed.py                               # 512 and 1024, PNG and WebP, 1 to all cores
-    python bench/dataset_tool_speed.py --sizes=1024 --formats=png --workers=1,2,4,8,16 --out=speed.json
+    python -m bench.dataset_tool_speed                               # 512 and 1024, PNG and WebP, 1 to all cores
+    python -m bench.dataset_tool_speed --sizes=1024 --formats=png --workers=1,2,4,8,16 --out=speed.json
 
 Synthetic sources (a folder of photo-like images: smooth color fields with noise, so that they compress as
 photos do rather than as noise or flat color) are converted to --resolution (default 256x256, as for CelebA-HQ
@@ -14,13 +14,14 @@ on any number of cores. --out writes JSON, with the machine and its load while i
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import datetime
 import hashlib
 import os
 import platform
 import resource
 import shutil
-import sys
 import tempfile
 import time
 
@@ -29,10 +30,8 @@ import numpy as np
 import PIL.Image
 import psutil
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import dataset_tool  # noqa: E402
-from bench.common import parse_list, write_json_atomic  # noqa: E402
+import dataset_tool
+from bench.common import parse_list, write_json_atomic
 
 DISTINCT_IMAGES = 8  # Encoded once each and written under every name: a source of thousands costs no more to make.
 

@@ -3,8 +3,8 @@ figure) at a CPU size on the embedded digits: standard CNNs with n convolutional
 Wasserstein loss.
 
 \b
-    python bench/depth_study.py --outdir=out/depth-study                           # depths 3,5,7,9 x {sn, gn}
-    python bench/depth_study.py --outdir=out/depth-study --depths=3,9 --steps=200 --snapshots=4
+    python -m bench.depth_study --outdir=out/depth-study                           # depths 3,5,7,9 x {sn, gn}
+    python -m bench.depth_study --outdir=out/depth-study --depths=3,9 --steps=200 --snapshots=4
 
 Each run is train.py itself (`--cfg=quickstart --loss=wasserstein --norm=NORM --depth=N`, --steps G steps,
 --snapshots snapshots evenly spaced), in DIR/runs/NORM-NL. Then every snapshot is measured here:
@@ -24,6 +24,8 @@ the final L_D per depth and norm. The paper's own command is the same with --cfg
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import glob
 import json
 import os
@@ -33,24 +35,14 @@ import time
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-from bench import layer_norms as layer_norms_command  # noqa: E402
-from bench import quickstart_quality  # noqa: E402
-from metrics import layer_norms, metric_main  # noqa: E402
-from torch_utils import persistence  # noqa: E402
-from training.step.loss import NORMS  # noqa: E402
+import dnnlib
+from bench import layer_norms as layer_norms_command
+from bench import quickstart_quality
+from metrics import layer_norms, metric_main
+from torch_utils import persistence
+from training.step.loss import NORMS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIMG_PER_STEP = 0.016  # quickstart: a G step follows one D step of 16 reals.

@@ -1,8 +1,8 @@
 """One command for whoever has a GPU: build, self-check, the whole test suite, op and training benchmarks, and a
 time-boxed GN-StyleGAN run on the embedded digits, scored; one report, kept up to date as the steps end.
 
-    python bench/gpu_report.py --quick                  # planned at most 360 s on one H100/H200
-    python bench/gpu_report.py --outdir=h100-report     # more repeats, configurations and training time
+    python -m bench.gpu_report --quick                  # planned at most 360 s on one H100/H200
+    python -m bench.gpu_report --outdir=h100-report     # more repeats, configurations and training time
 
 Budget. The whole run is bounded by --budget seconds, counted from the start of the process (--quick: 360,
 the sum of its steps' plans below; the full run: the sum of its plans). A GPU is often lent for a fixed time
@@ -96,6 +96,8 @@ the build (with a CUDA build of torch, the real build). --outdir receives at mos
 digits-fakes.png and (full run) digits-stylegan2.png. Exit status 1 if a step that ran failed, crashed or was stopped at its time box.
 """
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import contextlib
 import dataclasses
 import datetime
@@ -120,23 +122,13 @@ from unittest import mock
 
 import click
 import psutil
+import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from torch_utils.threads import set_wait_policy  # noqa: E402  pylint: disable=wrong-import-position
+import dnnlib
+from ops import bias_act, upfirdn2d
+from torch_utils import custom_ops, kernel_choice
 
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402  pylint: disable=wrong-import-position
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402  pylint: disable=wrong-import-position
-
-import dnnlib  # noqa: E402  pylint: disable=wrong-import-position
-from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
-from torch_utils import custom_ops, kernel_choice  # noqa: E402  pylint: disable=wrong-import-position
-
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # The repository: children run there.
 PLUGINS = {'bias_act': bias_act._plugin, 'upfirdn2d': upfirdn2d._plugin}  # pylint: disable=protected-access
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # The digits at full width on a GPU: README's GN-StyleGAN digits command without the CPU's --cmax/--batch.
@@ -146,7 +138,7 @@ DIGITS_TRAINING_MAX = {True: 60, False: 600}  # Most seconds of digits training,
 DIGITS_SCORING = 15  # Seconds of the digits step kept for scoring the last snapshot.
 # docs/results.md's comparison of GN, NVIDIA's R1 and no constraint in gn-stylegan2 on the digits (its CPU-sized
 # networks and length), seed 0, on the GPU.
-SG2_DIGITS_COMPARE = ['bench/compare.py', '--cfg=gn-stylegan2', '--settings=gn:hinge,r1:ns,none:ns', '--seeds=0',
+SG2_DIGITS_COMPARE = ['-m', 'bench.compare', '--cfg=gn-stylegan2', '--settings=gn:hinge,r1:ns,none:ns', '--seeds=0',
                       '--kimg=60', '--snaps=6', '--num=1000']
 SG2_DIGITS_EXTRA = '--cmax=16 --map-dim=32 --batch=32'
 OUTPUTS = ('report.md', 'report.json', 'logs.tar.gz', 'digits-fakes.png', 'digits-stylegan2.png')  # All of --outdir.
@@ -231,10 +223,10 @@ def run_child(command: Sequence[str], log_path: str, box: float, **stop_kwargs) 
     return child.result(child.wait(time.monotonic() + box, **stop_kwargs))
 
 
-def _json_bench(script: str, args: List[str], workdir: str, name: str, box: float) -> dict:
-    """A bench/ script that writes --out=JSON, run in a subprocess; its JSON under 'data'."""
+def _json_bench(module: str, args: List[str], workdir: str, name: str, box: float) -> dict:
+    """A bench program (`module`, e.g. 'bench.ops') that writes --out=JSON, run in a subprocess; its JSON under 'data'."""
     json_path = os.path.join(workdir, f'{name}.json')
-    result = run_child([sys.executable, script, f'--out={json_path}', *args], os.path.join(workdir, f'{name}.log'), box)
+    result = run_child([sys.executable, '-m', module, f'--out={json_path}', *args], os.path.join(workdir, f'{name}.log'), box)
     if os.path.isfile(json_path):
         with open(json_path) as f:
             result['data'] = json.load(f)
@@ -294,8 +286,7 @@ def build(ctx: Context) -> dict:
     """Both plugins built at once, each in a subprocess (stopped at the box), then loaded here from the cache."""
     children = {}
     for name in PLUGINS:
-        code = f'import sys; sys.path.insert(0, {ROOT!r}); from bench import gpu_report; ' \
-               f'gpu_report.build_plugin({name!r}, {os.path.join(ctx.workdir, f"build-{name}.json")!r})'
+        code = f'from bench import gpu_report; gpu_report.build_plugin({name!r}, {os.path.join(ctx.workdir, f"build-{name}.json")!r})'
         children[name] = Child([sys.executable, '-c', code], os.path.join(ctx.workdir, f'build-{name}.log'))
     try:
         returncodes = {name: child.wait(ctx.deadline) for name, child in children.items()}
@@ -584,16 +575,16 @@ def digits_stylegan2_run(ctx: Context, device: str = 'cuda') -> dict:
 
 def score_digits(ctx: Context, snapshot: str, device: str, score_args: Sequence[str] = ()) -> dict:
     """bench/quickstart_quality.py on `snapshot` (on `device`, with `score_args`) for what is left of the box."""
-    return _json_bench('bench/quickstart_quality.py', [f'--network={snapshot}', f'--device={device}', *score_args],
+    return _json_bench('bench.quickstart_quality', [f'--network={snapshot}', f'--device={device}', *score_args],
                        ctx.workdir, 'digits-quality', ctx.deadline - time.monotonic())
 
 
-def bench_step(script: str, args: Dict[bool, List[str]], authors: bool = False) -> Callable[[Context], dict]:
-    """A step that runs a bench/ script writing --out=JSON, with args[quick] (and `authors`: the authors' code, when
+def bench_step(module: str, args: Dict[bool, List[str]], authors: bool = False) -> Callable[[Context], dict]:
+    """A step that runs a bench program (`module`) writing --out=JSON, with args[quick] (and `authors`: the authors' code, when
     given, as --authors-code)."""
     def run(ctx: Context) -> dict:
         extra = [f'--authors-code={ctx.authors_code}'] if authors and ctx.authors_code else []
-        return _json_bench(script, args[ctx.quick] + extra, ctx.workdir, ctx.key.replace('_', '-'),
+        return _json_bench(module, args[ctx.quick] + extra, ctx.workdir, ctx.key.replace('_', '-'),
                            ctx.deadline - time.monotonic())
     return run
 
@@ -621,42 +612,42 @@ STEPS = [
     Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: None, False: 900}, ('gpu',)),
     Step('test_sample', 'A sample of the other tests (python -m pytest, GPU visible)', run_test_sample,
          {True: 50, False: None}, ('gpu',)),
-    Step('bench_ops', 'Ops (bench/ops.py)', bench_step('bench/ops.py', {
+    Step('bench_ops', 'Ops (bench/ops.py)', bench_step('bench.ops', {
         True: ['--repeats=5', '--warmup=2', '--sizes=8,32'], False: []}), {True: 15, False: 300}, ('gpu',)),
     Step('train_speed', 'Training speed, cifar10-resnet, CUDA graphs and eager (bench/train_speed.py)',
-         bench_step('bench/train_speed.py', {
+         bench_step('bench.train_speed', {
              True: ['--norms=gn,none', '--precisions=tf32,bf16', '--cuda-graphs=both', '--rounds=3'],
              False: ['--norms=gn,none', '--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16',
                      '--cuda-graphs=both']}, authors=True),
          {True: 30, False: 400}, ('gpu',)),
     Step('train_speed_deterministic', 'Training speed, cifar10-resnet with --deterministic (bench/train_speed.py)',
-         bench_step('bench/train_speed.py', {False: ['--norms=gn,none', '--precisions=tf32', '--deterministic']}),
+         bench_step('bench.train_speed', {False: ['--norms=gn,none', '--precisions=tf32', '--deterministic']}),
          {True: None, False: 120}, ('gpu',)),
     Step('train_speed_digits', 'Training speed, gn-stylegan on the digits at --cmax=32, batch 32, CUDA graphs and eager '
-         '(bench/train_speed.py)', bench_step('bench/train_speed.py', {
+         '(bench/train_speed.py)', bench_step('bench.train_speed', {
              quick: ['--cfg=gn-stylegan', '--resolution=32', '--cmax=32', '--batch=32', '--norms=gn', '--precisions=tf32',
                      '--cuda-graphs=both', f'--rounds={3 if quick else 10}'] for quick in (True, False)}),
          {True: 15, False: 60}, ('gpu',)),
     Step('train_speed_presets', 'Training speed of the paper\'s SN-GAN and BigGAN presets with GN, tf32 and bf16, as train.py '
-         'runs them: the time column of docs/reproduce.md (bench/train_speed.py)', bench_step('bench/train_speed.py', {
+         'runs them: the time column of docs/reproduce.md (bench/train_speed.py)', bench_step('bench.train_speed', {
              quick: [f'--cfg={SNGAN_PRESETS}', '--norms=gn', '--fast-g=default', '--precisions=tf32,bf16']
              + (['--rounds=1'] if quick else []) for quick in (True, False)}),
          {True: 45, False: 300}, ('gpu',)),
     Step('stylegan', 'GN-StyleGAN steps at 256x256 and 1024x1024, batch 4, kernels against reference ops '
-         '(bench/stylegan.py)', bench_step('bench/stylegan.py', {
+         '(bench/stylegan.py)', bench_step('bench.stylegan', {
              quick: ['--resolutions=256,1024', '--max-resolution=1024', '--impl=both']
              + (['--steps=5', '--warmup=2'] if quick else []) for quick in (True, False)}),
          {True: 25, False: 300}, ('gpu',)),
     Step('train_speed_stylegan', 'Training speed, gn-stylegan at 256x256 by precision (bench/train_speed.py)',
-         bench_step('bench/train_speed.py', {False: ['--cfg=gn-stylegan', '--resolution=256', '--batch=16',
+         bench_step('bench.train_speed', {False: ['--cfg=gn-stylegan', '--resolution=256', '--batch=16',
                                                      '--norms=gn,none', '--precisions=fp32,tf32,bf16,fp16']}),
          {True: None, False: 600}, ('gpu',)),
     Step('train_speed_stylegan_1024', 'Training speed, gn-stylegan at 1024x1024, batch 4 (bench/train_speed.py)',
-         bench_step('bench/train_speed.py', {False: ['--cfg=gn-stylegan', '--resolution=1024', '--batch=4',
+         bench_step('bench.train_speed', {False: ['--cfg=gn-stylegan', '--resolution=1024', '--batch=4',
                                                      '--norms=gn,none', '--precisions=tf32,bf16']}),
          {True: None, False: 300}, ('gpu',)),
     Step('stylegan2', 'gn-stylegan2 iterations at 256x256 and 1024x1024, tf32/bf16/fp16, kernels against reference ops '
-         '(bench/stylegan2.py)', bench_step('bench/stylegan2.py', {False: ['--resolutions=256,1024',
+         '(bench/stylegan2.py)', bench_step('bench.stylegan2', {False: ['--resolutions=256,1024',
                                                                           '--precisions=tf32,bf16,fp16', '--impl=both']}),
          {True: None, False: 300}, ('gpu',)),
     Step('digits', 'GN-StyleGAN on the embedded digits, time-boxed, scored (bench/quickstart_quality.py)', digits_run,
@@ -680,7 +671,7 @@ class Report:
 
     def __init__(self, outdir: str, workdir: str, quick: bool, budget: float, steps: List[Step], start: float) -> None:
         self.outdir, self.workdir, self.start = outdir, workdir, start
-        self.data = dict(command='python bench/gpu_report.py' + (' --quick' if quick else ''), quick=quick,
+        self.data = dict(command='python -m bench.gpu_report' + (' --quick' if quick else ''), quick=quick,
                          budget_s=budget, seconds=0.0, stopped=None,
                          steps=[dict(key=s.key, title=s.title, planned_s=s.seconds[quick], status='not run',
                                      why='not reached yet', box_s=None, seconds=None, result=None) for s in steps])

@@ -1,11 +1,11 @@
 """Every entry point on hostile files: peak memory, time and message of each refusal.
 
-    python bench/hostile_files.py                      # bombs expanding to 1 GiB
-    python bench/hostile_files.py --bomb-mib=3072 --out=hostile.json
-    python bench/hostile_files.py --repo=../before --only=tar,LMDB,download   # another checkout's entry points
-    python bench/hostile_files.py --only='NVIDIA pickle' --variant-mib=100 --out=nvidia.json
+    python -m bench.hostile_files                      # bombs expanding to 1 GiB
+    python -m bench.hostile_files --bomb-mib=3072 --out=hostile.json
+    python -m bench.hostile_files --repo=../before --only=tar,LMDB,download   # another checkout's entry points
+    python -m bench.hostile_files --only='NVIDIA pickle' --variant-mib=100 --out=nvidia.json
 
-The files (tests/hostile_files.py) are zip, npz and tar bombs, archive entries claiming more bytes than
+The files (bench/hostile_cases.py) are zip, npz and tar bombs, archive entries claiming more bytes than
 the file holds, truncated archives, a detector that is not TorchScript, CIFAR-10 batches and LMDB
 databases made to take memory, a download (from a server on 127.0.0.1) larger than its cap, and NVIDIA
 pickles made to run code, take memory or time, or break the reader (nvidia_variants). Each
@@ -17,25 +17,16 @@ memory above its footprint and wall time are those of reading the file. Prints a
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import datetime
 import os
-import sys
 import tempfile
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-from bench.common import write_json_atomic  # noqa: E402
-from tests.hostile_files import REPO, LoopbackServer, hostile_cases, run_cli, run_entry_point, send  # noqa: E402
+from bench.common import write_json_atomic
+from bench.hostile_cases import REPO, LoopbackServer, hostile_cases, run_cli, run_entry_point, send
 
 
 @click.command()

@@ -2,8 +2,8 @@
 paper's panel (c) of the depth study for two snapshots or more.
 
 \b
-    python bench/layer_norms.py --network=runs/00003-digits32-cifar10-cnn-sn/network-snapshot-000400.pkl
-    python bench/layer_norms.py --network=sn-9l.pkl --label=SN-9L --network=gn-9l.pkl --label=GN-9L --out=layers.png
+    python -m bench.layer_norms --network=runs/00003-digits32-cifar10-cnn-sn/network-snapshot-000400.pkl
+    python -m bench.layer_norms --network=sn-9l.pkl --label=SN-9L --network=gn-9l.pkl --label=GN-9L --out=layers.png
 
 Prints, per snapshot, each conv/linear layer of D in forward order with the input shape it is applied to, its
 operator norm as applied (power iteration to --tol), the largest singular value of its reshaped weight (what
@@ -14,25 +14,16 @@ operator norms against the layer index, one line per snapshot (log scale), as th
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import math
 import os
-import sys
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import legacy  # noqa: E402
-from metrics import layer_norms  # noqa: E402
-from torch_utils import persistence  # noqa: E402
+import legacy
+from metrics import layer_norms
+from torch_utils import persistence
 
 #----------------------------------------------------------------------------
 

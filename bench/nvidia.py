@@ -1,4 +1,6 @@
-"""training/networks/stylegan2.py against NVIDIA's own StyleGAN2 networks: `python bench/nvidia.py --nvidia-code=DIR`.
+"""training/networks/stylegan2.py against NVIDIA's own StyleGAN2 networks:
+
+    python -m bench.nvidia --nvidia-code=DIR --out=bench-nvidia.json
 
 DIR is a checkout of NVIDIA's StyleGAN2-ADA PyTorch release (github.com/NVlabs/stylegan2-ada-pytorch, whose
 networks are training/networks.py) or of their StyleGAN3 repository (github.com/NVlabs/stylegan3, whose StyleGAN2
@@ -27,6 +29,8 @@ needs setuptools' pkg_resources (its ops import it).
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import contextlib
 import copy
 import importlib
@@ -37,17 +41,11 @@ from typing import Iterator
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-from bench.common import write_json_atomic  # noqa: E402
-from training.networks import stylegan2  # noqa: E402
+import dnnlib
+from bench.common import write_json_atomic
+from training.networks import stylegan2
 
 PACKAGES = ('training', 'torch_utils', 'dnnlib')  # Top-level packages that theirs and ours both have.
 MODULES = {'training/networks.py': 'training.networks',                        # StyleGAN2-ADA

@@ -1,7 +1,7 @@
 """Time the custom ops' CUDA kernels against their PyTorch references, checking that they agree.
 
-    python bench/ops.py --out=bench-ops.json                          # float32, float16, bfloat16
-    python bench/ops.py --dtypes=float32 --sizes=8,32 --out=bench-ops.json
+    python -m bench.ops --out=bench-ops.json                          # float32, float16, bfloat16
+    python -m bench.ops --dtypes=float32 --sizes=8,32 --out=bench-ops.json
 
 Cases (--set=all, the default, or only 'large' / 'network'):
   large    StyleGAN-sized tensors: bias_act with lrelu on [32, 512, 64, 64]; upsample2d and
@@ -29,6 +29,8 @@ that it does not run inside the timed passes, and so is the chooser (GNGAN_OPS_A
 that the CUDA column always times the kernel. Prints a table and writes JSON.
 """
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import datetime
 import json
 import os
@@ -38,21 +40,11 @@ from typing import Callable, Iterator, List, Tuple
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402  pylint: disable=wrong-import-position
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402  pylint: disable=wrong-import-position
-from ops import bias_act, upfirdn2d  # noqa: E402  pylint: disable=wrong-import-position
-from torch_utils import kernel_choice  # noqa: E402  pylint: disable=wrong-import-position
+import dnnlib
+from ops import bias_act, upfirdn2d
+from torch_utils import kernel_choice
 
 Case = Tuple[str, List[int], Callable[[str], Callable], List[torch.Tensor]]
 

@@ -11,13 +11,11 @@ empty ("-") is absent. Which of our metrics gives each column: COLUMNS (the pape
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import dataclasses
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bench.common import module_command  # noqa: E402
+from bench.common import module_command
 
 CITATION = 'Wu et al., Gradient Normalization for Generative Adversarial Networks, ICCV 2021'
 
@@ -141,9 +139,8 @@ def rows_for(cfg: str, norm: str, loss: str, cr: float) -> list[PaperRow]:
             and bool(row.cr) == bool(cr)]
 
 
-
 # Not a program: --help shows this module's docstring, and a run names the programs that print its figures.
-main = module_command(__doc__, 'bench/paper_table.py and bench/paper_speed.py')
+main = module_command(__doc__, 'python -m bench.paper_table and python -m bench.paper_speed')
 
 if __name__ == '__main__':
     main()

@@ -2,8 +2,8 @@
 vanilla, SN, 1-GP and GN, beside the paper's figures and their ratios.
 
 \b
-    python bench/paper_speed.py --out=paper-speed.json                           # a GPU: wall time
-    python bench/paper_speed.py --clock=process --threads=1 --out=paper-speed.json  # a shared CPU: this process's CPU time
+    python -m bench.paper_speed --out=paper-speed.json                           # a GPU: wall time
+    python -m bench.paper_speed --clock=process --threads=1 --out=paper-speed.json  # a shared CPU: this process's CPU time
 
 The paper (its appendix "Training Speed", Table "Training speed of generator and discriminator") times the
 ResNet of cifar10-resnet (D batch 64, G batch 128) on one RTX 2080 Ti, with the exact double backward of GN
@@ -19,29 +19,20 @@ torch version and date.
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import datetime
 import os
-import sys
 import time
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-
-from bench import paper  # noqa: E402
-from bench.common import write_json_atomic  # noqa: E402
-from bench.train_speed import Configuration, build_preset  # noqa: E402
-from torch_utils import devices  # noqa: E402
+from bench import paper
+from bench.common import write_json_atomic
+from bench.train_speed import Configuration, build_preset
+from torch_utils import devices
 
 CFG = 'cifar10-resnet'
 

@@ -1,8 +1,8 @@
 """Several runs of one setting (seeds) in the paper's form: each run's best snapshot by FID, then mean +- std.
 
 \b
-    python bench/paper_table.py runs/cifar10-resnet-gn-seed*/00000-* --out=table-cifar10-resnet-gn
-    python bench/paper_table.py runs/digits-seed0/00000-* runs/digits-seed1/00000-* --digits --out=table-digits
+    python -m bench.paper_table runs/cifar10-resnet-gn-seed*/00000-* --out=table-cifar10-resnet-gn
+    python -m bench.paper_table runs/digits-seed0/00000-* runs/digits-seed1/00000-* --digits --out=table-digits
 
 The paper reports, for each setting, the mean and standard deviation over 5 seeds of the best checkpoint of each
 run by FID (its section "Experiments" and Table 2). This command does the same with the run directories of
@@ -23,28 +23,19 @@ Prints the table and writes <out>/paper_table.md and <out>/paper_table.json (eve
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import json
 import os
-import sys
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import numpy as np  # noqa: E402
-
-from bench import paper  # noqa: E402
-from bench.common import write_json_atomic  # noqa: E402
-from dnnlib import util  # noqa: E402
-from training.run import run_dirs  # noqa: E402
+from bench import paper
+from bench.common import write_json_atomic
+from dnnlib import util
+from training.run import run_dirs
 
 SETTING_KEYS = ('cfg', 'norm', 'loss', 'cr')
 MAX_JSON_BYTES = 1 << 20    # training_options.json is a few kB; a metric line is one result of one snapshot.

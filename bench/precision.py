@@ -1,8 +1,8 @@
 """How far GN training gradients move from float64 under each --precision, for the presets' networks.
 
-    python bench/precision.py                                           # the 32x32 and 48x48 presets, batch 8
-    python bench/precision.py --cfg=cifar10-resnet,cifar10-biggan --precisions=fp32,bf16,fp16 --out=precision.json
-    python bench/precision.py --cfg=gn-stylegan --resolution=32 --cmax=128 --norms=gn,r1,none
+    python -m bench.precision                                           # the 32x32 and 48x48 presets, batch 8
+    python -m bench.precision --cfg=cifar10-resnet,cifar10-biggan --precisions=fp32,bf16,fp16 --out=precision.json
+    python -m bench.precision --cfg=gn-stylegan --resolution=32 --cmax=128 --norms=gn,r1,none
 
 For each preset it builds G and D with an Experiment (training/experiment.py) at their real widths
 (gn-stylegan: for --resolution, feature maps capped at --cmax, set to --lod, style mixing off),
@@ -28,30 +28,21 @@ halved while they overflow). Several seeds (--seeds) give the spread. Prints a t
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import copy
 import datetime
 import os
-import sys
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-
-from bench.common import (build_network, parse_list, preset_experiment, random_batch, step_switches, training_step,  # noqa: E402
+from bench.common import (build_network, parse_list, preset_experiment, random_batch, step_switches, training_step,
                           write_json_atomic)
-from training.recipes import configs  # noqa: E402
-from training.step import loss as loss_lib  # noqa: E402
-from training.step.precision import PRECISIONS  # noqa: E402
+from training.recipes import configs
+from training.step import loss as loss_lib
+from training.step.precision import PRECISIONS
 
 #----------------------------------------------------------------------------
 

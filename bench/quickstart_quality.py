@@ -1,7 +1,7 @@
 """How digit-like are the quick start's samples? A digit classifier judges a snapshot's generator.
 
-    python bench/quickstart_quality.py --network=training-runs/00000-digits32-quickstart-gn/network-snapshot-000080.pkl
-    python bench/quickstart_quality.py --network=before.pkl --network=after.pkl --out=quickstart-quality.json
+    python -m bench.quickstart_quality --network=training-runs/00000-digits32-quickstart-gn/network-snapshot-000080.pkl
+    python -m bench.quickstart_quality --network=before.pkl --network=after.pkl --out=quickstart-quality.json
 
 A small CNN classifier is trained from scratch, with a fixed seed, on the labels of the embedded
 digits (data/digits32.zip and its dataset.json; nothing is downloaded or cached): a stratified 80%
@@ -31,33 +31,24 @@ same on every GPU, up to the order of floating-point sums.
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import datetime
 import json
 import os
-import sys
 import time
 
 import click
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from metrics.frechet_inception_distance import fid_from_stats  # noqa: E402
-from torch_utils import devices, persistence  # noqa: E402
-from training.data.dataset import ImageFolderDataset  # noqa: E402
-from training.experiment import QUICKSTART_DATA  # noqa: E402
+from metrics.frechet_inception_distance import fid_from_stats
+from torch_utils import devices, persistence
+from training.data.dataset import ImageFolderDataset
+from training.experiment import QUICKSTART_DATA
 
 
 #----------------------------------------------------------------------------

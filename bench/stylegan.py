@@ -1,7 +1,7 @@
 """Speed and memory of GN-StyleGAN training steps, with the custom CUDA ops and with their references.
 
-    python bench/stylegan.py                                   # 128x128 and 1024x1024, both op implementations
-    python bench/stylegan.py --resolutions=1024 --impl=cuda --steps=50 --out=bench-stylegan.json
+    python -m bench.stylegan                                   # 128x128 and 1024x1024, both op implementations
+    python -m bench.stylegan --resolutions=1024 --impl=cuda --steps=50 --out=bench-stylegan.json
 
 One measured step is what the training loop does per minibatch of the gn-stylegan schedule, run
 by the loop's own code (bench/common.py: NetworkUpdater.run on GANLoss): a discriminator step
@@ -16,34 +16,24 @@ memory. Prints a table and writes the numbers to a JSON file. Needs a CUDA GPU.
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import contextlib
 import datetime
 import math
-import os
-import sys
 import time
 from typing import Iterator
 from unittest import mock
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-from bench.common import (build_network, preset_experiment, random_batch, step_switches, training_step,  # noqa: E402
+import dnnlib
+from bench.common import (build_network, preset_experiment, random_batch, step_switches, training_step,
                           write_json_atomic)
-from ops import bias_act, conv2d_gradfix, upfirdn2d  # noqa: E402
-from training.recipes import progressive  # noqa: E402
+from ops import bias_act, conv2d_gradfix, upfirdn2d
+from training.recipes import progressive
 
 #----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Speed and memory of gn-stylegan2 training steps, by precision, with the custom CUDA ops and with their references.
 
-    python bench/stylegan2.py                                  # 256x256 and 1024x1024, tf32/bf16/fp16, both op implementations
-    python bench/stylegan2.py --resolutions=1024 --precisions=fp16 --impl=cuda --steps=16 --out=bench-stylegan2.json
+    python -m bench.stylegan2                                  # 256x256 and 1024x1024, tf32/bf16/fp16, both op implementations
+    python -m bench.stylegan2 --resolutions=1024 --precisions=fp16 --impl=cuda --steps=16 --out=bench-stylegan2.json
 
 One measured iteration is what the training loop does per batch of gn-stylegan2 (bench/common.py: the loop's
 TrainingStep on GANLoss): a D step with gradient normalization and the hinge loss (a double backward through D)
@@ -17,26 +17,20 @@ CUDA GPU (--device=cpu runs the same on a CPU, without peak memory, for a smoke 
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import datetime
-import os
-import sys
 import time
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-from bench.common import (build_network, parse_list, preset_experiment, random_batch, step_switches, training_step,  # noqa: E402
+import dnnlib
+from bench.common import (build_network, parse_list, preset_experiment, random_batch, step_switches, training_step,
                           write_json_atomic)
-from bench.stylegan import kernels_loaded, op_implementation  # noqa: E402
-from training.recipes import stylegan2 as recipe  # noqa: E402
+from bench.stylegan import kernels_loaded, op_implementation
+from training.recipes import stylegan2 as recipe
 
 PAPER_GPUS = 8  # NVIDIA's configurations split their batch over 8 GPUs.
 PRECISIONS = ('fp32', 'tf32', 'bf16', 'fp16')

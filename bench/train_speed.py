@@ -1,8 +1,8 @@
 """Seconds per discriminator step and per generator step of the --cfg presets, GN against the baselines.
 
-    python bench/train_speed.py --batch=16                              # cifar10-resnet, batch 16: minutes on a CPU
-    python bench/train_speed.py --cfg=cifar10-resnet --batch=64 --norms=gn,none --precisions=fp32,bf16 --out=speed.json
-    python bench/train_speed.py --cfg=gn-stylegan --resolution=64 --cmax=64 --batch=8 --norms=gn,r1 --precisions=fp32,bf16 --rounds=3
+    python -m bench.train_speed --batch=16                              # cifar10-resnet, batch 16: minutes on a CPU
+    python -m bench.train_speed --cfg=cifar10-resnet --batch=64 --norms=gn,none --precisions=fp32,bf16 --out=speed.json
+    python -m bench.train_speed --cfg=gn-stylegan --resolution=64 --cmax=64 --batch=8 --norms=gn,r1 --precisions=fp32,bf16 --rounds=3
 
 For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; only meaningful for
 the GN variants), GN's D step in affine form or plain (--linear-d; GN only, see training/step/gradnorm.py),
@@ -43,34 +43,25 @@ less.
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import datetime
 import os
 import statistics
-import sys
 import time
 from typing import Callable
 
 import click
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-from bench import authors  # noqa: E402
-from bench.common import (HostWork, build_network, count_host_work, parse_list, preset_experiment,  # noqa: E402
+import dnnlib
+from bench import authors
+from bench.common import (HostWork, build_network, count_host_work, parse_list, preset_experiment,
                           random_batch, step_switches, training_step, write_json_atomic)
-from torch_utils import devices, kernel_choice  # noqa: E402
-from training.recipes import configs  # noqa: E402
-from training.step import graphs, loss as loss_lib, precision as precision_lib  # noqa: E402
+from torch_utils import devices, kernel_choice
+from training.recipes import configs
+from training.step import graphs, loss as loss_lib, precision as precision_lib
 
 #----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The value surfaces of the GN-GAN paper's appendix ("Decision Boundary Visualization"): what five constrained
 discriminators learn on 2-D data, beside the optimal discriminator.
 
-    python bench/value_surfaces.py --outdir=out/value-surfaces
+    python -m bench.value_surfaces --outdir=out/value-surfaces
 
 A discriminator f, a 2-layer MLP with 512 hidden units (2 -> 512 -> ReLU -> 1), is trained alone (no generator
 update) to tell a fixed sample of --num-real points of one Gaussian N(real_mean, real_cov) from fakes drawn afresh at
@@ -31,27 +31,18 @@ points a step apart (0.05) reaches several units: f_hat is not 1-Lipschitz acros
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import os
-import sys
 
 import click
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+from torch import nn
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
-from training.step.gradnorm import normalize_gradient  # noqa: E402
-from training.step.loss import GANLoss  # noqa: E402
+from training.step.gradnorm import normalize_gradient
+from training.step.loss import GANLoss
 
 #----------------------------------------------------------------------------
 

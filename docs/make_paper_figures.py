@@ -14,6 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch_utils.startup  # noqa: E402,F401  (first after the path: the wait policy, the torch check, warnings)
+
 from bench import paper  # noqa: E402
 
 DOC_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'reproduce.md')

@@ -6,9 +6,9 @@ to the CPU: in this process (the tools' default device is the CPU) and in the su
 must leave the process-wide switches (torch's TF32, cuDNN and determinism; which autograd Functions the
 ops of ops/conv2d_gradfix.py record) as it found them.
 
-The host build of the kernels' arithmetic (tests/host_plugin.py, built once per machine and shared by
+The host build of the kernels' arithmetic (tests/support/host_plugin.py, built once per machine and shared by
 every process of the suite) and the CPU route through the ops' kernel path are fixtures here, shared by
-tests/test_custom_ops.py and tests/test_kernel_choice.py. A test that hangs is ended by tests/watchdog.py.
+tests/test_custom_ops.py and tests/test_kernel_choice.py. A test that hangs is ended by tests/support/watchdog.py.
 """
 
 import ctypes
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ops import bias_act, conv2d_gradfix, upfirdn2d
-from tests import host_plugin, watchdog
+from tests.support import host_plugin, watchdog
 from torch_utils import devices, kernel_choice
 
 # Read once, before any test hides the GPUs: CUDA is initialized here so that torch's device count no longer

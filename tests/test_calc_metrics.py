@@ -15,9 +15,9 @@ from click.testing import CliRunner
 import calc_metrics
 import training.data.dataset
 from metrics import features
+from tests.support.stand_ins import make_detector, write_dataset_zip
 from tests.test_detectors import assert_full_precision, spy_on_detectors, tf32_on  # noqa: F401 (a fixture)
-from tests.test_metric_main import (TinyGenerator, dataset_kwargs_of, features_of, fid_reference, make_detector,
-                                    write_dataset_zip)
+from tests.test_metric_main import TinyGenerator, dataset_kwargs_of, features_of, fid_reference
 from torch_utils import devices, persistence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

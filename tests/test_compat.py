@@ -1,5 +1,5 @@
-"""torch_utils/compat.py: the oldest supported PyTorch, the one line every program gives on an older one, and the
-differences between supported releases."""
+"""torch_utils/compat.py: the oldest supported PyTorch, the one line every program gives on an older one (its
+start-up, torch_utils/startup.py), and the differences between supported releases."""
 
 import os
 import re
@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
+from tests.support.programs import REPO_ROOT, programs
 from torch_utils import compat
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OLDEST = '.'.join(map(str, compat.OLDEST_TORCH))
 
 
@@ -44,7 +44,7 @@ def test_requirements_and_readme_name_the_oldest_torch():
 #----------------------------------------------------------------------------
 # Every program on a torch older than the oldest supported: one line, exit status 1, nothing written.
 
-# Runs a program as `python PROGRAM ARGS` would, with torch reporting VERSION once imported.
+# Runs a program as `python PROGRAM ARGS` or `python -m MODULE ARGS` would, with torch reporting VERSION once imported.
 _AGED_TORCH = '''
 import importlib.machinery, os, runpy, sys
 VERSION = sys.argv.pop(1)
@@ -61,51 +61,58 @@ class AgedTorch:
         spec.loader.exec_module = exec_aged
         return spec
 sys.meta_path.insert(0, AgedTorch())
-sys.argv = sys.argv[1:]
-sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-runpy.run_path(sys.argv[0], run_name='__main__')
+if sys.argv[1] == '-m':
+    sys.argv = sys.argv[2:]
+    sys.path[0] = os.getcwd()
+    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)
+else:
+    sys.argv = sys.argv[1:]
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+    runpy.run_path(sys.argv[0], run_name='__main__')
 '''
 
-PROGRAMS = [
-    ['train.py', '--outdir={tmp}/runs', '--steps=1'],
-    ['generate.py', '--network={tmp}/none.pkl', '--seeds=0', '--outdir={tmp}/out'],
-    ['calc_metrics.py', '--network={tmp}/none.pkl', '--metrics=fid50k_full'],
-    ['dataset_tool.py', '--source=data/digits32.zip', '--dest={tmp}/digits.zip'],
-    ['legacy.py', '--source={tmp}/model.pt', '--cfg=cifar10-resnet', '--dest={tmp}/converted.pkl'],
-    ['bench/activations.py', '--outdir={tmp}/activations'],
-    ['bench/compare.py', '--outdir={tmp}/compare'],
-    ['bench/depth_study.py', '--outdir={tmp}/depth'],
-    ['bench/gpu_report.py', '--outdir={tmp}/report'],
-    ['bench/hostile_files.py', '--out={tmp}/hostile.json'],
-    ['bench/layer_norms.py', '--network={tmp}/none.pkl'],
-    ['bench/ops.py', '--out={tmp}/ops.json'],
-    ['bench/paper_speed.py', '--out={tmp}/paper-speed.json'],
-    ['bench/paper_table.py', '{tmp}/run', '--out={tmp}/table'],
-    ['bench/precision.py', '--out={tmp}/precision.json'],
-    ['bench/quickstart_quality.py', '--out={tmp}/quality.json'],
-    ['bench/stylegan.py', '--out={tmp}/stylegan.json'],
-    ['bench/train_speed.py', '--out={tmp}/speed.json'],
-    ['bench/value_surfaces.py', '--outdir={tmp}/surfaces'],
-]
+# The arguments of a run that would write under {tmp}, or (docs/make_*.py) only check. The other programs get --help,
+# so that one that does not make the start-up prints its help instead of doing any work.
+ARGUMENTS = {
+    'train.py': ['--outdir={tmp}/runs', '--steps=1'],
+    'generate.py': ['--network={tmp}/none.pkl', '--seeds=0', '--outdir={tmp}/out'],
+    'calc_metrics.py': ['--network={tmp}/none.pkl', '--metrics=fid50k_full'],
+    'dataset_tool.py': ['--source=data/digits32.zip', '--dest={tmp}/digits.zip'],
+    'legacy.py': ['--source={tmp}/model.pt', '--cfg=cifar10-resnet', '--dest={tmp}/converted.pkl'],
+    'bench.activations': ['--outdir={tmp}/activations'],
+    'bench.compare': ['--outdir={tmp}/compare'],
+    'bench.dataset_tool_speed': ['--out={tmp}/speed.json'],
+    'bench.depth_study': ['--outdir={tmp}/depth'],
+    'bench.gpu_report': ['--outdir={tmp}/report'],
+    'bench.hostile_files': ['--out={tmp}/hostile.json'],
+    'bench.layer_norms': ['--network={tmp}/none.pkl'],
+    'bench.nvidia': ['--out={tmp}/nvidia.json'],
+    'bench.ops': ['--out={tmp}/ops.json'],
+    'bench.paper_speed': ['--out={tmp}/paper-speed.json'],
+    'bench.paper_table': ['{tmp}/run', '--out={tmp}/table'],
+    'bench.precision': ['--out={tmp}/precision.json'],
+    'bench.quickstart_quality': ['--out={tmp}/quality.json'],
+    'bench.stylegan': ['--out={tmp}/stylegan.json'],
+    'bench.stylegan2': ['--out={tmp}/stylegan2.json'],
+    'bench.train_speed': ['--out={tmp}/speed.json'],
+    'bench.value_surfaces': ['--outdir={tmp}/surfaces'],
+    'docs/make_configs_md.py': ['--check'],
+    'docs/make_graph_reads_md.py': ['--check'],
+    'docs/make_paper_figures.py': ['--check'],
+}
 
 
 def test_every_program_on_an_older_torch_says_so_in_one_line(tmp_path):
     major, minor = compat.OLDEST_TORCH
     older = f'{major}.{minor - 1}.1'
-    processes = [subprocess.Popen([sys.executable, '-c', _AGED_TORCH, older] + [a.format(tmp=tmp_path) for a in argv],
-                                  cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for argv in PROGRAMS]
-    for argv, process in zip(PROGRAMS, processes):
+    runs = [program + [a.format(tmp=tmp_path) for a in ARGUMENTS.get(program[-1], ['--help'])] for program in programs()]
+    assert len(runs) >= 25 and set(ARGUMENTS) <= {program[-1] for program in programs()}
+    processes = [subprocess.Popen([sys.executable, '-c', _AGED_TORCH, older] + argv, cwd=REPO_ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in runs]
+    for argv, process in zip(runs, processes):
         out, err = process.communicate(timeout=300)
-        assert (process.returncode, out, err) == (1, '', compat.unsupported_reason(older) + '\n'), argv[0]
+        assert (process.returncode, out, err) == (1, '', compat.unsupported_reason(older) + '\n'), argv
     assert os.listdir(tmp_path) == []
-    # Every program that checks is here: the scripts that set the wait policy for torch are the programs.
-    programs = {argv[0] for argv in PROGRAMS}
-    for folder in ('.', 'bench'):
-        for name in os.listdir(os.path.join(REPO_ROOT, folder)):
-            path = os.path.normpath(os.path.join(folder, name))
-            if name.endswith('.py') and 'require_supported_torch()' in open(os.path.join(REPO_ROOT, path)).read():
-                assert path in programs
 
 #----------------------------------------------------------------------------
 # join_processes on a torch whose join has no grace_period (torch 2.5), against the behaviour torch 2.6+ documents.

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ops import conv2d_gradfix
+from tests.support.gradfix import higher_order_gradients  # noqa: F401 (an autouse fixture)
 
 CONV_CASES = [  # input shape, weight shape, kwargs
     ([1, 4, 5, 6], [4, 2, 3, 3], dict(stride=2, padding=1, groups=2)),
@@ -15,13 +16,6 @@ TRANSPOSE_CASES = [
     ([1, 4, 3, 3], [4, 1, 3, 3], dict(stride=2, padding=1, output_padding=1, groups=2)),
     ([1, 3, 3, 4], [3, 2, 2, 3], dict(stride=(2, 1), padding=(0, 1), dilation=(1, 2))),
 ]
-
-
-@pytest.fixture(autouse=True)
-def higher_order_gradients(monkeypatch):
-    """Every test here runs as inside conv2d_gradfix.higher_order_gradients(), where the ops record their
-    autograd Functions; set through monkeypatch, so that a test switching it off again is undone in order."""
-    monkeypatch.setattr(conv2d_gradfix, 'higher_order_active', True)
 
 
 def _double(shape, seed):

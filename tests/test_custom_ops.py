@@ -3,7 +3,7 @@
 Without a GPU, these things are still checked here:
   * every ops/*.cu compiles with nvcc against the installed torch headers;
   * the kernels' per-element arithmetic, compiled by nvcc for the host and
-    called through ctypes in place of the GPU plugin (tests/host_plugin.py),
+    called through ctypes in place of the GPU plugin (tests/support/host_plugin.py),
     drives the ops' CUDA autograd Functions (and, with CPU tensors routed
     through the ops' kernel path, the whole op: layout handling included) and
     must agree with the PyTorch references in values and in first and second
@@ -30,8 +30,8 @@ import torch
 import torch.utils.cpp_extension
 
 from ops import bias_act, upfirdn2d
-from tests import host_plugin as host_build
-from tests.host_plugin import NVCC, OPS_DIR, TORCH_INCLUDES, HostPlugin, input_in_layout
+from tests.support import host_plugin as host_build
+from tests.support.host_plugin import NVCC, OPS_DIR, TORCH_INCLUDES, HostPlugin, input_in_layout
 from torch_utils import custom_ops
 
 CUDA_SOURCES = sorted(glob.glob(os.path.join(OPS_DIR, '*.cu')))
@@ -47,7 +47,7 @@ def test_cuda_source_compiles(source, tmp_path):
 
 
 # ----------------------------------------------------------------------------
-# The kernels' arithmetic, on the host build (tests/host_plugin.py).
+# The kernels' arithmetic, on the host build (tests/support/host_plugin.py).
 
 
 @pytest.fixture
@@ -358,7 +358,7 @@ with open(args[args.index('-o') + 1], 'w') as out:
 
 _ASK_FOR_THE_BUILD = """
 import os, sys, time
-from tests import host_plugin
+from tests.support import host_plugin
 open(sys.argv[1], 'w').close()
 while not all(os.path.exists(path) for path in sys.argv[2:4]):  # Both processes ready: they ask at once.
     time.sleep(0.01)

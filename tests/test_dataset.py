@@ -12,7 +12,6 @@ import os
 import pickle
 import re
 import zipfile
-import zlib
 
 import numpy as np
 import PIL.Image
@@ -22,15 +21,11 @@ from click.testing import CliRunner
 
 import dataset_tool
 import training.data.dataset
+from tests.support.images import png16_bytes, png_bytes
 from torch_utils import bounded_read
 from training.data.dataset import DatasetError, ImageFolderDataset
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-def png_bytes(pixels: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(buffer, format='png')
-    return buffer.getvalue()
 
 def make_dataset(path: str, images: list, labels: list = None, replace: dict = None) -> list[str]:
     """Write images [H, W, C] as dataset_tool names them, to a zip (path ends in .zip) or a folder.
@@ -247,14 +242,6 @@ def test_embedded_digits_rebuild_byte_identical(tmp_path):
     with open(DIGITS_ZIP, 'rb') as f:
         assert (tmp_path / 'digits32.zip').read_bytes() == f.read()
 
-def png16_bytes(size: int, channels: int) -> bytes:
-    """A 16-bit PNG (gray or RGB), written by hand from the PNG specification (PIL cannot write 16-bit RGB)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, 'big') + kind + data + zlib.crc32(kind + data).to_bytes(4, 'big')
-    color_type = {1: 0, 3: 2}[channels]
-    rows = b''.join(b'\x00' + (b'\xff\xff' * channels * size) for _ in range(size))  # Filter 0, all samples 65535.
-    header = size.to_bytes(4, 'big') * 2 + bytes([16, color_type, 0, 0, 0])
-    return b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(rows)) + chunk(b'IEND', b'')
 
 def palette_png_bytes(size: int, rgb: tuple) -> bytes:
     image = PIL.Image.new('P', (size, size), 1)

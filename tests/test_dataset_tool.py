@@ -27,8 +27,8 @@ import pytest
 from click.testing import CliRunner
 
 import dataset_tool
-from tests import hostile_files
-from tests.test_dataset import png16_bytes
+from bench import hostile_cases
+from tests.support.images import png16_bytes, png_bytes
 from torch_utils import bounded_read
 from training.data.dataset import ImageFolderDataset
 
@@ -39,11 +39,6 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def random_pixels(rng: np.random.Generator, height: int, width: int, channels: int) -> np.ndarray:
     return rng.integers(0, 256, size=[height, width, channels], dtype=np.uint8)
-
-def png_bytes(pixels: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(buffer, format='png')
-    return buffer.getvalue()
 
 def write_file(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -226,14 +221,14 @@ def test_cifar10_batch_pickles_are_read_within_the_bound(tmp_path, monkeypatch, 
     """What a batch's pickle may build: only plain arrays of the bytes it carries, within bounded_read.check_pickle."""
     batches = {f'data_batch_{i}': pickle.dumps(cifar_batch(np.random.default_rng(i), 2), protocol=2) for i in range(1, 6)}
     if case == 'memo bomb':  # 9 bytes that take the C unpickler 512 MiB.
-        batches['data_batch_1'], reason = hostile_files.memo_bomb_pickle(512 << 20), 'the pickle stores memo entry 33554432 after 0'
+        batches['data_batch_1'], reason = hostile_cases.memo_bomb_pickle(512 << 20), 'the pickle stores memo entry 33554432 after 0'
     elif case == 'object array':  # A full list: numpy would make it; a short one would crash the process.
         batch = cifar_batch(np.random.default_rng(1), 2)
-        batch[b'data'] = Reduces(hostile_files._reconstruct(), (np.ndarray, (0,), b'b'), (1, (2,), np.dtype(object), False, [1, 2]))
+        batch[b'data'] = Reduces(hostile_cases._reconstruct(), (np.ndarray, (0,), b'b'), (1, (2,), np.dtype(object), False, [1, 2]))
         batches['data_batch_1'], reason = pickle.dumps(batch, protocol=2), 'refusing an array that is not plain data of its declared size'
     elif case == 'array reconstructed large':  # 8 TB of address space asked for by a few bytes.
         batch = cifar_batch(np.random.default_rng(1), 2)
-        batch[b'data'] = Reduces(hostile_files._reconstruct(), (np.ndarray, (1 << 43,), b'b'))
+        batch[b'data'] = Reduces(hostile_cases._reconstruct(), (np.ndarray, (1 << 43,), b'b'))
         batches['data_batch_1'], reason = pickle.dumps(batch, protocol=2), 'refusing to reconstruct anything but an empty array'
     elif case == 'codec':
         batch = cifar_batch(np.random.default_rng(1), 2)
@@ -243,7 +238,7 @@ def test_cifar10_batch_pickles_are_read_within_the_bound(tmp_path, monkeypatch, 
         monkeypatch.setattr(bounded_read, 'MAX_PICKLE_OPCODES', 40)
         reason = 'refused to read: a pickle of more than 40 opcodes'
     path = tmp_path / 'cifar-10-python.tar.gz'
-    path.write_bytes(hostile_files.cifar_tar_gz(batches))
+    path.write_bytes(hostile_cases.cifar_tar_gz(batches))
     result = run_tool(f'--source={path}', f'--dest={tmp_path / "out.zip"}')
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1 and reason in result.output, result.output
     assert 'cifar-10-batches-py/data_batch_1' in result.output and not (tmp_path / 'out.zip').exists()
@@ -353,10 +348,10 @@ def test_lmdb_refusals(tmp_path, case):
     folder = str(tmp_path / 'db')
     os.makedirs(folder)
     if case == 'entry claiming 3 GiB':
-        hostile_files.lmdb_claiming(folder, 3 << 30)
+        hostile_cases.lmdb_claiming(folder, 3 << 30)
         reason = 'refused to read: entry b claims 3,221,225,472 bytes at byte '
     elif case == 'truncated':
-        hostile_files.lmdb_truncated(folder)
+        hostile_cases.lmdb_truncated(folder)
         reason = 'refused to read: its pages reach byte 1,064,960 of data.mdb, which holds 65,536 (truncated?)'
     else:
         write_file(os.path.join(folder, 'data.mdb'), bytes(16384))

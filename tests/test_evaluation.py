@@ -62,7 +62,7 @@ def test_metrics_of_a_tf32_training_run_run_at_full_precision(tmp_path, monkeypa
     """A --precision=tf32 run trains with TF32 on, and every detector call of its snapshot metrics sees it off."""
     import functools
     from tests.test_detectors import assert_full_precision, spy_on_detectors
-    from tests.test_metric_main import make_detector, write_dataset_zip
+    from tests.support.stand_ins import make_detector, write_dataset_zip
     from tests.test_training_loop import _tiny_experiment
     from torch_utils import devices
     from training import training_loop

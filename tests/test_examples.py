@@ -3,12 +3,12 @@ the train.py ones run.
 
 A command is a shell line (with its backslash continuations, split at `&&`, `||`, `;` and `|`) in a code block of a
 Markdown file (README.md, docs/*.md: fenced blocks, also indented ones inside list items, and indented code blocks),
-in a tool's --help text or in the docstring of a script under bench/ (and legacy.py); or an inline code span of those
-Markdown files that starts with `python <script>.py` (it may run over a line break). What a command runs is checked
+in a tool's --help text or in the docstring of a program under bench/ (and legacy.py); or an inline code span of those
+Markdown files that starts with `python <script>.py` or `python -m bench.NAME` (it may run over a line break). What a command runs is checked
 by the parser of the program that would read it:
 
     python <script>.py ARGS   the script's own click command: every option must exist and every value must fit its
-                              type or choices (a renamed or removed flag, in the tools and bench scripts alike);
+    python -m bench.NAME ARGS type or choices (a renamed or removed flag, in the tools and bench programs alike);
     python -c CODE            CODE is Python (ast.parse);  python -m MODULE: the module exists (pytest: its paths);
     torchrun ARGS             torchrun's own argument parser, then the script it starts, as above;
     srun / sbatch OPTIONS     unwrapped: the program after the options (options written --name=value), `bash -c
@@ -17,7 +17,7 @@ by the parser of the program that would read it:
 
 Leading VAR=value assignments are dropped; shell expansions ($VAR, ${VAR}, $(...)) stand for a placeholder value; an
 argument `...` stands for options left out, as in an inline span, where required options may be missing (`python
-bench/compare.py` names the script in running text); everything given is checked. Other programs (curl, cp) are not
+-m bench.compare` names the program in running text); everything given is checked. Other programs (curl, cp) are not
 this project's and are not checked. Parsing imports the script's module, so a bench script that ran on import (no
 `if __name__ == '__main__'` guard) fails here too. The train.py examples also run, with --dry-run added, on stand-ins
 of the data they name (the digits, or tiny images of the resolution the preset expects) and a tiny stand-in detector:
@@ -85,6 +85,8 @@ def _examples_of(words: list[str], where: str, complete: bool) -> list[Example]:
     if '...' in args:
         args, complete = [a for a in args if a != '...'], False
     if program in ('python', 'python3'):
+        if args[:1] == ['-m'] and len(args) > 1 and args[1].startswith('bench.'):  # A bench program: its click command.
+            return [Example(where, args[1].replace('.', '/') + '.py', args[2:], complete)]
         if args[:1] in (['-c'], ['-m']):
             return [Example(where, f'python {args[0]}', args[1:], complete)]
         script = args[0] if args and args[0].endswith('.py') else 'python'  # 'python' alone fails below.
@@ -167,10 +169,11 @@ def _markdown_blocks(text: str) -> str:
 
 
 def _inline_commands(text: str, where: str) -> list[Example]:
-    """The commands of inline code spans (outside code blocks) that start with `python <script>.py`."""
+    """The commands of inline code spans (outside code blocks) that start with `python <script>.py` or
+    `python -m bench.NAME`."""
     prose = re.sub(r'^[ \t]*```.*?^[ \t]*```', '', text, flags=re.S | re.M)
     spans = [' '.join(span.split()) for span in re.findall(r'(?<!`)`([^`]+)`(?!`)', prose) if '\n\n' not in span]
-    return _commands_in('\n'.join(s for s in spans if re.match(r'python\s+\S+\.py(\s|$)', s)), f'{where} (inline)',
+    return _commands_in('\n'.join(s for s in spans if re.match(r'python\s+(\S+\.py|-m\s+bench\.\w+)(\s|$)', s)), f'{where} (inline)',
                         complete=False)
 
 
@@ -215,7 +218,7 @@ def test_the_examples_are_found():
 
 
 def test_inline_commands_are_found():
-    text = ('Run `python bench/ops.py --out=a.json`, or `python bench/train_speed.py --cfg=gn-stylegan\n--cmax=32`; '
+    text = ('Run `python -m bench.ops --out=a.json`, or `python -m bench.train_speed --cfg=gn-stylegan\n--cmax=32`; '
             '`train.py --resume` is an option, not a command.\n\n```sh\npython train.py --cfg=x\n```\n`python x.py`\n')
     assert _inline_commands(text, 'doc.md') == [
         Example('doc.md (inline)', 'bench/ops.py', ['--out=a.json'], False),
@@ -360,7 +363,7 @@ TRAIN_COMMANDS = _train_commands()
 
 @pytest.mark.parametrize('where, args', TRAIN_COMMANDS, ids=[f'{w}: {" ".join(a)}'[:120] for w, a in TRAIN_COMMANDS])
 def test_train_example_runs_dry(where, args, tmp_path):
-    from tests.test_metric_main import make_detector
+    from tests.support.stand_ins import make_detector
     resolution_of = {'stl10': 48, 'celebahq128': 128, 'celebahq-128': 128, 'celebahq256': 256, 'celebahq-256': 256,
                      'church256': 256, 'celebahq-1024': 64}  # 1024x1024 stand-in: a dry run needs a power of two only.
     run_args = []
@@ -400,13 +403,13 @@ BENCH_FILES = tuple(sorted(f'bench/{name}' for name in os.listdir(os.path.join(R
 
 
 def test_every_bench_file_answers_help():
-    processes = {script: subprocess.Popen([sys.executable, script, '--help'], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True) for script in BENCH_FILES}
+    processes = {script: subprocess.Popen([sys.executable, '-m', script[:-3].replace('/', '.'), '--help'], cwd=REPO_ROOT,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for script in BENCH_FILES}
     failures = []
     for script, process in processes.items():
         out, err = process.communicate(timeout=300)
         description = out.split('\n\n')[1] if out.count('\n\n') >= 2 else ''
-        if process.returncode != 0 or not out.startswith(f'Usage: {os.path.basename(script)} ') or \
+        if process.returncode != 0 or not out.startswith(f'Usage: python -m {script[:-3].replace("/", ".")} ') or \
                 description.strip().startswith('Options:') or not description.strip():
             failures.append(f'{script} --help: exit {process.returncode}, {(out + err).strip()[-300:]!r}')
     assert len(processes) >= 10 and failures == []

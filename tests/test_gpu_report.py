@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from bench import gpu_report
 from ops import bias_act
-from tests.host_plugin import HostPlugin
+from tests.support.host_plugin import HostPlugin
 from tests.test_kernel_choice import _UpsamplingOnePercentOff
 from torch_utils import kernel_choice
 
@@ -309,7 +309,7 @@ def test_build_step_reports_each_plugins_cause(tmp_path):
 @pytest.mark.parametrize('plugin_class, failing', [(HostPlugin, set()), (_UpsamplingOnePercentOff, {'upsample2d', 'downsample2d'})],
                          ids=['right', 'upsampling-off'])
 def test_self_check_step_measures_every_configuration(tmp_path, host_kernels, cpu_kernel_path, plugin_class, failing):
-    """The self-check step on the CPU route through the kernels (tests/host_plugin.py): a row per op and dtype with the
+    """The self-check step on the CPU route through the kernels (tests/support/host_plugin.py): a row per op and dtype with the
     error measured against the float64 reference; a kernel whose upsampling is 1% off fails the rows that upsample
     (2x upsampling, and 2x downsampling's gradient) in float32 only; a box already spent stops the step before its
     first check."""
@@ -413,7 +413,7 @@ def test_digits_run_is_stopped_by_its_time_box_and_its_last_snapshot_scored(tmp_
 def test_stylegan2_digits_comparison_runs_and_is_reported(tmp_path, monkeypatch):
     """The gn-stylegan2 comparison step through the real bench/compare.py and train.py, narrowed (two settings, 8 real
     images, a judge trained for one epoch): each run's final scores come back in the report, the samples are kept."""
-    quick_compare = ("import sys; sys.path.insert(0, '.'); from bench import compare; judge = compare.trained_judge; "
+    quick_compare = ("from bench import compare; judge = compare.trained_judge; "
                      "compare.trained_judge = lambda epochs, seed: judge(1, seed); compare.main()")
     monkeypatch.setattr(gpu_report, 'SG2_DIGITS_COMPARE', ['-c', quick_compare, '--cfg=gn-stylegan2', '--seeds=0',
                                                            '--settings=gn:hinge,none:ns', '--kimg=0.008', '--snaps=1', '--num=20'])
@@ -440,9 +440,10 @@ def test_stylegan2_digits_comparison_is_the_one_in_the_docs():
     """The GPU runs docs/results.md's command: its settings, length, snapshots, samples and networks (one seed)."""
     import shlex
     text = open(os.path.join(REPO_ROOT, 'docs', 'results.md')).read()
-    command = text[text.index('python bench/compare.py --out=compare-stylegan2'):]
-    docs = dict(arg.split('=', 1) for arg in shlex.split(command[:command.index('```')].replace('\\\n', ' '))[2:])
-    ours = dict(arg.split('=', 1) for arg in gpu_report.SG2_DIGITS_COMPARE[1:])
+    command = text[text.index('python -m bench.compare --out=compare-stylegan2'):]
+    docs = dict(arg.split('=', 1) for arg in shlex.split(command[:command.index('```')].replace('\\\n', ' '))[3:])
+    assert gpu_report.SG2_DIGITS_COMPARE[:2] == ['-m', 'bench.compare']
+    ours = dict(arg.split('=', 1) for arg in gpu_report.SG2_DIGITS_COMPARE[2:])
     assert ours.pop('--seeds') == '0' and docs.pop('--seeds').startswith('0') and docs.pop('--out')
     assert docs == dict(ours, **{'--extra': gpu_report.SG2_DIGITS_EXTRA})
 

@@ -1,6 +1,6 @@
 """Tests of torch_utils/kernel_choice.py: whether an op's kernel or its reference serves a call.
 
-The host build of the kernels' arithmetic (tests/host_plugin.py) serves CPU tensors routed through the
+The host build of the kernels' arithmetic (tests/support/host_plugin.py) serves CPU tensors routed through the
 ops' kernel path, so that without a GPU:
   * a call whose metadata was seen before only looks up its plan, and replacing the verdicts or
     choices plans afresh;
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from ops import bias_act, upfirdn2d
-from tests.host_plugin import OPS_DIR, HostPlugin, input_in_layout
+from tests.support.host_plugin import OPS_DIR, HostPlugin, input_in_layout
 from torch_utils import custom_ops, devices, kernel_choice
 
 

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 import calc_metrics
 import generate
 import legacy
-from tests.test_metric_main import make_detector, write_dataset_zip
+from tests.support.stand_ins import make_detector, write_dataset_zip
 from torch_utils import persistence
 
 #----------------------------------------------------------------------------

@@ -1,13 +1,12 @@
 """Tests of metrics/metric_main.py: the registry, calc_metric end to end on tiny data with a tiny
 TorchScript detector (against independent numpy/scipy computations), and report_metric.
 
-The helpers here (tiny generators, detector, dataset zip) are also used by test_calc_metrics.py.
+The tiny generators here are also used by test_calc_metrics.py (the detector and the dataset zip are
+tests/support/stand_ins.py's).
 """
 
-import io
 import json
 import os
-import zipfile
 
 import numpy as np
 import PIL.Image
@@ -16,6 +15,7 @@ import scipy.linalg
 import torch
 
 from metrics import features, metric_main
+from tests.support.stand_ins import TinyDetector, make_detector, write_dataset_zip
 from tests.test_detectors import assert_full_precision, spy_on_detectors, tf32_on  # noqa: F401 (a fixture)
 from tests.test_precision_recall import fraction_in_manifold_by_loops
 from torch_utils import devices, persistence
@@ -61,52 +61,6 @@ class ConstantGenerator(torch.nn.Module):
     def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         value = self.values[c.argmax(dim=1)] if self.c_dim > 0 else self.values[0].expand(len(z))
         return value.reshape(-1, 1, 1, 1).expand(-1, self.img_channels, self.img_resolution, self.img_resolution)
-
-
-class TinyDetector(torch.nn.Module):
-    """StyleGAN2-ADA's detector calling convention, with random weights: uint8 [N, 3, H, W] of any size
-    -> features [N, num_features] (return_features=True) or class probabilities [N, num_classes]."""
-
-    def __init__(self, num_features: int = 6, num_classes: int = 5):
-        super().__init__()
-        self.features = torch.nn.Linear(3 * 2 * 2, num_features)
-        self.logits = torch.nn.Linear(num_features, num_classes)
-
-    def forward(self, x: torch.Tensor, return_features: bool = False, no_output_bias: bool = False) -> torch.Tensor:
-        if x.dtype != torch.uint8 or x.shape[1] != 3:
-            raise ValueError('expected uint8 RGB images')
-        pooled = torch.nn.functional.adaptive_avg_pool2d(x.to(torch.float32) / 255, [2, 2]).flatten(1)
-        features = self.features(pooled * 4)
-        if return_features:
-            return features
-        logits = features @ self.logits.weight.t()
-        if not no_output_bias:
-            logits = logits + self.logits.bias
-        return torch.softmax(logits, dim=1)
-
-
-def make_detector(path: str, seed: int = 0) -> TinyDetector:
-    """Save a scripted TinyDetector to `path`; return the eager module for independent computations."""
-    torch.manual_seed(seed)
-    detector = TinyDetector().eval()
-    torch.jit.script(detector).save(path)
-    return detector
-
-
-def write_dataset_zip(path: str, num_images: int = 24, resolution: int = 8, labels: list | None = None,
-                      seed: int = 0) -> np.ndarray:
-    """A dataset zip in dataset_tool's format (PNGs + dataset.json); returns the images uint8 [N, 3, H, W]."""
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, size=[num_images, 3, resolution, resolution], dtype=np.uint8)
-    names = [f'00000/img{i:08d}.png' for i in range(num_images)]
-    with zipfile.ZipFile(path, 'w') as zf:
-        for name, image in zip(names, images):
-            buf = io.BytesIO()
-            PIL.Image.fromarray(image.transpose(1, 2, 0)).save(buf, format='png')
-            zf.writestr(name, buf.getvalue())
-        json_labels = None if labels is None else [[name, int(label)] for name, label in zip(names, labels)]
-        zf.writestr('dataset.json', json.dumps(dict(labels=json_labels)))
-    return images
 
 
 def dataset_kwargs_of(path: str) -> dict:

@@ -1,6 +1,6 @@
 """Tests of torch_utils/nvidia_pickle.py: StyleGAN2 pickles of NVIDIA's code become our networks, nothing of the file run.
 
-Without a checkout, NVIDIA-style pickles are made here (tests/hostile_files.py: what their persistence.py writes, from
+Without a checkout, NVIDIA-style pickles are made here (bench/hostile_cases.py: what their persistence.py writes, from
 our StyleGAN2 networks, which have their class names, kwargs and state), with an embedded source that writes a file
 if it is ever run. With GNGAN_NVIDIA_CODE naming a checkout of NVlabs/stylegan2-ada-pytorch or NVlabs/stylegan3,
 their own code builds networks with random weights, pickles them as their training loop does and computes their
@@ -26,9 +26,9 @@ import calc_metrics
 import dnnlib
 import generate
 import legacy
-from tests import hostile_files
-from tests.test_metric_main import make_detector, write_dataset_zip
-from tests.test_train import only_run_dir, run_cli, snapshots
+from bench import hostile_cases
+from tests.support.stand_ins import make_detector, write_dataset_zip
+from tests.support.runs import only_run_dir, run_cli, snapshots
 from torch_utils import nvidia_pickle, persistence
 from training.networks import stylegan2
 
@@ -58,10 +58,10 @@ def outputs(networks: dict, seed: int = 0) -> dict:
 @pytest.mark.parametrize('c_dim', [0, 4])
 def test_nvidia_style_pickle_gives_the_same_networks_and_runs_nothing(c_dim, protocol, tmp_path):
     flag = tmp_path / 'ran'
-    networks = hostile_files.nvidia_networks(c_dim=c_dim, resolution=16)
-    data = hostile_files.nvidia_pickle(dict(networks, augment_pipe=networks['D'], training_set_kwargs=dict(
+    networks = hostile_cases.nvidia_networks(c_dim=c_dim, resolution=16)
+    data = hostile_cases.nvidia_pickle(dict(networks, augment_pipe=networks['D'], training_set_kwargs=dict(
         class_name='training.dataset.ImageFolderDataset', path='ffhq.zip', use_labels=c_dim > 0, max_size=7, xflip=True,
-        resolution=16)), hostile_files.nvidia_source(str(flag)), protocol=protocol)
+        resolution=16)), hostile_cases.nvidia_source(str(flag)), protocol=protocol)
     loaded, dropped = load(data)
     assert not flag.exists()
     assert sorted(loaded) == ['D', 'G', 'G_ema', 'training_set_kwargs']
@@ -84,15 +84,15 @@ def test_nvidia_style_pickle_gives_the_same_networks_and_runs_nothing(c_dim, pro
 def test_stylegan3_repository_kwargs_and_defaults():
     """Their StyleGAN3 copy: synthesis kwargs flat in Generator(**synthesis_kwargs), other defaults (num_fp16_res 4,
     conv_clamp 256, w_avg_beta 0.998), fused_modconv_default; read as StyleGAN2-ADA's kwargs with those made explicit."""
-    networks = hostile_files.nvidia_networks(resolution=16)
+    networks = hostile_cases.nvidia_networks(resolution=16)
     G, D = networks['G'], networks['D']
     object.__setattr__(G, 'init_kwargs', dict(z_dim=8, c_dim=0, w_dim=8, img_resolution=16, img_channels=3,
                                               mapping_kwargs={'num_layers': 2}, channel_base=128, channel_max=16,
                                               fused_modconv_default='inference_only'))
     object.__setattr__(D, 'init_kwargs', dict(c_dim=0, img_resolution=16, img_channels=3, channel_base=128,
                                               channel_max=16, epilogue_kwargs={'mbstd_group_size': 2}))
-    source = hostile_files.nvidia_source(generator_args='mapping_kwargs={}, **synthesis_kwargs')
-    loaded, _ = load(hostile_files.nvidia_pickle({'G': G, 'D': D}, source))
+    source = hostile_cases.nvidia_source(generator_args='mapping_kwargs={}, **synthesis_kwargs')
+    loaded, _ = load(hostile_cases.nvidia_pickle({'G': G, 'D': D}, source))
     assert loaded.G.init_kwargs == dict(z_dim=8, c_dim=0, w_dim=8, img_resolution=16, img_channels=3,
                                         mapping_kwargs={'num_layers': 2, 'w_avg_beta': 0.998},
                                         synthesis_kwargs={'channel_base': 128, 'channel_max': 16, 'num_fp16_res': 4,
@@ -114,71 +114,71 @@ def refused(data: bytes, *reason: str) -> str:
 
 def test_globals_outside_the_stand_ins_are_refused_unrun(tmp_path):
     flag = tmp_path / 'ran'
-    refused(hostile_files.nvidia_pickle_calling_os_system(str(flag)), 'names the global posix.system, which is not read')
+    refused(hostile_cases.nvidia_pickle_calling_os_system(str(flag)), 'names the global posix.system, which is not read')
     assert not flag.exists()
-    refused(hostile_files.nvidia_pickle({'G': hostile_files.PickledCall(print, 'x')}, ''), 'names the global builtins.print')
+    refused(hostile_cases.nvidia_pickle({'G': hostile_cases.PickledCall(print, 'x')}, ''), 'names the global builtins.print')
 
 
 @pytest.mark.parametrize('case', ['unrecognised source', 'alias-free StyleGAN3', 'augment pipe as G', 'foreign layer',
                                   'not a layer'])
 def test_classes_outside_the_allow_list_are_refused_unrun(case, tmp_path):
     flag = tmp_path / 'ran'
-    networks = hostile_files.nvidia_networks()
-    source, names, reason = hostile_files.nvidia_source(str(flag)), None, None
+    networks = hostile_cases.nvidia_networks()
+    source, names, reason = hostile_cases.nvidia_source(str(flag)), None, None
     if case == 'unrecognised source':
         source = f'import pathlib; pathlib.Path({str(flag)!r}).write_text("ran")\nclass Generator: pass\n'
         reason = 'G is a Generator of an unrecognised module source, which is not read (only training.networks.Generator'
     elif case == 'alias-free StyleGAN3':
-        source = hostile_files.nvidia_source(str(flag), classes=('SynthesisInput', 'SynthesisLayer', 'SynthesisNetwork'))
+        source = hostile_cases.nvidia_source(str(flag), classes=('SynthesisInput', 'SynthesisLayer', 'SynthesisNetwork'))
         reason = 'G is a training.networks_stylegan3.Generator, which is not read'
     elif case == 'augment pipe as G':
-        source = hostile_files.nvidia_source(str(flag), classes=('AugmentPipe',))
+        source = hostile_cases.nvidia_source(str(flag), classes=('AugmentPipe',))
         names, reason = {'Generator': 'AugmentPipe'}, 'G is a training.augment.AugmentPipe, which is not read'
     elif case == 'foreign layer':
         names, reason = {'SynthesisLayer': 'Payload'}, 'G.synthesis.b4.conv1 is a Payload, which training.networks does not define'
     else:
         networks['G'].synthesis.b4._modules['conv1'] = {'weight': torch.zeros(2)}
         reason = 'G.synthesis.b4.conv1 is a dict, not a layer of training.networks'
-    refused(hostile_files.nvidia_pickle(networks, source, class_names=names), reason)
+    refused(hostile_cases.nvidia_pickle(networks, source, class_names=names), reason)
     assert not flag.exists()
 
 
 def test_sources_too_long_to_parse_within_the_bound_are_refused():
-    source = hostile_files.nvidia_source() + '#' * nvidia_pickle.MAX_SOURCE_CHARS
-    refused(hostile_files.nvidia_pickle(hostile_files.nvidia_networks(), source),
+    source = hostile_cases.nvidia_source() + '#' * nvidia_pickle.MAX_SOURCE_CHARS
+    refused(hostile_cases.nvidia_pickle(hostile_cases.nvidia_networks(), source),
             'a persistent object\'s module_src is not a string of at most 131,072 characters')
 
 
 def test_storage_and_tensor_bombs_are_refused_before_allocation():
-    refused(hostile_files.nvidia_storage_bomb(1 << 40), 'holds a storage that declares 274,877,906,944 elements of '
+    refused(hostile_cases.nvidia_storage_bomb(1 << 40), 'holds a storage that declares 274,877,906,944 elements of '
                                                         'torch.float32 but carries 16 bytes')
-    networks = hostile_files.nvidia_networks()
+    networks = hostile_cases.nvidia_networks()
     weight = networks['G'].mapping.fc0._parameters['weight']
     # A view reaching beyond its storage, and one repeating an element (stride 0) to look like a large tensor.
     for size, stride in [((8, 9), (8, 1)), ((1 << 20, 1 << 20), (0, 0))]:
         networks['G'].mapping.fc0._parameters['weight'] = _strided(weight, size, stride)
-        refused(hostile_files.nvidia_pickle(networks, hostile_files.nvidia_source()),
+        refused(hostile_cases.nvidia_pickle(networks, hostile_cases.nvidia_source()),
                 f'holds a tensor of shape {list(size)} that reaches beyond its storage')
 
 
 def _strided(tensor: torch.Tensor, size: tuple, stride: tuple) -> object:
     """A tensor pickled as _rebuild_tensor_v2 over `tensor`'s storage with any size and stride (without building it)."""
     storage = tensor.detach().contiguous().untyped_storage()
-    return hostile_files.PickledCall(torch._utils._rebuild_tensor_v2, torch.storage.TypedStorage(
+    return hostile_cases.PickledCall(torch._utils._rebuild_tensor_v2, torch.storage.TypedStorage(
         wrap_storage=storage, dtype=tensor.dtype, _internal=True), 0, size, stride, False, collections.OrderedDict())
 
 
 def test_deep_nesting_persistent_ids_and_state_are_refused():
-    refused(hostile_files.nvidia_deep_nesting(200_000), 'training_set_kwargs: nested deeper than 32 levels')
+    refused(hostile_cases.nvidia_deep_nesting(200_000), 'training_set_kwargs: nested deeper than 32 levels')
     # A persistent id (torch.save's storages use them; NVIDIA's pickle.dump does not).
     refused(b'\x80\x03}X\x01\x00\x00\x00GX\x01\x00\x00\x00xQs.', 'holds a persistent id')  # {'G': persistent id 'x'}
     # BUILD (state set after construction) on a record of a persistent object.
-    data = hostile_files.nvidia_pickle({'G': hostile_files.nvidia_networks()['G']}, hostile_files.nvidia_source())
+    data = hostile_cases.nvidia_pickle({'G': hostile_cases.nvidia_networks()['G']}, hostile_cases.nvidia_source())
     assert data.endswith(b's.')  # SETITEM, STOP: insert EMPTY_DICT, BUILD on the value (G) before it is set.
     refused(data[:-2] + b'}b' + data[-2:], 'sets the state of a persistent')
     # Positional constructor arguments are not read.
-    G = hostile_files.nvidia_networks()['G']
-    refused(hostile_files.nvidia_pickle({'G': G}, hostile_files.nvidia_source(), init_args=(8,)),
+    G = hostile_cases.nvidia_networks()['G']
+    refused(hostile_cases.nvidia_pickle({'G': G}, hostile_cases.nvidia_source(), init_args=(8,)),
             'G: training.networks.Generator was built with positional arguments')
 
 
@@ -189,9 +189,9 @@ def test_deep_nesting_persistent_ids_and_state_are_refused():
 
 def test_generate_calc_metrics_and_legacy_take_nvidia_pickles(tmp_path, monkeypatch):
     monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
-    networks = hostile_files.nvidia_networks(c_dim=3, resolution=16)
+    networks = hostile_cases.nvidia_networks(c_dim=3, resolution=16)
     path = tmp_path / 'network-snapshot-000100.pkl'
-    path.write_bytes(hostile_files.nvidia_pickle(dict(networks, augment_pipe=None), hostile_files.nvidia_source()))
+    path.write_bytes(hostile_cases.nvidia_pickle(dict(networks, augment_pipe=None), hostile_cases.nvidia_source()))
 
     # generate.py at its defaults, as NVIDIA's: their latents (RandomState(seed).randn(z_dim)), const noise, and
     # truncation of every style layer give G's images.
@@ -220,7 +220,7 @@ def test_generate_calc_metrics_and_legacy_take_nvidia_pickles(tmp_path, monkeypa
     # legacy.load_network routes it; a refused one is one line through generate.py.
     assert type(legacy.load_network(str(path)).G).__name__ == 'Generator'
     evil = tmp_path / 'evil.pkl'
-    evil.write_bytes(hostile_files.nvidia_pickle_calling_os_system(str(tmp_path / 'ran')))
+    evil.write_bytes(hostile_cases.nvidia_pickle_calling_os_system(str(tmp_path / 'ran')))
     result = CliRunner().invoke(generate.main, [f'--network={evil}', '--seeds=0', f'--outdir={tmp_path / "x"}'])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert 'names the global posix.system' in result.output and not (tmp_path / 'ran').exists()
@@ -255,7 +255,7 @@ def test_train_resume_fine_tunes_nvidia_networks_with_their_or_a_fresh_d(tmp_pat
             p.add_(torch.randn_like(p) * 0.1)
     networks = {'G': G, 'G_ema': G, 'D': D}
     path = tmp_path / 'nvidia.pkl'
-    path.write_bytes(hostile_files.nvidia_pickle(dict(networks, augment_pipe=None), hostile_files.nvidia_source()))
+    path.write_bytes(hostile_cases.nvidia_pickle(dict(networks, augment_pipe=None), hostile_cases.nvidia_source()))
 
     result = fine_tune(str(path), data, str(tmp_path / 'runs'))
     assert f'Starting from the G, G_ema, D of "{path}"' in result.stdout
@@ -276,7 +276,7 @@ def test_train_resume_fine_tunes_nvidia_networks_with_their_or_a_fresh_d(tmp_pat
     # A pickle without D needs --resume-fresh-d; one whose G is not what the run builds names the differing kwargs;
     # --resume-override has no experiment to override.
     no_d = tmp_path / 'no-d.pkl'
-    no_d.write_bytes(hostile_files.nvidia_pickle({'G': G}, hostile_files.nvidia_source()))
+    no_d.write_bytes(hostile_cases.nvidia_pickle({'G': G}, hostile_cases.nvidia_source()))
     for args, pickle_path, message in [
             ((), no_d, f'--resume: {no_d} holds no D; add --resume-fresh-d to start D from scratch'),
             (('--map-dim=32',), path, f'--resume: the G of {path} is not the network that --cfg=gn-stylegan2 builds with '
@@ -405,13 +405,13 @@ def test_pickle_of_nvidia_code_gives_their_images_through_generate_and_trains(c_
     assert_started_from(persistence.load_snapshot(os.path.join(run_dir, snapshots(run_dir)[-1])), loaded, ('G', 'D'))
 
 #----------------------------------------------------------------------------
-# Files made to take memory or time, or to break the reader (tests/hostile_files.py's variants): one line each, before
+# Files made to take memory or time, or to break the reader (bench/hostile_cases.py's variants): one line each, before
 # what they would expand to is made. Their memory and time through the entry points: tests/test_hostile_files.py.
 
 
-@pytest.mark.parametrize('variant', list(hostile_files.nvidia_variants()))
+@pytest.mark.parametrize('variant', list(hostile_cases.nvidia_variants()))
 def test_variants_are_refused_in_one_line(variant, tmp_path):
-    make, reason = hostile_files.nvidia_variants(scale=1 << 20)[variant]
+    make, reason = hostile_cases.nvidia_variants(scale=1 << 20)[variant]
     refused(make(), reason)
 
 
@@ -424,13 +424,13 @@ def test_text_of_the_file_is_printed_escaped_on_one_line():
     data = b'\x80\x04}\x8c\x01G\x8c\x02os\x8c' + bytes([len(name)]) + name + b'\x93)Rs.'
     message = refused(data, 'names the global os.system\\n\\x1b[2J\\x1b[31m, which is not read')
     assert message.isprintable()
-    networks = hostile_files.nvidia_networks()
-    loaded, dropped = load(hostile_files.nvidia_pickle({**networks, f'extra{escape}' + 'x' * 1000: 1}, hostile_files.nvidia_source()))
+    networks = hostile_cases.nvidia_networks()
+    loaded, dropped = load(hostile_cases.nvidia_pickle({**networks, f'extra{escape}' + 'x' * 1000: 1}, hostile_cases.nvidia_source()))
     assert dropped == ['nvidia.pkl: dropped extra\\n\\x1b[2J\\x1b[31m' + 'x' * 85 + '... (int): this project does not use it']
     assert sorted(loaded) == ['D', 'G', 'G_ema', 'training_set_kwargs']
     # A message of this project's checks that quotes the file's text (training_set_kwargs naming a class not built).
-    loaded, dropped = load(hostile_files.nvidia_pickle({**networks, 'training_set_kwargs': {'class_name': f'evil{escape[1:]}'}},
-                                                       hostile_files.nvidia_source()))
+    loaded, dropped = load(hostile_cases.nvidia_pickle({**networks, 'training_set_kwargs': {'class_name': f'evil{escape[1:]}'}},
+                                                       hostile_cases.nvidia_source()))
     assert loaded.training_set_kwargs is None and len(dropped) == 1
     assert dropped[0].startswith('nvidia.pkl: dropped training_set_kwargs: "evil\\x1b[2J\\x1b[31m" is not a class this '
                                  'project builds by name') and dropped[0].isprintable()
@@ -440,12 +440,12 @@ def test_globals_in_a_storage_are_refused_unrun(tmp_path):
     """The pickles inside a storage's bytes have their own unpickler, which names only torch's storage types."""
     flag = tmp_path / 'ran'
     f = io.BytesIO()
-    pickle.dump(hostile_files.PickledCall(os.system, f'touch {flag}'), f, protocol=2)  # In place of the magic number.
-    networks = hostile_files.nvidia_networks()
-    networks['G'].mapping._buffers['w_avg'] = hostile_files.PickledCall(
-        torch._utils._rebuild_tensor_v2, hostile_files.PickledCall(torch.storage._load_from_bytes, f.getvalue()), 0, (8,), (1,),
+    pickle.dump(hostile_cases.PickledCall(os.system, f'touch {flag}'), f, protocol=2)  # In place of the magic number.
+    networks = hostile_cases.nvidia_networks()
+    networks['G'].mapping._buffers['w_avg'] = hostile_cases.PickledCall(
+        torch._utils._rebuild_tensor_v2, hostile_cases.PickledCall(torch.storage._load_from_bytes, f.getvalue()), 0, (8,), (1,),
         False, collections.OrderedDict())
-    refused(hostile_files.nvidia_pickle(networks, hostile_files.nvidia_source()),
+    refused(hostile_cases.nvidia_pickle(networks, hostile_cases.nvidia_source()),
             'names the global posix.system in a storage, which is not read')
     assert not flag.exists()
 
@@ -458,7 +458,7 @@ def test_large_networks_are_read(tmp_path):
     networks['G'] = stylegan2.Generator(z_dim=32, c_dim=0, w_dim=32, img_resolution=1024, img_channels=3,
                                         mapping_kwargs={'num_layers': 8}, synthesis_kwargs={'channel_base': 4096, 'channel_max': 64})
     networks['D'] = stylegan2.Discriminator(c_dim=0, img_resolution=1024, img_channels=3, channel_base=4096, channel_max=64)
-    loaded, _ = load(hostile_files.nvidia_pickle(networks, hostile_files.nvidia_source()))
+    loaded, _ = load(hostile_cases.nvidia_pickle(networks, hostile_cases.nvidia_source()))
     for name in ('G', 'D'):
         theirs = networks[name].state_dict()
         assert list(loaded[name].state_dict()) == list(theirs) and len(theirs) > {"G": 150, "D": 80}[name]
@@ -472,7 +472,7 @@ def test_sigterm_while_train_reads_the_pickle_stops_it(tmp_path, monkeypatch, ca
     from training import intake
     from training.run.stop_signal import StopSignal
     path = tmp_path / 'nvidia.pkl'
-    path.write_bytes(hostile_files.nvidia_pickle(hostile_files.nvidia_networks(), hostile_files.nvidia_source()))
+    path.write_bytes(hostile_cases.nvidia_pickle(hostile_cases.nvidia_networks(), hostile_cases.nvidia_source()))
     read, load_storage = [], nvidia_pickle._load_storage
 
     def signal_at_the_third(load_state, blob):

@@ -3,7 +3,7 @@
 In-process (training/training_loop.py with width-2 networks): a stop between ticks writes a snapshot of the G
 step, and the continued run ticks, writes its snapshots and counts its statistics at the same kimg as an
 uninterrupted run, every tensor equal; a stop during a metric evaluation abandons it. As a user runs it
-(train.py in processes, tests/signal_at_step.py sending the signal at a G step): one process signalled with
+(train.py in processes, tests/support/signal_at_step.py sending the signal at a G step): one process signalled with
 its DataLoader workers, as a scheduler signals every process of a job, twice in a row; two gloo processes
 whose parent train.py passes SIGUSR1 on; a second signal that ends the run at once while it writes the
 snapshot; the processes of --gpus=2 signalled while they start. Each is continued by the command the stopped
@@ -23,7 +23,9 @@ import time
 import pytest
 import torch
 
-from tests.test_metric_main import make_detector, write_dataset_zip
+from tests.support import runs
+from tests.support.runs import only_run_dir, snapshots
+from tests.support.stand_ins import make_detector, write_dataset_zip
 from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
 from torch_utils import persistence
 from training import training_loop
@@ -57,10 +59,6 @@ def assert_same_snapshot(path_a, path_b):
     for key in ta:
         assert ta[key].dtype == tb[key].dtype and torch.equal(ta[key], tb[key]), key
     assert a.progress == b.progress
-
-
-def snapshots(run_dir):
-    return sorted(f for f in os.listdir(run_dir) if f.startswith('network-snapshot-'))
 
 
 def signal_at_call(monkeypatch, cls, name, call, signum):
@@ -153,18 +151,8 @@ def test_the_requeue_recipe_tests_the_status_of_a_stopped_run():
     assert re.findall(r'\$\? -eq (\d+)', readme) == [str(REQUEUE_STATUS)]
 
 QUICK = ['--steps=6', '--batch=4', '--tick=0.008', '--snap=2']  # The digits; ticks of 2 steps, snapshots at steps 4 and 6.
-
-
-def run_train(*args, env=None, script='tests/signal_at_step.py'):
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1', **(env or {}))
-    return subprocess.run([sys.executable, script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600, start_new_session=True)  # Its own process group: SIGNAL_TO=group stays in it.
-
-
-def only_run_dir(outdir):
-    dirs = os.listdir(outdir)
-    assert len(dirs) == 1, dirs
-    return os.path.join(outdir, dirs[0])
+# train.py under tests/support/signal_at_step.py, in its own process group (SIGNAL_TO=group stays in it).
+run_train = functools.partial(runs.run_train, script='tests/support/signal_at_step.py')
 
 
 def continue_as_printed(result):
@@ -196,7 +184,7 @@ def test_stopped_quick_start_continues_as_if_never_stopped(tmp_path, uninterrupt
     assert 'Traceback' not in result.stderr + result.stdout
     run_dir = only_run_dir(outdir)
     assert re.search(rf'^Stopped by SIGTERM after G step 3, snapshot {re.escape(run_dir)}/network-snapshot-000000.012.pkl; '
-                     rf'continue with: python tests/signal_at_step.py --outdir={re.escape(str(outdir))} .*--resume=latest$',
+                     rf'continue with: python tests/support/signal_at_step.py --outdir={re.escape(str(outdir))} .*--resume=latest$',
                      result.stdout, re.M)
     assert snapshots(run_dir) == ['network-snapshot-000000.012.pkl']
 

@@ -5,19 +5,13 @@ import torch
 import torch.nn.functional as F
 
 from ops import conv2d_gradfix, relu_pool_gradfix
+from tests.support.gradfix import higher_order_gradients  # noqa: F401 (an autouse fixture)
 
 OPS = {  # name: (ours, torch's)
     'relu': (relu_pool_gradfix.relu, F.relu),
     'leaky_relu': (lambda x: relu_pool_gradfix.leaky_relu(x, 0.1), lambda x: F.leaky_relu(x, 0.1)),
     'avg_pool2x2': (relu_pool_gradfix.avg_pool2x2, lambda x: F.avg_pool2d(x, 2)),
 }
-
-
-@pytest.fixture(autouse=True)
-def higher_order_gradients(monkeypatch):
-    """Every test here runs as inside conv2d_gradfix.higher_order_gradients(), where the ops record their
-    autograd Functions; set through monkeypatch, so that a test switching it off again is undone in order."""
-    monkeypatch.setattr(conv2d_gradfix, 'higher_order_active', True)
 
 
 def input_away_from_kinks(shape, seed=0):

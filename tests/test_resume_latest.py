@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.test_metric_main import write_dataset_zip
+from tests.support.stand_ins import write_dataset_zip
 from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
 from torch_utils import persistence
 from training import training_loop

@@ -1,55 +1,78 @@
-"""torch_utils/threads.py: the OpenMP wait policy is set before torch loads, and --threads."""
+"""torch_utils/threads.py: the OpenMP wait policy is set before torch loads, in every program (the start-up,
+torch_utils/startup.py), and --threads."""
 
+import ast
 import os
 import subprocess
 import sys
 
 import torch
 
+from tests.support.programs import REPO_ROOT, programs
 from torch_utils import threads
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Every program of the repository that loads torch. bench/gpu_report.py and bench/train_speed.py are not listed yet.
-TOOLS = ('train.py', 'generate.py', 'calc_metrics.py', 'dataset_tool.py', 'legacy.py', 'bench/compare.py', 'bench/gpu_report.py',
-         'bench/hostile_files.py', 'bench/nvidia.py', 'bench/ops.py', 'bench/precision.py', 'bench/quickstart_quality.py',
-         'bench/stylegan.py', 'bench/stylegan2.py', 'bench/train_speed.py')
+# Imports a program as running it would (`-m MODULE`, or a script's path), without its main: at the first import of
+# torch it prints OMP_WAIT_POLICY as torch would read it and ends the process, before torch loads.
+_AT_TORCH_IMPORT = '''
+import importlib, os, runpy, sys
+class AtTorchImport:
+    def find_spec(self, name, path, target=None):
+        if name == 'torch':
+            print(os.environ.get('OMP_WAIT_POLICY'), flush=True)
+            os._exit(0)
+        return None
+sys.meta_path.insert(0, AtTorchImport())
+if sys.argv[1] == '-m':
+    importlib.import_module(sys.argv[2])
+else:
+    runpy.run_path(sys.argv[1], run_name='imported')
+print('torch never imported')
+'''
+# train.py keeps its own calls of set_wait_policy and require_supported_torch until it imports the start-up.
+OWN_START_UP = {'train.py'}
 
 
-def _tool_environments(tools: list[str], env: dict) -> list[str]:
-    """OMP_WAIT_POLICY as each tool (a module of the repository) leaves it when imported into `env`. One process
-    imports them all in turn, each afresh (one tool may import another), with `env`'s value put back before each;
-    that each tool sets it before torch loads is test_wait_policy_set_before_torch_in_every_tool's to show."""
-    code = ('import importlib, os, sys\n'
-            'given = os.environ.get("OMP_WAIT_POLICY")\n'
-            'for tool in sys.argv[1:]:\n'
-            '    os.environ.pop("OMP_WAIT_POLICY", None)\n'
-            '    os.environ.update({} if given is None else {"OMP_WAIT_POLICY": given})\n'
-            '    sys.modules.pop(tool, None)\n'
-            '    importlib.import_module(tool)\n'
-            '    print(os.environ.get("OMP_WAIT_POLICY"))\n')
-    result = subprocess.run([sys.executable, '-c', code, *tools], cwd=REPO_ROOT, env=env, capture_output=True,
-                            text=True, check=True, timeout=300)
-    return result.stdout.split()
+def _policy_at_torch_import(env: dict) -> dict[str, str]:
+    """Per program, OMP_WAIT_POLICY at the moment torch is first imported, in a fresh process with `env`."""
+    processes = {' '.join(p): subprocess.Popen([sys.executable, '-c', _AT_TORCH_IMPORT, *p], cwd=REPO_ROOT, env=env,
+                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for p in programs()}
+    found = {}
+    for name, process in processes.items():
+        out, err = process.communicate(timeout=300)
+        found[name] = out.strip() or err.strip()[-300:]
+    return found
 
 
-def test_every_tool_sets_a_passive_wait_policy_before_torch_unless_told_otherwise():
+def test_every_program_sets_a_passive_wait_policy_before_torch_loads():
     env = {k: v for k, v in os.environ.items() if k != 'OMP_WAIT_POLICY'}
-    modules = [tool[:-3].replace('/', '.') for tool in TOOLS]
-    assert dict(zip(TOOLS, _tool_environments(modules, env))) == {tool: 'PASSIVE' for tool in TOOLS}
-    assert _tool_environments(modules, dict(env, OMP_WAIT_POLICY='ACTIVE')) == ['ACTIVE'] * len(TOOLS)
+    found = _policy_at_torch_import(env)
+    assert len(found) >= 25 and {'generate.py', '-m bench.ops', 'docs/make_configs_md.py'} <= set(found)
+    assert found == {name: 'PASSIVE' for name in found}
 
 
-def test_wait_policy_set_before_torch_in_every_tool():
-    """Each tool calls set_wait_policy() before any import that loads torch (libgomp reads the variable when torch
-    loads it): run the tool's imports up to that call and check torch is not loaded yet."""
-    for tool in TOOLS:
-        source = open(os.path.join(REPO_ROOT, tool)).read()
-        head = source[:source.index('\nset_wait_policy()')]
-        path = os.path.join(REPO_ROOT, tool)
-        result = subprocess.run([sys.executable, '-c', f'import sys; exec(compile({head!r}, {tool!r}, "exec"), '
-                                 f'{{"__file__": {path!r}}}); print("torch" in sys.modules)'], cwd=REPO_ROOT,
-                                capture_output=True, text=True, timeout=120)
-        assert result.stdout.strip() == 'False', (tool, result.stderr)
+def test_a_wait_policy_given_in_the_environment_is_kept():
+    env = dict(os.environ, OMP_WAIT_POLICY='ACTIVE')
+    result = subprocess.run([sys.executable, '-c', _AT_TORCH_IMPORT, 'generate.py'], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == 'ACTIVE', result.stderr
+
+
+def test_every_program_starts_with_the_start_up():
+    """The first import of each program that is not of Python's standard library is `import torch_utils.startup`."""
+    wrong = []
+    for program in programs():
+        path = program[0] if program[0] != '-m' else program[1].replace('.', '/') + '.py'
+        if path in OWN_START_UP:
+            continue
+        with open(os.path.join(REPO_ROOT, path), encoding='utf-8') as f:
+            tree = ast.parse(f.read())
+        first = next(node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)) and
+                     (node.names[0].name if isinstance(node, ast.Import) else node.module).split('.')[0]
+                     not in sys.stdlib_module_names | {'__future__'})
+        if not (isinstance(first, ast.Import) and [a.name for a in first.names] == ['torch_utils.startup']):
+            wrong.append(f'{path}:{first.lineno}: {ast.unparse(first)}')
+    assert wrong == []
 
 
 def test_set_threads():

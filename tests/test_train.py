@@ -17,44 +17,12 @@ import psutil
 import pytest
 import torch
 
+from tests.support.runs import only_run_dir, run_cli, run_clis, snapshots
 from torch_utils import persistence
 from training.experiment import Experiment
 from training.recipes import progressive
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def run_clis(*commands, check=True):
-    """Each command (the arguments of one `python ...`) in its own process, all at once, as a user would start them
-    from several shells; their CompletedProcess results, in order. Commands that do not depend on each other run
-    together so that a test uses the cores it would otherwise leave idle."""
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    processes = [subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for args in commands]
-    try:
-        outputs = [process.communicate(timeout=600) for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-    results = [subprocess.CompletedProcess(p.args, p.returncode, *output) for p, output in zip(processes, outputs)]
-    for args, result in zip(commands, results):
-        if check and result.returncode != 0:
-            raise AssertionError(f'{args[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}')
-    return results
-
-
-def run_cli(*args, check=True):
-    return run_clis(args, check=check)[0]
-
-
-def only_run_dir(outdir):
-    dirs = sorted(os.listdir(outdir))
-    assert len(dirs) == 1, dirs
-    return os.path.join(outdir, dirs[0])
-
-
-def snapshots(run_dir):
-    return sorted(f for f in os.listdir(run_dir) if f.startswith('network-snapshot-'))
 
 
 @pytest.fixture(scope='module')
@@ -333,7 +301,7 @@ def test_cpu_processes_join_a_gloo_group_when_gpus_are_visible(monkeypatch):
 
 def test_dry_run_prints_the_v1_phase_table(tmp_path):
     """The paper's 8-GPU run at 64x64: global batch 256 at 8x8 and 32 at 64x64, on 8 GPUs or 1."""
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     write_dataset_zip(str(tmp_path / 'data64.zip'), num_images=2, resolution=64)
     cases = [(8, '16', '4'), (1, '16', '16')]  # 8x8 on 8 GPUs: 32 each, 2 rounds of 16.
     results = run_clis(*[['train.py', '--cfg=gn-stylegan', f'--data={tmp_path / "data64.zip"}', f'--gpus={gpus}',
@@ -354,7 +322,7 @@ def test_dry_run_says_when_gpus_shrink_the_minibatch_stddev_groups(tmp_path):
     import re
     from click.testing import CliRunner
     import train
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     write_dataset_zip(str(tmp_path / 'data64.zip'), num_images=2, resolution=64)
     v1_batch = {8: 256, 16: 128, 32: 64, 64: 32}  # StyleGAN v1's global minibatch by resolution (the paper's run).
     for gpus, batch in [(1, None), (8, None), (16, None), (32, None), (16, 16)]:

@@ -43,7 +43,7 @@ def _stylegan_experiment(**options) -> Experiment:
 def _run_with_metrics(tmp_path, monkeypatch, detector_url):
     import functools
     from metrics import metric_main
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     monkeypatch.setenv('GNGAN_CACHE_DIR', str(tmp_path / 'cache'))
     # The protocol's 50k images would take hours on a CPU; the wiring is the same with 8.
     monkeypatch.setattr(metric_main, 'calc_metric', functools.partial(metric_main.calc_metric, num_gen=8, max_real=8))
@@ -58,7 +58,7 @@ def _run_with_metrics(tmp_path, monkeypatch, detector_url):
 
 def test_metrics_at_every_snapshot_and_best_snapshot_kept(tmp_path, monkeypatch):
     import json
-    from tests.test_metric_main import make_detector
+    from tests.support.stand_ins import make_detector
     from torch_utils import persistence
     make_detector(str(tmp_path / 'detector.pt'))
     run_dir = _run_with_metrics(tmp_path, monkeypatch, str(tmp_path / 'detector.pt'))
@@ -113,7 +113,7 @@ def test_adam_state_is_reset_exactly_at_phase_changes(tmp_path):
 
 
 def test_nonfinite_gradient_stops_the_run_naming_step_and_network(tmp_path, monkeypatch):
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     calls = []
     next_batch = RealImageStream.next
@@ -143,7 +143,7 @@ def test_resume_continues_bit_for_bit(tmp_path, device):
     """8 G steps in one go, and the same run stopped after step 4 and resumed: same weights and losses (on a GPU with
     the deterministic switch)."""
     import json
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     from torch_utils import persistence
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=12, resolution=8)
 
@@ -169,7 +169,7 @@ def test_resume_continues_bit_for_bit(tmp_path, device):
 def test_stylegan2_resume_continues_bit_for_bit(tmp_path):
     """gn-stylegan2 with path length regularization (at every 4th G step) and style mixing: 6 G steps in one go, and
     the same run stopped after step 3 and resumed (the path length average goes on from the snapshot)."""
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     from torch_utils import persistence
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=12, resolution=8)
 
@@ -194,7 +194,7 @@ def test_stylegan2_resume_continues_bit_for_bit(tmp_path):
 def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch, switches):
     """TF32 off for an fp32 run, deterministic algorithms on when asked, cuDNN benchmarking off on a CPU; as before
     once the run ends."""
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     from torch_utils import devices
     from training.step.updater import NetworkUpdater
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
@@ -216,7 +216,7 @@ def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch, switc
 def test_fp16_run_with_loss_scaling(tmp_path):
     """fp16 through the loop: GradScaler's scale goes in as the gain, is unscaled before Adam, and the
     scaled gradients' overflows (which only skip a step) are not taken for divergence."""
-    from tests.test_metric_main import write_dataset_zip
+    from tests.support.stand_ins import write_dataset_zip
     from torch_utils import persistence
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     training_loop.training_loop(_tiny_experiment(str(tmp_path / 'data.zip'), steps=3, batch=2, tick=1, precision='fp16'),

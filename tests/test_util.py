@@ -9,7 +9,7 @@ import torch
 
 import dnnlib
 from dnnlib import util
-from tests.hostile_files import LoopbackServer, send
+from bench.hostile_cases import LoopbackServer, send
 
 
 def test_easydict_attribute_access():

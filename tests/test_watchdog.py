@@ -1,4 +1,4 @@
-"""tests/watchdog.py: a hung test is reported with its stacks and ended, and the suite goes on."""
+"""tests/support/watchdog.py: a hung test is reported with its stacks and ended, and the suite goes on."""
 
 import os
 import subprocess
@@ -27,7 +27,7 @@ def run_pytest(tmp_path, *args) -> tuple[subprocess.CompletedProcess, float]:
     (tmp_path / 'conftest.py').write_text(textwrap.dedent(f'''
         import sys
         sys.path.insert(0, {REPO_ROOT!r})
-        from tests.watchdog import Watchdog
+        from tests.support.watchdog import Watchdog
 
         def pytest_configure(config):
             config.pluginmanager.register(Watchdog(limit=2, grace=3), 'watchdog')

@@ -2,7 +2,7 @@
 partial, keeps the snapshot that could be written, and --resume=latest then ends with the same snapshots as a run
 that never stopped.
 
-The disk fills up by tests/full_disk.py: writes to the chosen file write half their bytes, then fail with ENOSPC.
+The disk fills up by tests/support/full_disk.py: writes to the chosen file write half their bytes, then fail with ENOSPC.
 In-process (training/training_loop.py, width-2 networks) for each writer of the loop; as a user runs it (train.py in
 a process) for the one line, the exit status, log.txt, training_options.json and the printed command that continues.
 """
@@ -12,16 +12,15 @@ import functools
 import json
 import os
 import shlex
-import subprocess
-import sys
 
 import PIL.Image
 import pytest
 
 from dnnlib.util import WriteError
-from tests import full_disk
-from tests.test_metric_main import make_detector, write_dataset_zip
-from tests.test_preemption import assert_same_snapshot, snapshots
+from tests.support import full_disk, runs
+from tests.support.runs import snapshots
+from tests.support.stand_ins import make_detector, write_dataset_zip
+from tests.test_preemption import assert_same_snapshot
 from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
 from torch_utils import persistence
 from training import training_loop
@@ -105,11 +104,7 @@ def test_a_full_disk_keeps_what_could_be_written_and_resume_ends_the_same(tmp_pa
 # As a user runs it: train.py, one line and its exit status.
 
 QUICK = ['--steps=6', '--batch=4', '--tick=0.008', '--snap=1']  # The digits; a snapshot every 2 G steps.
-
-
-def run_train(*args, env=None, script='tests/full_disk.py'):
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1', **(env or {}))
-    return subprocess.run([sys.executable, script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+run_train = functools.partial(runs.run_train, script='tests/support/full_disk.py')  # train.py on a disk that fills up.
 
 
 def error_line(result) -> str:
@@ -128,7 +123,7 @@ def test_train_py_says_what_and_continues_to_the_same_snapshots(tmp_path):
     result = run_train(f'--outdir={outdir}', *QUICK, env=dict(FULL_DISK_FILES='network-snapshot-000000.016'))
     (run_dir,) = [os.path.join(outdir, name) for name in os.listdir(outdir)]
     line = error_line(result)
-    command = f'python tests/full_disk.py {shlex.join([f"--outdir={outdir}", *QUICK, "--resume=latest"])}'
+    command = f'python tests/support/full_disk.py {shlex.join([f"--outdir={outdir}", *QUICK, "--resume=latest"])}'
     assert line == (f'Error: cannot write {run_dir}/network-snapshot-000000.016.pkl: No space left on device; the newest complete '
                     f'snapshot is {run_dir}/network-snapshot-000000.008.pkl; once there is space, continue with: {command}')
     assert_nothing_partial(run_dir)
@@ -152,7 +147,7 @@ def test_log_txt_full(tmp_path):
     (run_dir,) = [os.path.join(outdir, name) for name in os.listdir(outdir)]
     line = error_line(result)
     assert line.startswith(f'Error: cannot write {run_dir}/log.txt: No space left on device; there is no complete snapshot yet; '
-                           f'once there is space, start with: python tests/full_disk.py ')
+                           f'once there is space, start with: python tests/support/full_disk.py ')
     log = open(os.path.join(run_dir, 'log.txt')).read().splitlines()
     console = result.stdout.splitlines()
     start = console.index(log[0])

@@ -52,8 +52,9 @@ def unsupported_reason(version: str) -> str | None:
 
 
 def require_supported_torch() -> None:
-    """Exit with one line when the torch installed is older than OLDEST_TORCH. Every program calls it first, before
-    it imports the rest of the project, so that an old torch never ends in a traceback halfway through a run."""
+    """Exit with one line when the torch installed is older than OLDEST_TORCH. The start-up every program imports
+    first (torch_utils/startup.py) calls it before the rest of the project is imported, so that an old torch never
+    ends in a traceback halfway through a run."""
     reason = unsupported_reason(torch.__version__)
     if reason is not None:
         sys.exit(reason)

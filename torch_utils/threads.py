@@ -7,9 +7,9 @@ and the other programs need. OMP_WAIT_POLICY=PASSIVE makes them sleep at once, s
 busy machine slows down about in proportion to the competing load, not several times over; on an
 idle machine it costs a little.
 
-libgomp reads OMP_WAIT_POLICY once, when torch loads it, so every tool calls `set_wait_policy()`
-before anything imports torch; a policy the user set in the environment is kept. `--threads`
-(`set_threads`) sets torch's intra-op thread count after that.
+libgomp reads OMP_WAIT_POLICY once, when torch loads it, so every program calls `set_wait_policy()`
+before anything imports torch: its first import, torch_utils/startup.py, does. A policy the user set in
+the environment is kept. `--threads` (`set_threads`) sets torch's intra-op thread count after that.
 """
 
 from __future__ import annotations

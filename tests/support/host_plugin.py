@@ -23,7 +23,7 @@ import torch.utils.cpp_extension
 import dnnlib
 from ops import upfirdn2d
 
-OPS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'ops')
+OPS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), 'ops')
 NVCC = shutil.which('nvcc')
 TORCH_INCLUDES = [f'-I{path}' for path in torch.utils.cpp_extension.include_paths()]
 CACHE_ROOT = os.path.join(dnnlib.util.default_cache_dir(), 'host_kernels')  # Read once, before any test sets it.

@@ -1,6 +1,6 @@
 """train.py, with a signal sent during a G step of the tests' choosing: how tests/test_preemption.py stops a run.
 
-    python tests/signal_at_step.py <train.py options>
+    python tests/support/signal_at_step.py <train.py options>
 
 runs train.py's command line. The environment chooses the signal (none when SIGNAL_AT_STEP is not set, so
 that the command a stopped run prints, which names this script, continues it as train.py would):
@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # The repository.
 
 import torch  # noqa: E402
 

@@ -1,6 +1,6 @@
 """A disk that fills up while a run writes: how tests/test_write_failure.py makes writes fail.
 
-    python tests/full_disk.py <train.py options>
+    python tests/support/full_disk.py <train.py options>
 
 runs train.py's command line with `fill()` applied from the environment in every process of the run (nothing fails
 when FULL_DISK_FILES is not set, so that the command a failed run prints, which names this script, continues it as
@@ -26,7 +26,7 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # The repository.
 
 
 class _FillingFile:

@@ -1,13 +1,17 @@
 """Hostile files, built without allocating what they claim: zip, npz and tar bombs, archives whose entries
 claim more bytes than the file holds, truncated archives, pickles and LMDB databases made to take memory,
-and a server on 127.0.0.1 for downloads larger than their cap.
+and a server on 127.0.0.1 for downloads larger than their cap; the command lines of every entry point that reads
+them (hostile_cases), and how each is run and measured (run_cli, run_entry_point).
 
-Used by tests/test_hostile_files.py, tests/test_dataset_tool.py, tests/test_util.py and bench/hostile_files.py. A zip is written here by hand
-(local headers, central directory, end record), so that an entry can carry any declared size and a
-deflate stream can be repeated rather than computed: the bombs take milliseconds to build.
+A part of `python -m bench.hostile_files`, which measures the refusals; tests/test_hostile_files.py checks them, and
+other tests use its files (tests/test_dataset_tool.py, tests/test_nvidia_pickle.py, tests/test_util.py). A zip is
+written here by hand (local headers, central directory, end record), so that an entry can carry any declared size
+and a deflate stream can be repeated rather than computed: the bombs take milliseconds to build.
 """
 
 from __future__ import annotations
+
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
 
 import collections
 import dataclasses
@@ -31,6 +35,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+from bench.common import module_command
 
 _CHUNK = 1 << 20  # A bomb is whole MiB of zeros.
 
@@ -208,11 +214,29 @@ def image_entry_bomb(num_bytes: int) -> bytes:
     return zip_bytes([deflate_bomb('img0.png', len(first) + num_bytes, first), stored('img1.png', png_bytes(100))])
 
 
+class StandInDetector(torch.nn.Module):
+    """A detector with the calling convention of the metrics' (uint8 [N, 3, H, W] of any size -> features [N, 6], or
+    class probabilities [N, 5]) and random weights: what calc_metrics.py loads as --detector, so that a case gets
+    as far as the hostile file it is about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Linear(3 * 2 * 2, 6)
+        self.logits = torch.nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor, return_features: bool = False, no_output_bias: bool = False) -> torch.Tensor:
+        features = self.features(torch.nn.functional.adaptive_avg_pool2d(x.to(torch.float32) / 255, [2, 2]).flatten(1))
+        if return_features:
+            return features
+        logits = features @ self.logits.weight.t()
+        return torch.softmax(logits if no_output_bias else logits + self.logits.bias, dim=1)
+
+
 def detector_bytes() -> bytes:
-    """The tests' tiny TorchScript detector (tests/test_metric_main.py)."""
-    from tests.test_metric_main import make_detector
+    """StandInDetector as TorchScript, as a file named detector.pt holds it (its entries under detector/)."""
+    torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        make_detector(os.path.join(tmp, 'detector.pt'))
+        torch.jit.script(StandInDetector().eval()).save(os.path.join(tmp, 'detector.pt'))
         with open(os.path.join(tmp, 'detector.pt'), 'rb') as f:
             return f.read()
 
@@ -965,3 +989,10 @@ def run_entry_point(script: str, cases: list[Case], cwd: str) -> tuple[int | Non
         with open(os.path.join(tmp, 'results.json')) as f:
             results = json.load(f)
     return results['footprint'], [Outcome(**outcome) for outcome in results['outcomes']]
+
+#----------------------------------------------------------------------------
+
+main = module_command(__doc__, 'python -m bench.hostile_files')
+
+if __name__ == '__main__':
+    main()
