@@ -130,20 +130,25 @@ class _Preset:
 
 
 def _checks_from_one_state(check, captured: graphs.CapturedStep, key, entry, eager_step, trials: int) -> dict:
-    """The check of `entry`'s first replay (check: CapturedStep._check) run `trials` times with one check and `trials` times with CHECK_ROUNDS,
-    each from the state it found, the graph kept whatever the verdict; that state is left as found."""
+    """The check of `entry`'s first replay (check: CapturedStep._check) run `trials` times with one check and `trials`
+    times with CHECK_ROUNDS, each from the state it found, the graph kept whatever the verdict; that state is left as
+    found. Per number of checks: how many trials rejected the graph, and the largest error of a check (1 passes)."""
     state, engine = captured.state(), captured.engine
     before, rng = [t.clone() for t in state], engine.rng_state()
     statistics = entry.statistics.clone()
     rejected, errors = [], []
     replay_error = graphs.replay_error
+
+    def recorded_error(*args) -> float:
+        errors.append(replay_error(*args))
+        return errors[-1]
     captured._stay_eager = lambda key, why: rejected.append(why)  # The graph stays for the next trial.
     rounds_kept = graphs.CHECK_ROUNDS
     counts = {}
     try:
         for rounds in (1, rounds_kept):
             graphs.CHECK_ROUNDS = rounds
-            graphs.replay_error = lambda *args: errors.append(replay_error(*args)) or errors[-1]
+            graphs.replay_error = recorded_error
             failed, errors[:] = 0, []
             for _ in range(trials):
                 graphs._restore(state, before)
@@ -202,7 +207,8 @@ def _worker(cfgs: list[str], trials: int, keys_per_step: int, out: str) -> None:
     data = dict(capability=torch.backends.cpu.get_cpu_capability(), presets={})
     for cfg_name in cfgs:
         start = time.perf_counter()
-        data['presets'][cfg_name] = dict(keys=measure_preset(cfg_name, trials, keys_per_step), seconds=time.perf_counter() - start)
+        keys = measure_preset(cfg_name, trials, keys_per_step)
+        data['presets'][cfg_name] = dict(keys=keys, seconds=time.perf_counter() - start)
         print(f'  {data["capability"]:>8} {cfg_name}: {time.perf_counter() - start:.0f} s', flush=True)
     write_json_atomic(out, data)
 
@@ -283,7 +289,8 @@ def main(cfgs: list[str], trials: int, keys_per_step: int, capabilities: list[st
     if out is not None:
         write_json_atomic(out, dict(date=datetime.date.today().isoformat(), torch=torch.__version__,
                                     cpu=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads(),
-                                    trials=trials, keys_per_step=keys_per_step, check_rounds=graphs.CHECK_ROUNDS, confidence=CONFIDENCE,
+                                    trials=trials, keys_per_step=keys_per_step, check_rounds=graphs.CHECK_ROUNDS,
+                                    confidence=CONFIDENCE,
                                     rows=rows, measured=measured))
 
 

@@ -482,8 +482,8 @@ def test_every_rank_takes_the_same_verdict_on_its_first_cuda_replay(tmp_path, ba
     device); over gloo, both on one GPU (the verdict reduced on the host)."""
     if backend == 'nccl' and torch.cuda.device_count() < 2:
         pytest.skip(f'nccl needs two GPUs, {torch.cuda.device_count()} present (gloo runs the check on one)')
-    torch.multiprocessing.spawn(_rank_checking_its_replay, args=(str(tmp_path / 'store'), str(tmp_path), backend, 'cuda'),
-                                nprocs=2)
+    torch.multiprocessing.spawn(_rank_checking_its_replay, nprocs=2,
+                                args=(str(tmp_path / 'store'), str(tmp_path), backend, 'cuda'))
     for rank in range(2):
         assert (tmp_path / f'rank{rank}.txt').read_text() == '1 False [4.0, 4.0, 4.0]'
 
