@@ -18,9 +18,10 @@ the run then goes on. Each CPU kernel set torch can use here (ATEN_CPU_CAPABILIT
 torch starts) runs in a process of its own. Every graph here is correct (the emulation replays exactly the step's
 operators), so every rejection is a false one.
 
-Prints per preset and kernel set: checks run, single checks failed, p with its exact (Clopper-Pearson) two-sided 95%
-interval, the largest error of a single check (1 passes), and graphs thrown away after CHECK_ROUNDS checks with the
-upper 95% bound of that rate. --out writes the same as JSON, with the device, torch version and date.
+Prints per preset and kernel set: single checks run (the first and the second of a trial alike) and failed, p with its
+exact (Clopper-Pearson) two-sided 95% interval and the bound it puts on p^2, the largest error of a check (1 passes),
+and of the trials allowed CHECK_ROUNDS checks those that threw the graph away, with the upper 95% bound of that rate.
+--out writes the same as JSON, with the device, torch version and date.
 """
 
 from __future__ import annotations
@@ -132,7 +133,9 @@ class _Preset:
 def _checks_from_one_state(check, captured: graphs.CapturedStep, key, entry, eager_step, trials: int) -> dict:
     """The check of `entry`'s first replay (check: CapturedStep._check) run `trials` times with one check and `trials`
     times with CHECK_ROUNDS, each from the state it found, the graph kept whatever the verdict; that state is left as
-    found. Per number of checks: how many trials rejected the graph, and the largest error of a check (1 passes)."""
+    found. Per number of checks allowed: how many trials rejected the graph, how many single checks ran and failed
+    (every check counts, the first and the second of a trial alike: each is an independent check from that state),
+    and the largest error of a check (1 passes)."""
     state, engine = captured.state(), captured.engine
     before, rng = [t.clone() for t in state], engine.rng_state()
     statistics = entry.statistics.clone()
@@ -159,7 +162,8 @@ def _checks_from_one_state(check, captured: graphs.CapturedStep, key, entry, eag
                 with training_stats.discarded():
                     check(captured, key, entry, eager_step)
                 failed += len(rejected) > count
-            counts[rounds] = dict(failed=failed, largest_error=max(errors))
+            counts[rounds] = dict(failed=failed, checks=len(errors), checks_failed=sum(e > 1 for e in errors),
+                                  largest_error=max(errors))
     finally:
         graphs.CHECK_ROUNDS, graphs.replay_error = rounds_kept, replay_error
         del captured._stay_eager
@@ -214,15 +218,18 @@ def _worker(cfgs: list[str], trials: int, keys_per_step: int, out: str) -> None:
 
 
 def _row(capability: str, cfg_name: str, keys: list[dict], trials: int, seconds: float) -> dict:
-    """One line of the table: the graph keys' trials together, p and the throw-away rate with their bounds; bound_p2
-    is the upper bound of p squared, the rate of two independent checks both failing."""
-    checks = len(keys) * trials
-    single, thrown = sum(k['single']['failed'] for k in keys), sum(k['rounds']['failed'] for k in keys)
+    """One line of the table: the graph keys' trials together. p: single checks failed over single checks run (those
+    of both phases); thrown away: trials whose CHECK_ROUNDS checks all failed; bound_p2, the upper bound of p squared,
+    the rate at which two independent checks both fail."""
+    checks = sum(k['single']['checks'] + k['rounds']['checks'] for k in keys)
+    single = sum(k['single']['checks_failed'] + k['rounds']['checks_failed'] for k in keys)
+    thrown = sum(k['rounds']['failed'] for k in keys)
     low, high = clopper_pearson(single, checks)
     return dict(capability=capability, cfg=cfg_name, keys=len(keys), checks=checks, single_failed=single,
                 p=single / checks, p_interval=[low, high], bound_p2=high ** 2,
-                largest_error=max(k['single']['largest_error'] for k in keys), thrown_away=thrown,
-                thrown_away_upper=clopper_pearson(thrown, checks)[1], seconds=seconds)
+                largest_error=max(max(k['single']['largest_error'], k['rounds']['largest_error']) for k in keys),
+                trials=len(keys) * trials, thrown_away=thrown,
+                thrown_away_upper=clopper_pearson(thrown, len(keys) * trials)[1], seconds=seconds)
 
 
 def summary_rows(measured: dict[str, dict], trials: int) -> list[dict]:
@@ -242,12 +249,12 @@ def summary_rows(measured: dict[str, dict], trials: int) -> list[dict]:
 
 def print_table(rows: list[dict], check_rounds: int) -> None:
     print(f'{"kernels":>8} {"preset":>15} {"keys":>4} {"checks":>6} {"failed":>6} {"p":>7} {"95% interval":>17} '
-          f'{"p^2 <=":>8} {"max err":>7} {f"{check_rounds} failed":>8} {"95% upper":>9} {"s":>5}')
+          f'{"p^2 <=":>8} {"max err":>7} {"trials":>6} {f"{check_rounds} failed":>8} {"95% upper":>9} {"s":>5}')
     for r in rows:
         low, high = r['p_interval']
         print(f'{r["capability"]:>8} {r["cfg"]:>15} {r["keys"]:>4} {r["checks"]:>6} {r["single_failed"]:>6} '
-              f'{r["p"]:>7.4f} {f"[{low:.4f}, {high:.4f}]":>17} {r["bound_p2"]:>8.2g} {r["largest_error"]:>7.3f} '
-              f'{r["thrown_away"]:>8} {r["thrown_away_upper"]:>9.4f} {r["seconds"]:>5.0f}')
+              f'{r["p"]:>7.4f} {f"[{low:.4f}, {high:.4f}]":>17} {r["bound_p2"]:>8.2g} {r["largest_error"]:>7.3g} '
+              f'{r["trials"]:>6} {r["thrown_away"]:>8} {r["thrown_away_upper"]:>9.4f} {r["seconds"]:>5.0f}')
 
 
 def _parse_capabilities(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str]:

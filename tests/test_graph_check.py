@@ -40,6 +40,8 @@ def test_checks_from_one_state_count_each_verdict_and_leave_the_state(baked):
                                                 lambda: step(torch.full([3], 3.0)), trials=4)
     failed = 0 if baked == 1.0 else 4
     assert result['single']['failed'] == failed and result['rounds']['failed'] == failed
+    assert (result['single']['checks'], result['single']['checks_failed']) == (4, failed)
+    assert (result['rounds']['checks'], result['rounds']['checks_failed']) == (4, failed)  # Deterministic: one check.
     assert result['check_rounds'] == graphs.CHECK_ROUNDS
     assert (result['single']['largest_error'] > 1) == (baked != 1.0)
     assert torch.equal(w, before) and torch.equal(torch.get_rng_state(), rng)
@@ -49,18 +51,23 @@ def test_checks_from_one_state_count_each_verdict_and_leave_the_state(baked):
 
 
 def test_summary_rows_add_the_keys_of_every_preset_and_kernel_set():
-    key = lambda single, rounds: dict(single=dict(failed=single, largest_error=0.5 + single),
-                                      rounds=dict(failed=rounds, largest_error=0.1), check_rounds=2)
-    measured = {'default': dict(presets={'a': dict(keys=[key(1, 0), key(0, 0)], seconds=2.0)}),
-                'avx2': dict(presets={'a': dict(keys=[key(2, 1)], seconds=3.0)})}
+    """Every check counts for p, the first and the second of a trial alike; the throw-away rate is per trial."""
+    def key(failed_single, checks_rounds, failed_rounds, thrown):
+        return dict(single=dict(failed=failed_single, checks=10, checks_failed=failed_single, largest_error=0.5),
+                    rounds=dict(failed=thrown, checks=checks_rounds, checks_failed=failed_rounds,
+                                largest_error=0.5 + failed_rounds), check_rounds=2)
+    measured = {'default': dict(presets={'a': dict(keys=[key(1, 11, 1, 0), key(0, 10, 0, 0)], seconds=2.0)}),
+                'avx2': dict(presets={'a': dict(keys=[key(0, 12, 3, 1)], seconds=3.0)})}
     rows = graph_check.summary_rows(measured, trials=10)
-    assert [(r['capability'], r['cfg'], r['checks'], r['single_failed'], r['thrown_away']) for r in rows] == [
-        ('default', 'a', 20, 1, 0), ('default', 'all', 20, 1, 0), ('avx2', 'a', 10, 2, 1), ('avx2', 'all', 10, 2, 1),
-        ('all', 'all', 30, 3, 1)]
+    counted = [(r['capability'], r['cfg'], r['checks'], r['single_failed'], r['trials'], r['thrown_away']) for r in rows]
+    assert counted == [
+        ('default', 'a', 41, 2, 20, 0), ('default', 'all', 41, 2, 20, 0), ('avx2', 'a', 22, 3, 10, 1),
+        ('avx2', 'all', 22, 3, 10, 1), ('all', 'all', 63, 5, 30, 1)]
     last = rows[-1]
-    high = scipy.stats.beta.ppf(0.975, 4, 27)  # Clopper-Pearson's upper bound of 3 in 30.
-    assert last['p'] == pytest.approx(0.1) and last['p_interval'][1] == pytest.approx(high)
-    assert last['bound_p2'] == pytest.approx(high ** 2) and last['largest_error'] == 2.5 and last['seconds'] == 5.0
+    high = scipy.stats.beta.ppf(0.975, 6, 58)  # Clopper-Pearson's upper bound of 5 in 63: Beta^-1(0.975; 6, 58).
+    assert last['p'] == pytest.approx(5 / 63) and last['p_interval'][1] == pytest.approx(high)
+    assert last['bound_p2'] == pytest.approx(high ** 2) and last['largest_error'] == 3.5 and last['seconds'] == 5.0
+    assert last['thrown_away_upper'] == pytest.approx(scipy.stats.beta.ppf(0.975, 2, 29))
 
 
 @pytest.mark.parametrize('args,message', [(['--cfgs=nope'], 'expected a comma-separated list of'),
