@@ -59,7 +59,8 @@ def test_summary_rows_add_the_keys_of_every_preset_and_kernel_set():
     measured = {'default': dict(presets={'a': dict(keys=[key(1, 11, 1, 0), key(0, 10, 0, 0)], seconds=2.0)}),
                 'avx2': dict(presets={'a': dict(keys=[key(0, 12, 3, 1)], seconds=3.0)})}
     rows = graph_check.summary_rows(measured, trials=10)
-    counted = [(r['capability'], r['cfg'], r['checks'], r['single_failed'], r['trials'], r['thrown_away']) for r in rows]
+    counted = [(r['capability'], r['cfg'], r['checks'], r['single_failed'], r['trials'], r['thrown_away'])
+               for r in rows]
     assert counted == [
         ('default', 'a', 41, 2, 20, 0), ('default', 'all', 41, 2, 20, 0), ('avx2', 'a', 22, 3, 10, 1),
         ('avx2', 'all', 22, 3, 10, 1), ('all', 'all', 63, 5, 30, 1)]
