@@ -49,10 +49,8 @@ import torch  # noqa: E402
 import dnnlib  # noqa: E402
 import legacy  # noqa: E402
 from torch_utils import devices, misc, persistence  # noqa: E402
-from training.networks import stylegan2  # noqa: E402
 
 MAX_SEED = 2 ** 32 - 1            # np.random.RandomState takes seeds in [0, 2^32).
-V1_TRUNCATION_CUTOFF = 8          # StyleGAN v1 truncates the first 8 style layers (resolutions 4 to 32).
 
 # StyleGAN's style groups (the paper's section 3.1; NVlabs/stylegan generate_figures.py, figure 3):
 # coarse = styles of 4x4 and 8x8 (layers 0-3), middle = 16x16 and 32x32 (4-7), fine = 64x64 and up (8-).
@@ -199,9 +197,8 @@ def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, trunc
     is_stylegan = hasattr(G, 'mapping') and hasattr(G, 'synthesis')
     if not is_stylegan and (truncation_psi != 1 or truncation_cutoff is not None or noise_mode is not None or mixing):
         raise click.ClickException('--trunc, --trunc-cutoff, --noise-mode and style mixing need a StyleGAN snapshot')
-    is_stylegan2 = isinstance(G, stylegan2.Generator)  # NVIDIA's defaults: every layer truncated, const noise.
-    if is_stylegan and not is_stylegan2 and truncation_cutoff is None and truncation_psi != 1:
-        truncation_cutoff = V1_TRUNCATION_CUTOFF
+    if is_stylegan and truncation_cutoff is None and truncation_psi != 1:  # The network's own generation defaults.
+        truncation_cutoff = G.default_truncation_cutoff
     trunc = dict(truncation_psi=truncation_psi, truncation_cutoff=truncation_cutoff)
     styles = _style_ranges(mix_styles, len(row_seeds), G.num_ws) if mixing else None
     c = _labels(G, class_idx, 1, device)
@@ -213,8 +210,7 @@ def main(network: str, cfg: str | None, seeds: str, truncation_psi: float, trunc
             path = _style_mixing_figure(G, row_seeds, col_seeds, styles, c, trunc, noise_mode or 'const', device, outdir)
             print(f'Wrote {path}')
         else:
-            default_noise = 'const' if is_stylegan2 else 'random'
-            images = _generate(G, seed_list, c, trunc if is_stylegan else {}, (noise_mode or default_noise) if is_stylegan
+            images = _generate(G, seed_list, c, trunc if is_stylegan else {}, (noise_mode or G.default_noise_mode) if is_stylegan
                                else None, batch, device, outdir)
             print(f'Wrote {len(seed_list)} images to {outdir}')
             if grid:

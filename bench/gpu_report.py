@@ -47,7 +47,7 @@ Steps, in order of value, with their planned seconds (--quick / full run):
                                 channel counts, in each dtype: what the kernels are worth, in seconds.
   test suite        - /  900    python -m pytest on the whole suite with the GPU visible (pytest-xdist, one
                                 worker per core, at most 16; 232 s on an H200 with 16 cores in the first GPU
-                                run, docs/benchmarks.md): counts, failures by name, wall time. A failure
+                                run): counts, failures by name, wall time. A failure
                                 weighs more than any timing below.
   test sample      50 /    -    --quick: a sample of the other tests, as many as the step's box holds at the
                                 first GPU run's 2.1 worker-seconds a test after 15 s of start (every file
@@ -92,7 +92,7 @@ for every SN-GAN and BigGAN preset, the --cmax=32 digits step at most 20 ms.
 
 Without a GPU the report says "no GPU" for the steps after the build and still records the environment and
 the build (with a CUDA build of torch, the real build). --outdir receives at most five files: report.md
-(meant for docs/benchmarks.md), report.json (the same data), logs.tar.gz (every step's log),
+(meant for the project's records), report.json (the same data), logs.tar.gz (every step's log),
 digits-fakes.png and (full run) digits-stylegan2.png. Exit status 1 if a step that ran failed, crashed or was stopped at its time box.
 """
 
@@ -426,7 +426,7 @@ def run_test_suite(ctx: Context) -> dict:
 # The quick run's tests. First the tests marked gpu and the files that check the captured training steps and the
 # kernels on the device (what only a GPU shows); then a sample of the rest, as large as its step's plan holds.
 FIRST_TEST_FILES = ('tests/test_graphs.py', 'tests/test_training_step.py', 'tests/test_ops_gpu.py')
-# The sample's cost model, from the first GPU run of the whole suite (docs/benchmarks.md: one H200, 16 workers,
+# The sample's cost model, from the first GPU run of the whole suite (one H200, 16 workers,
 # 1,769 tests in 232 s): worker-seconds per test, and seconds for pytest's and its workers' start and collection.
 TEST_WORKER_SECONDS = 232 * 16 / 1769
 TEST_START_SECONDS = 15

@@ -19,8 +19,8 @@ Each time is the median over --repeats runs after --warmup runs, measured with C
 around the whole pass. For the forward pass the table also gives the effective memory bandwidth
 of both paths, GB/s = (bytes of the inputs read + bytes of the output written) / time: what a
 fused kernel must move at least, so the kernel's figure against the GPU's peak (H100 about 3.3,
-H200 about 4.8 TB/s) says how close it runs to the memory-bandwidth limit (the targets are in
-docs/benchmarks.md). Before timing a case, the CUDA path is compared with the float64
+H200 about 4.8 TB/s) says how close it runs to the memory-bandwidth limit. Before timing a
+case, the CUDA path is compared with the float64
 reference in value and first- and second-order gradients (kernel_choice.compare_to_reference,
 the comparison of the kernels' self-check, here on the benchmark's own tensors); a case whose
 error exceeds the self-check's tolerance is marked FAIL and the script exits with status 1

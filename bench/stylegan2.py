@@ -36,7 +36,7 @@ import dnnlib  # noqa: E402
 from bench.common import (build_network, parse_list, preset_experiment, random_batch, step_switches, training_step,  # noqa: E402
                           write_json_atomic)
 from bench.stylegan import kernels_loaded, op_implementation  # noqa: E402
-from training.recipes import configs  # noqa: E402
+from training.recipes import stylegan2 as recipe  # noqa: E402
 
 PAPER_GPUS = 8  # NVIDIA's configurations split their batch over 8 GPUs.
 PRECISIONS = ('fp32', 'tf32', 'bf16', 'fp16')
@@ -101,7 +101,7 @@ def parse_resolutions(ctx: click.Context, param: click.Parameter, value: str) ->
               callback=parse_list(PRECISIONS))
 @click.option('--impl',        help='Op implementations to compare', type=click.Choice(['both', 'cuda', 'ref']),
               default='both', show_default=True)
-@click.option('--sg2-cfg',     help='NVIDIA\'s configuration (train.py --sg2-cfg)', type=click.Choice(list(configs.SG2_SPECS)),
+@click.option('--sg2-cfg',     help='NVIDIA\'s configuration (train.py --sg2-cfg)', type=click.Choice(list(recipe.SPECS)),
               default='auto', show_default=True)
 @click.option('--cmax',        help='Cap on the feature maps  [default: 512]', metavar='INT', type=click.IntRange(min=1))
 @click.option('--steps',       help='Timed iterations per configuration', type=click.IntRange(min=1), default=16, show_default=True)

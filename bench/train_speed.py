@@ -37,8 +37,8 @@ a GradScaler as the training loop does, and are never replayed as graphs. Prints
 the same numbers as JSON with the device, torch version, thread count, load average and date.
 
 On a CPU shared with other work, wall time measures the neighbours as much as the code;
---clock=process --threads=1 times the CPU work of this process alone, which is what the figures in
-docs/benchmarks.md use.
+--clock=process --threads=1 times the CPU work of this process alone, which the neighbours perturb far
+less.
 """
 
 from __future__ import annotations

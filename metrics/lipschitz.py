@@ -24,8 +24,7 @@ import numpy as np
 import torch
 
 import dnnlib
-from training.step.gradnorm import normalize_gradient, per_sample_norm
-from training.step.loss import CONSTRAINTS
+from training.step import CONSTRAINTS, normalize_gradient, per_sample_norm
 
 from . import features
 

@@ -48,6 +48,26 @@ def is_fid_metric(metric: str) -> bool:
     return is_valid_metric(metric) and metric.startswith('fid')
 
 
+def parse_metrics(text: str) -> list[str]:
+    """The metric names of a comma-separated --metrics list ('none': no metric); ValueError with a one-line message
+    naming any unknown one."""
+    names = [] if text.strip().lower() == 'none' else [name.strip() for name in text.split(',') if name.strip()]
+    unknown = [name for name in names if not is_valid_metric(name)]
+    if unknown:
+        raise ValueError(f'--metrics: unknown {", ".join(unknown)}; valid: {", ".join(list_valid_metrics())}')
+    return names
+
+
+def check_references(metrics: list[str], ref_data: str | None, ref_stats: str | None) -> None:
+    """ValueError with a one-line message unless --ref-data and --ref-stats, where given, exist, and one of them is
+    given for the metrics that compare with a reference split (fid50k, fid10k)."""
+    for option, path in [('--ref-data', ref_data), ('--ref-stats', ref_stats)]:
+        if path is not None and not os.path.exists(path):
+            raise ValueError(f'{option}: no such file or folder: {path}')
+    if any(metric in ('fid50k', 'fid10k') for metric in metrics) and ref_data is None and ref_stats is None:
+        raise ValueError('--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats')
+
+
 def best_metric_name(metrics: list[str], best_metric: str | None = None) -> str | None:
     """The metric that decides `network-best.pkl` among the `metrics` evaluated during training.
 

@@ -214,7 +214,7 @@ def _upfirdn2d_ref(x: torch.Tensor, f: torch.Tensor, cfg: _Config) -> torch.Tens
     Differentiable by torch's autograd as it stands (the tests' independent reference); upfirdn2d()
     runs it inside _UpFirDn2d, whose backward is the adjoint op rather than the gradients of these
     ops: in a double backward (gradient normalization, R1) torch would also differentiate the
-    depthwise convolutions' own backward, which on a CPU costs more than the op (docs/benchmarks.md).
+    depthwise convolutions' own backward (per-sample convolutions, fills and copies), more than the op costs.
     """
     batch, channels, in_h, in_w = x.shape
     (upx, upy), (downx, downy) = cfg.up, cfg.down

@@ -105,15 +105,16 @@ def test_presets_are_independent_copies():
     assert get_config('cifar10-cnn').G_opt_kwargs.betas == [0.0, 0.9]
 
 
-def test_unknown_values_raise_with_valid_names():
+def test_unknown_values_raise_with_valid_names_where_the_experiment_is_built():
+    from training.experiment import Experiment
     with pytest.raises(ValueError, match='cifar10-resnet'):
         get_config('cifar100-resnet')
     with pytest.raises(ValueError, match='gn1'):
-        get_config('cifar10-cnn', norm='spectral')
+        Experiment.build(cfg='cifar10-cnn', norm='spectral')
     with pytest.raises(ValueError, match='wasserstein'):
-        get_config('cifar10-cnn', loss='wgan')
-    with pytest.raises(ValueError):
-        get_config('cifar10-cnn', cr=-1)
+        Experiment.build(cfg='cifar10-cnn', loss='wgan')
+    with pytest.raises(ValueError, match='non-negative'):
+        Experiment.build(cfg='cifar10-cnn', cr=-1)
 
 
 def test_every_paper_preset_names_the_source_of_each_value():

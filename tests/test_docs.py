@@ -1,5 +1,6 @@
 """The documentation matches the code: generated docs are current, references exist, the Python examples run, the
-README's layout names every module, and every figure presented as measured says on what and when it was measured."""
+README's layout names every module, the user docs (README.md, docs/) cite measured figures from the records and carry no
+dates, and every figure of the records (records/) says on what and when it was measured."""
 
 import ast
 import io
@@ -54,9 +55,19 @@ def test_check_mode_fails_on_a_stale_doc(tmp_path):
     assert result.returncode == 1 and 'out of date' in result.stderr
 
 
-def _markdown_files() -> list[str]:
-    docs = os.path.join(REPO_ROOT, 'docs')
-    return [os.path.join(REPO_ROOT, 'README.md')] + sorted(os.path.join(docs, n) for n in os.listdir(docs) if n.endswith('.md'))
+def _markdown_in(folder: str) -> list[str]:
+    folder = os.path.join(REPO_ROOT, folder)
+    return sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith('.md'))
+
+
+def _user_docs() -> list[str]:
+    """What a user reads: the README and docs/."""
+    return [os.path.join(REPO_ROOT, 'README.md')] + _markdown_in('docs')
+
+
+def _records() -> list[str]:
+    """Measurements on named machines with their dates, and their history."""
+    return _markdown_in('records')
 
 
 def missing_references(path: str) -> list[str]:
@@ -77,7 +88,8 @@ def missing_references(path: str) -> list[str]:
 
 
 def test_docs_reference_only_files_that_exist():
-    for path in _markdown_files():
+    assert len(_records()) >= 4
+    for path in _user_docs() + _records():
         assert missing_references(path) == [], os.path.relpath(path, REPO_ROOT)
 
 
@@ -89,16 +101,48 @@ def test_a_reference_to_a_missing_file_is_found(tmp_path):
     assert missing_references(str(doc)) == ['gone.md', 'bench/diagnose.py', 'training/networks/nowhere.py']
 
 
+def heading_anchors(text: str) -> set[str]:
+    """The anchors of a Markdown text's headings (code blocks left out), as GitHub makes them: lower case, punctuation
+    but - and _ dropped, each space a hyphen."""
+    text = re.sub(r'^```.*?^```', '', text, flags=re.M | re.S)
+    return {re.sub(r'[^\w\- ]', '', h.strip().lower()).replace(' ', '-') for h in re.findall(r'^#+ (.*)$', text, re.M)}
+
+
+def missing_anchors(path: str) -> list[str]:
+    """The links of a Markdown document to a part of a page of the repository ([text](page.md#part), [text](#part))
+    whose page has no heading of that anchor: how the user docs cite a figure of the records."""
+    missing = []
+    for target, anchor in re.findall(r'\]\(([^)#\s]*)#([^)\s]+)\)', open(path, encoding='utf-8').read()):
+        page = os.path.join(os.path.dirname(path), target) if target else path
+        if '://' not in target and page.endswith('.md') and os.path.exists(page):
+            if anchor not in heading_anchors(open(page, encoding='utf-8').read()):
+                missing.append(f'{target}#{anchor}')
+    return missing
+
+
+def test_links_to_a_part_of_a_page_find_its_heading():
+    for path in _user_docs() + _records():
+        assert missing_anchors(path) == [], os.path.relpath(path, REPO_ROOT)
+
+
+def test_a_link_to_a_missing_heading_is_found(tmp_path):
+    (tmp_path / 'record.md').write_text('# Record\n\n## Two processes on two cores: `--gpus=2`\n\n```\n# not a heading\n```\n')
+    doc = tmp_path / 'doc.md'
+    doc.write_text('## `dataset_tool.py`: workers\n\n[a](record.md#two-processes-on-two-cores---gpus2) '
+                   '[b](record.md#not-a-heading) [c](#dataset_toolpy-workers) [d](#gone) [e](https://example.com/x.md#y)\n')
+    assert missing_anchors(str(doc)) == ['record.md#not-a-heading', '#gone']
+
+
 #----------------------------------------------------------------------------
 # Measured figures carry their device and date.
 #
 # A figure presented as measured: in a sentence of running text (code blocks, tables and headings left out; inline
 # code ignored), a duration (3 min 46 s, 0.59 ms, about ten minutes), a rate (19-21 s/kimg, 1.7 TB/s) or a speed-up
 # (1.3x faster) in a sentence that names a device (CPU, GPU, cores, H100, ...) or says measured / took / takes / ran /
-# runs in; or a percentage or a size (GiB, MB) in a sentence that says measured. In docs/, the section it stands in
+# runs in; or a percentage or a size (GiB, MB) in a sentence that says measured. In records/, the section it stands in
 # (from its heading to the next; or the page's opening, before its first ## heading) states a date and a device, or
-# links to docs/benchmarks.md or docs/results-notes.md, the dated records. In the README its paragraph (or list item)
-# links there; the README carries no date itself, as the code's comments and docstrings do not.
+# links to another page of the records. In the user docs (README.md, docs/) its paragraph (or list item) links into
+# records/; the user docs carry no dates themselves, as the code's comments and docstrings do not.
 
 _NUMBER = (r'(?:\d+(?:[.,]\d+)*\s*|(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|fifteen|twenty|'
            r'thirty|forty|fifty|sixty)\s+)')
@@ -109,7 +153,8 @@ _SHARE_OR_SIZE = re.compile(rf'\b{_NUMBER}(?:%|[GM]iB|[GMT]B\b)')
 _DEVICE = re.compile(r'\b(?:CPUs?|GPUs?|cores?|H100|H200|A100|EPYC|RTX)\b')
 _MEASURED = re.compile(r'\b(?:measured|took|takes|ran|runs? in)\b', re.I)
 DATE = re.compile(r'(?<![\w-])20\d\d-[01]\d(?:-[0-3]\d)?(?![\w-])')
-_DATED_RECORD = re.compile(r'(?:benchmarks|results-notes)\.md')
+_OTHER_RECORD = re.compile(r'\]\((?:\.\./records/)?[\w-]+\.md(?:#[^)]*)?\)')  # A link to another page of the records.
+_INTO_RECORDS = re.compile(r'\]\((?:\.\./)?records/')
 
 
 def _paragraphs(text: str) -> list[tuple[str, str]]:
@@ -154,8 +199,9 @@ def measured_figures(paragraph: str) -> list[str]:
     return found
 
 
-def undated_figures(path: str, readme: bool = False) -> list[str]:
-    """The figures of a Markdown file presented as measured without their device and date (see above)."""
+def undated_figures(path: str, user_doc: bool = False) -> list[str]:
+    """The figures of a Markdown file presented as measured without their device and date (see above): a page of the
+    records, or a user doc (README.md, docs/)."""
     text = open(path, encoding='utf-8').read()
     sections = {'': ''}
     parts = re.split(r'^(#+ .*)$', text, flags=re.M)
@@ -163,20 +209,21 @@ def undated_figures(path: str, readme: bool = False) -> list[str]:
     opening = text.split('\n## ')[0]
     undated = []
     for heading, paragraph in _paragraphs(text):
-        if readme:
-            dated = _DATED_RECORD.search(paragraph)
+        if user_doc:
+            dated = _INTO_RECORDS.search(paragraph)
         else:
             dated = (any(DATE.search(t) and _DEVICE.search(t) for t in (sections[heading], opening))
-                     or _DATED_RECORD.search(sections[heading]))
+                     or _OTHER_RECORD.search(sections[heading]))
         if not dated:
             undated += measured_figures(paragraph)
     return undated
 
 
 def test_measured_figures_carry_their_device_and_date():
-    for path in _markdown_files():
-        readme = os.path.basename(path) == 'README.md'
-        assert undated_figures(path, readme=readme) == [], os.path.relpath(path, REPO_ROOT)
+    for path in _records():
+        assert undated_figures(path) == [], os.path.relpath(path, REPO_ROOT)
+    for path in _user_docs():
+        assert undated_figures(path, user_doc=True) == [], os.path.relpath(path, REPO_ROOT)
 
 
 def test_an_undated_figure_is_found(tmp_path):
@@ -186,11 +233,17 @@ def test_an_undated_figure_is_found(tmp_path):
                    '| run | time |\n|---|---|\n| a | 48 min on 2 cores |\n\n```\npython x.py   # 9 min on a GPU\n```\n\n'
                    'Measured: 97.3% confident. The bound is 4 x the size + 256 MiB. Its ones and twos.\n\n'
                    '## Dated\n\n2-core CPU, 2026-11-22: it took 3 min 46 s.\n\n'
-                   '## Linked\n\nIt took 48 minutes on 2 cores ([notes](results-notes.md#run)).\n')
-    assert undated_figures(str(doc)) == [
-        'The suite takes about ten minutes on a 2-core CPU.', 'On two cores `--gpus=2` trained 1.3x faster.',
-        'It ran at 19-21 s/kimg.', 'Measured: 97.3% confident.']
-    assert undated_figures(str(doc), readme=True)[-1] == '2-core CPU, 2026-11-22: it took 3 min 46 s.'
+                   '## Linked\n\nIt took 48 minutes on 2 cores ([notes](results-notes.md#run)).\n\n'
+                   '## Linked elsewhere\n\nIt took 9 minutes on 2 cores ([ops](../docs/ops.md#build)).\n\n'
+                   '## Cited\n\nIt took 47 minutes on 2 cores ([measured](../records/benchmarks.md#run)).\n')
+    undated = ['The suite takes about ten minutes on a 2-core CPU.', 'On two cores `--gpus=2` trained 1.3x faster.',
+               'It ran at 19-21 s/kimg.', 'Measured: 97.3% confident.']
+    # A page of the records: its section states a date and a device, or links to another page of the records.
+    assert undated_figures(str(doc)) == undated + ['It took 9 minutes on 2 cores ([ops](../docs/ops.md#build)).']
+    # A user doc: the figure's paragraph links into records/; a date of its own does not do.
+    assert undated_figures(str(doc), user_doc=True) == undated + [
+        '2-core CPU, 2026-11-22: it took 3 min 46 s.', 'It took 48 minutes on 2 cores ([notes](results-notes.md#run)).',
+        'It took 9 minutes on 2 cores ([ops](../docs/ops.md#build)).']
 
 
 def dates_in_comments(source: str) -> list[str]:
@@ -201,8 +254,10 @@ def dates_in_comments(source: str) -> list[str]:
     return [m.group() for text in docstrings + comments for m in DATE.finditer(text)]
 
 
-def test_the_readme_and_the_code_carry_no_dates():
-    assert DATE.findall(open(os.path.join(REPO_ROOT, 'README.md'), encoding='utf-8').read()) == []
+def test_the_user_docs_and_the_code_carry_no_dates():
+    """Dated measurements are records: the README, docs/, and the code's comments and docstrings hold none."""
+    for path in _user_docs():
+        assert DATE.findall(open(path, encoding='utf-8').read()) == [], os.path.relpath(path, REPO_ROOT)
     for folder, dirs, files in os.walk(REPO_ROOT):  # The project's sources: no hidden folders, no virtual environments.
         dirs[:] = [d for d in dirs if not d.startswith('.') and not os.path.exists(os.path.join(folder, d, 'pyvenv.cfg'))]
         for name in files:
@@ -231,7 +286,7 @@ def python_examples(text: str) -> list[tuple[int, str]]:
     return examples
 
 
-PYTHON_EXAMPLES = [(f'{os.path.relpath(path, REPO_ROOT)}:{line}', code) for path in _markdown_files()
+PYTHON_EXAMPLES = [(f'{os.path.relpath(path, REPO_ROOT)}:{line}', code) for path in _user_docs()
                    for line, code in python_examples(open(path, encoding='utf-8').read())]
 
 

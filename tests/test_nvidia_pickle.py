@@ -469,7 +469,7 @@ def test_sigterm_while_train_reads_the_pickle_stops_it(tmp_path, monkeypatch, ca
     """train.py --resume of NVIDIA's pickle: SIGTERM while its storages are read stops the command there (exit 75, one
     line), before the rest of the file is read and before anything of the run is written."""
     import signal
-    import train
+    from training import intake
     from training.run.stop_signal import StopSignal
     path = tmp_path / 'nvidia.pkl'
     path.write_bytes(hostile_files.nvidia_pickle(hostile_files.nvidia_networks(), hostile_files.nvidia_source()))
@@ -483,7 +483,7 @@ def test_sigterm_while_train_reads_the_pickle_stops_it(tmp_path, monkeypatch, ca
     monkeypatch.setattr(nvidia_pickle, '_load_storage', signal_at_the_third)
     opts = dict(resume=str(path), resume_fresh_d=False, resume_override=False)
     with StopSignal() as stop, pytest.raises(SystemExit) as info:
-        train._load_nvidia(dnnlib.EasyDict(opts), stop)
+        intake.load_nvidia(dnnlib.EasyDict(opts), stop)
     assert info.value.code == 75
     assert capsys.readouterr().err == f'Stopped by SIGTERM while reading --resume={path}; nothing was started\n'
     assert len(read) == 3  # The storage in progress is read; none after it.

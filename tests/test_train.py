@@ -267,6 +267,8 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--metrics=fid10k_full', '--detector=/nonexistent/inception.pt'], 'cannot load the feature detector /nonexistent/inception.pt'),
     (['--metrics=is50k', '--detector={notes}'], 'pass --detector=PATH_OR_URL of a TorchScript detector'),
     (['--metrics=pr50k3_full', '--pr-detector=http://127.0.0.1:9/vgg16.pt'], 'pass --pr-detector=/path/to/vgg16.pt'),
+    (['--metrics=fid50k'], '--metrics=fid50k/fid10k compare with a reference split: give it with --ref-data or --ref-stats'),
+    (['--metrics=fid10k', '--ref-stats=/nonexistent.npz'], '--ref-stats: no such file or folder: /nonexistent.npz'),
     (['--metrics=fid10k', '--ref-stats={notes}'], 'is not an .npz file of mu and sigma'),
     (['--metrics=fid10k', '--ref-data={unlabeled}'], '--ref-data holds 32x32 images with 3 channel(s)'),
     (['--metrics=kid50k_full', '--best-metric=kid50k_full'], 'best'),
@@ -309,7 +311,7 @@ def test_more_processes_than_gpus_are_refused_before_anything_starts(tmp_path, m
 def test_cpu_processes_join_a_gloo_group_when_gpus_are_visible(monkeypatch):
     """--device=cpu --gpus=2 on a GPU machine (stubbed): each process runs on the CPU, in a gloo process group."""
     import dnnlib
-    import train
+    from training import launch
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: pytest.fail(f'set_device({device})'))
@@ -322,9 +324,9 @@ def test_cpu_processes_join_a_gloo_group_when_gpus_are_visible(monkeypatch):
         joined.append(backend)
         raise Joined
     monkeypatch.setattr(torch.distributed, 'init_process_group', init_process_group)
-    monkeypatch.setattr(train, 'set_threads', lambda n: None)
+    monkeypatch.setattr(launch, 'set_threads', lambda n: None)
     with pytest.raises(Joined):
-        train._run_process(1, dnnlib.EasyDict(experiment=Experiment(device='cpu', gpus=2), run_dir='.'), init_method='tcp://127.0.0.1:9',
+        launch.run_process(1, dnnlib.EasyDict(experiment=Experiment(device='cpu', gpus=2), run_dir='.'), init_method='tcp://127.0.0.1:9',
                            num_threads=None)
     assert joined == ['gloo']
 

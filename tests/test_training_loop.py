@@ -20,10 +20,10 @@ from training.run.reporter import TrainingDiverged
 @pytest.fixture(autouse=True)
 def tiny_preset(monkeypatch):
     """--cfg=tiny: the quick start's networks at width 2, for images of any resolution."""
-    from training.recipes import configs
-    preset = dict(configs.PRESETS['quickstart'], G_args=dict(ch=2), D_args=dict(ch=2))
+    from training.recipes import sngan
+    preset = dict(sngan.PRESETS['quickstart'], G_args=dict(ch=2), D_args=dict(ch=2))
     del preset['resolution']
-    monkeypatch.setitem(configs.PRESETS, 'tiny', preset)
+    monkeypatch.setitem(sngan.PRESETS, 'tiny', preset)
 
 
 def _tiny_experiment(data: str, steps: int, batch: int, **options) -> Experiment:

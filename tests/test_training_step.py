@@ -16,6 +16,7 @@ from tests.graph_emulator import EmulatedGraphs, capturable_on_cpu, kernel_noise
 from torch_utils import persistence, training_stats
 from training.experiment import Experiment
 from training.recipes import configs
+from training.step import NORMS
 from training.step import graphs, training_step
 from training.step.updater import make_capturable, portable_state_dict
 
@@ -44,7 +45,7 @@ def _presets_a_run_tells_apart() -> list[str]:
 # StyleGAN's R1.
 PRESETS = _presets_a_run_tells_apart()
 PRESET_NORMS = [(name, 'gn') for name in PRESETS] + [
-    ('quickstart', norm) for norm in configs.NORMS if norm != 'gn'] + [('gn-stylegan', 'r1'), ('gn-stylegan2', 'r1')]
+    ('quickstart', norm) for norm in NORMS if norm != 'gn'] + [('gn-stylegan', 'r1'), ('gn-stylegan2', 'r1')]
 
 
 class Run:

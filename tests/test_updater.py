@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import dnnlib
 from training.experiment import Experiment
 from training.recipes import configs
+from training.step import NORMS
 from tests.graph_emulator import capturable_on_cpu
 from training.step.updater import NEVER, NetworkUpdater, make_capturable, split_round, update_ema
 
@@ -291,7 +292,7 @@ def _preset_step(cfg_name, norm):
 
 
 PRESET_NORMS = [(name, 'gn') for name in configs.PRESETS] + [
-    (name, norm) for name in ['quickstart', 'gn-stylegan'] for norm in configs.NORMS if norm != 'gn'] + [
+    (name, norm) for name in ['quickstart', 'gn-stylegan'] for norm in NORMS if norm != 'gn'] + [
     ('gn-stylegan2', 'r1')]
 
 

@@ -92,7 +92,7 @@ def join_processes(context: torch.multiprocessing.ProcessContext, grace_period: 
 # torch 2.8 releases the GIL in a process group's destructor (pytorch/pytorch#154976). Before, gloo's
 # destructor holds the GIL while it joins gloo's worker threads, and a worker that is still releasing the tensor of a
 # finished collective, one that Python has already dropped (a temporary), waits for the GIL to free its Python object:
-# a deadlock, now and then, at the end of a multi-process CPU run (docs/benchmarks.md).
+# a deadlock, now and then, at the end of a multi-process CPU run.
 _DESTRUCTOR_RELEASES_GIL = release(torch.__version__) >= (2, 8)
 
 

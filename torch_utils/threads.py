@@ -3,9 +3,9 @@
 PyTorch runs its CPU kernels on an OpenMP thread pool. By default (libgomp) a thread that runs
 out of work spins for a while before it sleeps, which costs nothing on an idle machine and a great
 deal on a busy one: the spinning threads take their turns on the cores that the working thread
-and the other programs need. OMP_WAIT_POLICY=PASSIVE makes them sleep at once. Measured on the
-quick start, 2-core CPU, one competing busy process (docs/benchmarks.md): the passive policy keeps
-a busy machine's run near twice the idle time, the default does not.
+and the other programs need. OMP_WAIT_POLICY=PASSIVE makes them sleep at once, so that a run on a
+busy machine slows down about in proportion to the competing load, not several times over; on an
+idle machine it costs a little.
 
 libgomp reads OMP_WAIT_POLICY once, when torch loads it, so every tool calls `set_wait_policy()`
 before anything imports torch; a policy the user set in the environment is kept. `--threads`

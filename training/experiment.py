@@ -13,8 +13,9 @@ with `record()`, so that a resumed run is compared with its snapshot field by fi
 new option only needs a field with a default, which an older snapshot's record lacks and
 `from_snapshot` fills with what the code of that snapshot used.
 
-A field that does not apply to the preset is None (the progressive-growing options of an SN-GAN
-preset, for example); giving it on the command line is refused in one line.
+What differs between network families (their presets, defaults, networks' kwargs, schedules) is asked of the
+preset's family, training/recipes/ (`configs.recipe_for`): this module names none. A field that the preset's family
+does not take is None; giving it on the command line is refused in one line.
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ import os
 from typing import Any
 
 import dnnlib
-from training.networks import sngan
-from training.recipes import configs, progressive
-from training.step.loss import LOSSES, NORMS
-from training.step.precision import PRECISIONS, Precision
-from training.step.training_step import CUDA_GRAPHS, FP16_NOT_CAPTURED
+from training.recipes import configs
+from training.recipes.recipe import Recipe
+from training.step import CUDA_GRAPHS, FP16_NOT_CAPTURED, LOSSES, NORMS, PRECISIONS, Precision
 
 #----------------------------------------------------------------------------
 
@@ -44,15 +43,9 @@ IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', '
 # on --resume when not given, and free to change.
 CONTINUED = ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
 
-# Options of some presets only: None for every other preset.
-PRESET_OPTIONS = {'stylegan': ('cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'lod_kimg', 'lr_rampdown'),
-                  'stylegan2': ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight'),
-                  'cnn': ('act', 'depth')}
-PRESET_OPTION_NAMES = {'stylegan': 'gn-stylegan', 'stylegan2': 'gn-stylegan2', 'cnn': 'the standard-CNN presets'}
-
-# StyleGAN v1's network defaults (training/networks/stylegan.py), filled in for gn-stylegan.
-STYLEGAN_DEFAULTS = dict(cmax=512, tanh=False, map_dim=512, map_lrmul=0.01, style_mixing=0.9)
-R1_GAMMA = 10.0  # v1's FFHQ value; the R1 weight of every preset.
+# Known before the family fills in its values: the data's facts and how the run executes.
+FACTS = ('img_resolution', 'img_channels', 'label_dim', 'gpus', 'device', 'norm', 'precision', 'cuda_graphs')
+R1_GAMMA = 10.0  # The R1 weight (--norm=r1) unless the preset's family sets its own.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,20 +61,21 @@ class Experiment:
     precision: str = 'tf32'             # Arithmetic of the networks (training/step/precision.py).
     seed: int = 0                       # Global seed.
     xflip: bool = True                  # Mirror the real images left-right at random.
-    glr: float | None = None            # G's Adam learning rate; gn-stylegan: at every resolution, None = v1's per resolution.
+    glr: float | None = None            # G's Adam learning rate (None: the schedule's, by resolution).
     dlr: float | None = None            # D's, likewise.
     gamma: float = R1_GAMMA             # R1's weight (--norm=r1).
-    resolution: int = 32                # Final resolution of the networks (gn-stylegan: of progressive growing).
-    cmax: int | None = None             # gn-stylegan: G's feature-map cap (and D's unless d_cmax).
-    d_cmax: int | None = None           # gn-stylegan: D's feature-map cap.
-    tanh: bool | None = None            # gn-stylegan: G's images through tanh.
-    map_dim: int | None = None          # gn-stylegan: width of z, w and the mapping network.
-    map_lrmul: float | None = None      # gn-stylegan: learning-rate multiplier of the mapping network.
-    style_mixing: float | None = None   # gn-stylegan(2): probability of mixing two latents' styles in a G batch.
-    sg2_cfg: str | None = None          # gn-stylegan2: NVIDIA's configuration (configs.SG2_SPECS), 'auto' by default.
-    pl_weight: float | None = None      # gn-stylegan2: path length regularization weight (NVIDIA: 2; cifar: 0).
-    act: str | None = None              # Standard CNN: D's activation (sngan.ACTIVATIONS), None = LeakyReLU 0.1.
-    depth: int | None = None            # Standard CNN: convolutional layers of G and D (sngan.cnn_depth_layout).
+    resolution: int = 32                # Final resolution of the networks (the last one, where they grow).
+    # Options of some families only (configs.FAMILY_OPTIONS; each family's module says what they mean).
+    cmax: int | None = None             # G's feature-map cap (and D's unless d_cmax).
+    d_cmax: int | None = None           # D's feature-map cap.
+    tanh: bool | None = None            # G's images through tanh.
+    map_dim: int | None = None          # Width of z, w and the mapping network.
+    map_lrmul: float | None = None      # Learning-rate multiplier of the mapping network.
+    style_mixing: float | None = None   # Probability of mixing two latents' styles in a G batch.
+    sg2_cfg: str | None = None          # NVIDIA's configuration (its family's module lists them).
+    pl_weight: float | None = None      # Path length regularization weight.
+    act: str | None = None              # D's activation: relu, lrelu[:SLOPE], elu, softplus[:BETA].
+    depth: int | None = None            # Convolutional layers of G and D.
 
     # The data the networks are built for.
     img_resolution: int = 32            # Resolution of the training images.
@@ -89,12 +83,12 @@ class Experiment:
     label_dim: int = 0                  # Their classes (0: no labels).
 
     # Length and batches.
-    batch: int | None = None            # Global D batch M (gn-stylegan: cap on the minibatch, None = v1's).
+    batch: int | None = None            # Global D batch M (where the schedule sets it by resolution: a cap).
     batch_gpu: int | None = None        # Cap on the samples one process handles at once (None: its whole share).
-    steps: int | None = None            # Run length in G steps (fixed presets).
-    kimg: float | None = None           # Run length in thousands of real images (gn-stylegan).
-    lod_kimg: float | None = None       # gn-stylegan: thousands of images per phase and per fade-in.
-    lr_rampdown: float | None = None    # gn-stylegan: kimg at the end over which the lrs fall linearly to 0.
+    steps: int | None = None            # Run length in G steps (where batches are fixed).
+    kimg: float | None = None           # Run length in thousands of real images (where batches vary).
+    lod_kimg: float | None = None       # Thousands of images per phase and per fade-in of growing.
+    lr_rampdown: float | None = None    # Kimg at the end over which the lrs fall linearly to 0.
 
     # Execution.
     gpus: int = 1                       # Processes (one per GPU, or gloo processes on a CPU).
@@ -120,119 +114,39 @@ class Experiment:
     @classmethod
     def build(cls, **options: Any) -> Experiment:
         """The Experiment of a preset (`cfg`) with `options` (fields; None = not given: the preset's value or the
-        default), every value filled in and checked; a bad value or combination raises ValueError in one line."""
+        default), every value filled in and checked, here only; a bad value or combination raises ValueError in one
+        line."""
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise TypeError(f'Experiment has no option {", ".join(unknown)}')
         given = {name: value for name, value in options.items() if value is not None}
         name = given.get('cfg', cls.cfg)
+        recipe = configs.recipe_for(name)
         preset = configs.get_config(name)
-        progressive_run = preset.arch == 'stylegan'
-        stylegan2_run = preset.arch == 'stylegan2'
-        values = dict(given, cfg=name)
+        values = {**{fact: getattr(cls, fact) for fact in FACTS}, **given, 'cfg': name}
         values.setdefault('loss', preset.loss_kwargs.loss)
         values.setdefault('xflip', preset.xflip)
         values['cr'] = float(values.get('cr', 0.0))
-        values.setdefault('workers', 3 if values.get('device', cls.device).startswith('cuda') else 0)
-        dnnlib.util.check_choice('norm', values.get('norm', cls.norm), NORMS)
+        values.setdefault('workers', 3 if values['device'].startswith('cuda') else 0)
+        dnnlib.util.check_choice('norm', values['norm'], NORMS)
         dnnlib.util.check_choice('loss', values['loss'], LOSSES)
-        dnnlib.util.check_choice('precision', values.get('precision', cls.precision), PRECISIONS)
-        dnnlib.util.check_choice('cuda_graphs', values.get('cuda_graphs', cls.cuda_graphs), CUDA_GRAPHS)
-        if values.get('cuda_graphs') == 'on' and not values.get('device', cls.device).startswith('cuda'):
+        dnnlib.util.check_choice('precision', values['precision'], PRECISIONS)
+        dnnlib.util.check_choice('cuda_graphs', values['cuda_graphs'], CUDA_GRAPHS)
+        if values['cuda_graphs'] == 'on' and not values['device'].startswith('cuda'):
             raise ValueError('--cuda-graphs=on needs a CUDA device')
-        if values.get('cuda_graphs') == 'on' and values.get('precision', cls.precision) == 'fp16':
+        if values['cuda_graphs'] == 'on' and values['precision'] == 'fp16':
             raise ValueError(FP16_NOT_CAPTURED)
         if values['cr'] < 0:
             raise ValueError(f'cr must be non-negative, got {values["cr"]}')
         if 'steps' in given and 'kimg' in given:
             raise ValueError('give --kimg or --steps, not both')
-        label_dim = values.get('label_dim', cls.label_dim)
-        if preset.conditional is True and label_dim == 0:
+        if preset.conditional is True and values['label_dim'] == 0:
             raise ValueError(f'--cfg={name} is class-conditional, but the dataset has no labels')
-        img_resolution = values.get('img_resolution', cls.img_resolution)
-
-        allowed = PRESET_OPTIONS.get(preset.arch, ())
-        misplaced = [key for key in dict.fromkeys(sum(PRESET_OPTIONS.values(), ())) if key in given and key not in allowed]
-        if not progressive_run and given.get('resolution', img_resolution) != img_resolution:
-            misplaced.append('resolution')
-        if misplaced:  # '--tanh, --lr-rampdown: gn-stylegan only; --cmax: gn-stylegan or gn-stylegan2 only'
-            owners = {}
-            for key in misplaced:
-                where = ' or '.join(PRESET_OPTION_NAMES[arch] for arch, keys in PRESET_OPTIONS.items() if key in keys)
-                owners.setdefault(where or 'gn-stylegan', []).append(f'--{key.replace("_", "-")}')
-            raise ValueError('; '.join(f'{", ".join(keys)}: {where} only' for where, keys in owners.items()))
-
-        if 'act' in given:
-            sngan.parse_activation(given['act'])  # 'unknown activation "tanh"; valid: ...'
-        if 'depth' in given:
-            sngan.cnn_depth_layout(given['depth'])
-
-        if progressive_run:
-            if 'steps' in given:
-                raise ValueError(f'--cfg={name} counts its length in --kimg, not --steps')
-            if img_resolution & (img_resolution - 1):
-                raise ValueError(f'progressive growing needs power-of-two images, the dataset has '
-                                 f'{img_resolution}x{img_resolution}')
-            final = values.setdefault('resolution', img_resolution)
-            if final < progressive.START_RESOLUTION or final & (final - 1):
-                raise ValueError(f'progressive growing needs a power-of-two final resolution of at least '
-                                 f'{progressive.START_RESOLUTION}, got {final}')
-            if final > img_resolution:
-                raise ValueError(f'--resolution={final} exceeds the dataset resolution {img_resolution}')
-            for key, default in STYLEGAN_DEFAULTS.items():
-                values.setdefault(key, default)
-            values.setdefault('d_cmax', values['cmax'])
-            values.setdefault('kimg', progressive.TOTAL_KIMG)
-            values.setdefault('lod_kimg', progressive.PHASE_KIMG)
-            values.setdefault('lr_rampdown', 0.0)
-        else:
-            if stylegan2_run:
-                cls._fill_stylegan2(values)
-            if preset.get('resolution', img_resolution) != img_resolution:  # No resolution: any.
-                raise ValueError(f'--cfg={name} is built for {preset.resolution}x{preset.resolution} images, '
-                                 f'but the dataset holds {img_resolution}x{img_resolution}')
-            values['resolution'] = img_resolution
-            values.setdefault('glr', preset.G_opt_kwargs.lr)
-            values.setdefault('dlr', preset.D_opt_kwargs.lr)
-            values.setdefault('batch', preset.get('batch_D'))  # gn-stylegan2: set above.
-            if 'kimg' in values:  # The length in G steps: kimg of reals at n_dis D steps of M each.
-                values['steps'] = max(1, round(values.pop('kimg') * 1000 / (preset.n_dis * values['batch'])))
-            values.setdefault('steps', preset.get('total_steps'))
+        configs.check_options(name, given, values['img_resolution'])
+        recipe.fill(values, given, preset)
         experiment = cls(**values)
         experiment.schedule  # Built once: checks the batches against --gpus and --batch-gpu.
         return experiment
-
-    @staticmethod
-    def _fill_stylegan2(values: dict) -> None:
-        """gn-stylegan2's defaults from NVIDIA's configuration --sg2-cfg (for the data's resolution and --gpus)."""
-        name = values.setdefault('sg2_cfg', 'auto')
-        img_resolution = values.get('img_resolution', Experiment.img_resolution)
-        if img_resolution < 4 or img_resolution & (img_resolution - 1):
-            raise ValueError(f'StyleGAN2 needs power-of-two images of at least 4x4, the dataset has '
-                             f'{img_resolution}x{img_resolution}')
-        spec = configs.sg2_spec(name, img_resolution, values.get('gpus', Experiment.gpus))
-        values.setdefault('glr', spec.lrate)
-        values.setdefault('dlr', spec.lrate)
-        values.setdefault('batch', spec.mb)
-        values.setdefault('gamma', float(spec.gamma))
-        values.setdefault('cmax', 512)
-        values.setdefault('d_cmax', values['cmax'])
-        values.setdefault('map_dim', 512)
-        values.setdefault('style_mixing', 0.0 if name == 'cifar' else configs.SG2_LOSS['style_mixing_prob'])
-        values.setdefault('pl_weight', 0.0 if name == 'cifar' else configs.SG2_LOSS['pl_weight'])
-        if 'steps' not in values:
-            values.setdefault('kimg', float(spec.kimg))
-
-    @functools.cached_property
-    def sg2_spec(self) -> dnnlib.EasyDict | None:
-        """gn-stylegan2's configuration (configs.sg2_spec), None for other presets."""
-        return configs.sg2_spec(self.sg2_cfg, self.img_resolution, self.gpus) if self.sg2_cfg is not None else None
-
-    def _lazy_ratio(self, net: str) -> float:
-        """NVIDIA's Adam adjustment for lazy regularization every k steps: lr * k / (k + 1), betas ** (k / (k + 1))."""
-        lazy = self.pl_weight if net == 'G' else self.norm == 'r1'
-        k = configs.SG2_REG_INTERVALS[net]
-        return k / (k + 1) if self.sg2_cfg is not None and lazy else 1.0
 
     @classmethod
     def from_snapshot(cls, snapshot: dict) -> Experiment:
@@ -245,15 +159,11 @@ class Experiment:
         if unknown:
             raise ValueError(f'its experiment record has unknown fields {", ".join(unknown)}')
         if 'img_resolution' not in record:  # Written before the Experiment: only cfg, norm, loss, cr, precision, seed, xflip.
-            G, D = snapshot['G'].init_kwargs, snapshot['D'].init_kwargs
+            G = snapshot['G'].init_kwargs
             record.setdefault('data', (snapshot.get('training_set_kwargs') or {}).get('path'))
             record.update(img_resolution=G['img_resolution'], resolution=G['img_resolution'], img_channels=G['img_channels'],
                           label_dim=G.get('c_dim', 0))
-            if configs.get_config(record.get('cfg', cls.cfg)).arch == 'stylegan':
-                record.update(img_resolution=(snapshot.get('training_set_kwargs') or {}).get('resolution', G['img_resolution']),
-                              cmax=G.get('fmap_max'), d_cmax=D.get('fmap_max'), tanh=G.get('output_tanh'),
-                              style_mixing=G.get('style_mixing_prob'),
-                              map_lrmul=(G.get('mapping_kwargs') or {}).get('lr_multiplier'))
+            configs.recipe_for(record.get('cfg', cls.cfg)).old_record(record, snapshot)
         if isinstance(record.get('metrics'), list):
             record['metrics'] = tuple(record['metrics'])
         return cls.build(**record)
@@ -282,12 +192,13 @@ class Experiment:
     # What the training loop builds from it.
 
     @functools.cached_property
+    def recipe(self) -> Recipe:
+        """The preset's family (training/recipes/), which turns this Experiment into the kwargs below."""
+        return configs.recipe_for(self.cfg)
+
+    @functools.cached_property
     def preset(self) -> dnnlib.EasyDict:
         return configs.get_config(self.cfg, norm=self.norm, loss=self.loss, cr=self.cr)
-
-    @property
-    def progressive(self) -> bool:
-        return self.preset.arch == 'stylegan'
 
     @staticmethod
     def reads_labels(cfg: str) -> bool:
@@ -308,65 +219,25 @@ class Experiment:
         return dnnlib.EasyDict(class_name=DATASET_CLASS, path=self.data, resolution=self.img_resolution,
                                use_labels=self.reads_labels(self.cfg), max_size=None, xflip=False, random_seed=0)
 
-    def _network_kwargs(self, base: dict, cmax: int | None) -> dnnlib.EasyDict:
-        kwargs = dnnlib.EasyDict(base, img_resolution=self.resolution, img_channels=self.img_channels,
-                                 c_dim=self.label_dim if self.conditional else 0)
-        if self.progressive:
-            kwargs.update(fmap_max=cmax)
-        return kwargs
-
-    def _stylegan2_precision(self) -> dict:
-        """NVIDIA's mixed precision for gn-stylegan2: float16 in the top 4 resolutions with --precision=fp16, and the
-        convolution outputs clamped at 256 (their configurations always clamp)."""
-        return dict(channel_base=int(self.sg2_spec.fmaps * 32768), num_fp16_res=4 if self.precision == 'fp16' else 0,
-                    conv_clamp=256)
-
     @property
     def G_kwargs(self) -> dnnlib.EasyDict:
-        kwargs = self._network_kwargs(self.preset.G_kwargs, self.cmax)
-        if self.progressive:
-            kwargs.update(z_dim=self.map_dim, w_dim=self.map_dim, output_tanh=self.tanh, style_mixing_prob=self.style_mixing,
-                          mapping_kwargs=dict(layer_features=self.map_dim, lr_multiplier=self.map_lrmul))
-        if self.sg2_spec is not None:
-            kwargs.update(z_dim=self.map_dim, w_dim=self.map_dim, mapping_kwargs=dict(num_layers=self.sg2_spec.map),
-                          synthesis_kwargs=dict(channel_max=self.cmax, **self._stylegan2_precision()))
-        if self.depth is not None:
-            kwargs.update(depth=self.depth)
-        return kwargs
+        return self.recipe.G_kwargs(self)
 
     @property
     def D_kwargs(self) -> dnnlib.EasyDict:
-        kwargs = self._network_kwargs(self.preset.D_kwargs, self.d_cmax)
-        if self.sg2_spec is not None:
-            kwargs.update(channel_max=self.d_cmax, epilogue_kwargs=dict(mbstd_group_size=self.sg2_spec.mbstd),
-                          **self._stylegan2_precision())
-            if self.sg2_cfg == 'cifar':
-                kwargs.update(architecture='orig')
-        kwargs.update({key: getattr(self, key) for key in ('act', 'depth') if getattr(self, key) is not None})
-        return kwargs
-
-    def _opt_kwargs(self, net: str, lr: float | None) -> dnnlib.EasyDict:
-        base = self.preset[f'{net}_opt_kwargs']
-        ratio = self._lazy_ratio(net)
-        return dnnlib.EasyDict(base, lr=(lr if lr is not None else base.lr) * ratio, betas=[b ** ratio for b in base.betas])
+        return self.recipe.D_kwargs(self)
 
     @property
     def G_opt_kwargs(self) -> dnnlib.EasyDict:
-        return self._opt_kwargs('G', self.glr)
+        return self.recipe.opt_kwargs(self, 'G')
 
     @property
     def D_opt_kwargs(self) -> dnnlib.EasyDict:
-        return self._opt_kwargs('D', self.dlr)
+        return self.recipe.opt_kwargs(self, 'D')
 
     @property
     def loss_kwargs(self) -> dnnlib.EasyDict:
-        kwargs = dnnlib.EasyDict(self.preset.loss_kwargs, r1_gamma=self.gamma)
-        if self.sg2_spec is not None:  # NVIDIA's StyleGAN2 loss terms and lazy regularization intervals.
-            kwargs.update(style_mixing_prob=self.style_mixing, pl_weight=self.pl_weight,
-                          pl_decay=configs.SG2_LOSS['pl_decay'], pl_batch_shrink=configs.SG2_LOSS['pl_batch_shrink'],
-                          G_reg_interval=configs.SG2_REG_INTERVALS['G'] if self.pl_weight else 1,
-                          D_reg_interval=configs.SG2_REG_INTERVALS['D'] if self.norm == 'r1' else 1)
-        return kwargs
+        return self.recipe.loss_kwargs(self)
 
     @functools.cached_property
     def arithmetic(self) -> Precision:
@@ -375,26 +246,7 @@ class Experiment:
 
     @functools.cached_property
     def schedule_kwargs(self) -> dnnlib.EasyDict:
-        if self.progressive:
-            lr = lambda value: None if value is None else {r: value for r in progressive.LR}
-            return dnnlib.EasyDict(
-                class_name='training.recipes.schedule.ProgressiveSchedule', max_resolution=self.resolution, total_kimg=self.kimg,
-                phase_kimg=self.lod_kimg, fade_kimg=self.lod_kimg, lr_G=lr(self.glr), lr_D=lr(self.dlr),
-                max_batch=self.batch, lr_rampdown_kimg=self.lr_rampdown, num_gpus=self.gpus, batch_gpu=self.batch_gpu,
-                group_size=self.preset.D_kwargs.mbstd_group_size)
-        preset = self.preset
-        if self.sg2_spec is not None:  # NVIDIA's: one batch for D and G, EMA by half-life with its ramp-up.
-            return dnnlib.EasyDict(
-                class_name='training.recipes.schedule.FixedSchedule', batch_D=self.batch, batch_G=self.batch, n_dis=1,
-                lr_G=self.G_opt_kwargs.lr, lr_D=self.D_opt_kwargs.lr, total_steps=self.steps, lr_decay='none',
-                ema_kimg=self.sg2_spec.ema,
-                ema_rampup=self.sg2_spec.ramp, num_gpus=self.gpus, batch_gpu=self.batch_gpu,
-                group_size=self.sg2_spec.mbstd)
-        return dnnlib.EasyDict(
-            class_name='training.recipes.schedule.FixedSchedule', batch_D=self.batch,
-            batch_G=max(1, preset.batch_G * self.batch // preset.batch_D), n_dis=preset.n_dis, lr_G=self.glr,
-            lr_D=self.dlr, total_steps=self.steps, lr_decay=preset.lr_decay, ema_beta=preset.ema_beta,
-            ema_start=preset.ema_start, num_gpus=self.gpus, batch_gpu=self.batch_gpu)
+        return self.recipe.schedule_kwargs(self)
 
     @functools.cached_property
     def schedule(self):

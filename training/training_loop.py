@@ -50,7 +50,7 @@ from training.run.reporter import ImageGrids, TickReporter
 from training.run.run_state import RunState, snapshot_label
 from training.run.stop_signal import RunStopped, StopSignal
 from training.run.write_failure import Deferred
-from training.step.training_step import TrainingStep
+from training.step import TrainingStep
 
 #----------------------------------------------------------------------------
 

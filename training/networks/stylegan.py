@@ -150,7 +150,7 @@ def _check_lod(lod: float, img_resolution: int) -> float:
     return float(lod)
 
 
-def _resolution_log2(img_resolution: int) -> int:
+def resolution_log2(img_resolution: int) -> int:
     log2 = int(math.log2(img_resolution)) if img_resolution >= 4 else 0
     if img_resolution < 4 or 2 ** log2 != img_resolution:
         raise ValueError(f'img_resolution must be a power of two >= 4, got {img_resolution}')
@@ -392,7 +392,7 @@ class SynthesisNetwork(nn.Module):
         self.img_resolution = img_resolution
         self.img_channels = img_channels
         self.output_tanh = output_tanh
-        self.img_resolution_log2 = _resolution_log2(img_resolution)
+        self.img_resolution_log2 = resolution_log2(img_resolution)
         self.num_ws = 2 * self.img_resolution_log2 - 2
         nf = lambda stage: min(int(fmap_base / 2 ** stage), fmap_max)
         for res_log2 in range(2, self.img_resolution_log2 + 1):
@@ -433,6 +433,9 @@ class Generator(nn.Module):
     Outputs images at the active resolution of the lod set by `set_lod` (full resolution at lod 0,
     the default). Training mode also updates w_avg; the training loop keeps G in training mode.
     """
+
+    default_truncation_cutoff = 8   # v1's generation: truncation pulls the first 8 styles (4x4 to 32x32) ...
+    default_noise_mode = 'random'   # ... and draws fresh noise (generate.py's defaults).
 
     def __init__(self,
         c_dim,                  # Conditioning label (c) dimensionality, 0 = no label.
@@ -596,7 +599,7 @@ class Discriminator(nn.Module):
         self.c_dim = c_dim
         self.img_resolution = img_resolution
         self.img_channels = img_channels
-        self.img_resolution_log2 = _resolution_log2(img_resolution)
+        self.img_resolution_log2 = resolution_log2(img_resolution)
         nf = lambda stage: min(int(fmap_base / 2 ** stage), fmap_max)
         for res_log2 in range(self.img_resolution_log2, 2, -1):
             block = DiscriminatorBlock(in_channels=nf(res_log2 - 1), out_channels=nf(res_log2 - 2),

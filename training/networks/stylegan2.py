@@ -62,7 +62,7 @@ from torch import nn
 
 from ops import bias_act, conv2d_resample, fma, upfirdn2d
 from torch_utils import misc, persistence
-from training.networks.stylegan import MinibatchStdLayer, _resolution_log2, full_precision, pixel_norm
+from training.networks.stylegan import MinibatchStdLayer, full_precision, pixel_norm, resolution_log2
 
 ARCHITECTURES = ('orig', 'skip', 'resnet')
 NOISE_MODES = ('random', 'const', 'none')
@@ -476,7 +476,7 @@ class SynthesisNetwork(nn.Module):
         super().__init__()
         self.w_dim = w_dim
         self.img_resolution = img_resolution
-        self.img_resolution_log2 = _resolution_log2(img_resolution)
+        self.img_resolution_log2 = resolution_log2(img_resolution)
         self.img_channels = img_channels
         self.block_resolutions = [2 ** i for i in range(2, self.img_resolution_log2 + 1)]
         channels = {res: min(channel_base // res, channel_max) for res in self.block_resolutions}
@@ -506,6 +506,9 @@ class SynthesisNetwork(nn.Module):
 @persistence.persistent_class
 class Generator(nn.Module):
     """StyleGAN2 generator: G(z, c) = synthesis(mapping(z, c)); in training mode the mapping updates w_avg."""
+
+    default_truncation_cutoff = None    # NVIDIA's generation: truncation pulls every style ...
+    default_noise_mode = 'const'        # ... and the noise is const (generate.py's defaults, as NVIDIA's generate.py).
 
     def __init__(self,
         z_dim,                  # Latent (z) dimensionality.
@@ -683,7 +686,7 @@ class Discriminator(nn.Module):
         super().__init__()
         self.c_dim = c_dim
         self.img_resolution = img_resolution
-        self.img_resolution_log2 = _resolution_log2(img_resolution)
+        self.img_resolution_log2 = resolution_log2(img_resolution)
         self.img_channels = img_channels
         self.block_resolutions = [2 ** i for i in range(self.img_resolution_log2, 2, -1)]
         channels = {res: min(channel_base // res, channel_max) for res in self.block_resolutions + [4]}

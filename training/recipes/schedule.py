@@ -70,6 +70,15 @@ def split_batch(batch: int, num_gpus: int, batch_gpu: int | None, group_size: in
     raise ValueError(f'--batch-gpu={batch_gpu}: no accumulation round of at most {batch_gpu} samples splits the '
                      f'{what} share of {share} per GPU into whole groups of {group_size} (minibatch stddev)')
 
+
+def _shrunk_groups_note(num_gpus: int, where: str) -> str:
+    """The line that says D's minibatch-stddev groups are smaller on `num_gpus` GPUs than on one (`where`: by how
+    much). A D call groups min(group size, its samples) samples (training/networks/stylegan.py), so a per-GPU share
+    below the group size changes what D computes. Said, not refused: StyleGAN v1 shrinks its groups the same way,
+    and no --batch-gpu can restore them."""
+    return (f'Note: --gpus={num_gpus} shrinks D\'s minibatch-stddev groups, as a GPU\'s share of the batch is smaller '
+            f'than a group: {where}')
+
 #----------------------------------------------------------------------------
 
 
@@ -128,6 +137,13 @@ class FixedSchedule:
     def min_share(self) -> int:
         """Smallest number of reals one process takes for a D step during the run."""
         return self.batch_D // self.num_gpus
+
+    def group_size_note(self) -> str | None:
+        """One line when the GPUs' shares make D's minibatch-stddev groups smaller than on one GPU (else None)."""
+        if self.num_gpus == 1 or self.group_size == 1:
+            return None
+        n, one = min(self.group_size, self.batch_gpu_D), min(self.group_size, self.batch_D)
+        return None if n >= one else _shrunk_groups_note(self.num_gpus, f'{n} instead of {one} samples')
 
     def describe(self) -> list[str]:
         """The schedule as lines of text, for `train.py --dry-run`."""
@@ -250,6 +266,22 @@ class ProgressiveSchedule:
 
     def min_share(self) -> int:
         return min(self.batch[r] for r in self.levels) // self.num_gpus
+
+    def group_size_note(self) -> str | None:
+        """As FixedSchedule.group_size_note, naming the resolutions whose groups shrink."""
+        if self.num_gpus == 1 or self.group_size == 1:
+            return None
+        spans = []  # [samples per group, on one GPU, first resolution, last resolution]
+        for r in self.levels:
+            n, one = min(self.group_size, self.batch_gpu[r]), min(self.group_size, self.batch[r])
+            if n < one and spans and spans[-1][:2] == [n, one] and spans[-1][3] * 2 == r:
+                spans[-1][3] = r
+            elif n < one:
+                spans.append([n, one, r, r])
+        if not spans:
+            return None
+        return _shrunk_groups_note(self.num_gpus, ', '.join(f'{n} instead of {one} samples at {lo}x{lo}' +
+                                                            (f'-{hi}x{hi}' if hi > lo else '') for n, one, lo, hi in spans))
 
     def describe(self) -> list[str]:
         lines = [f'Progressive growing {self.start_resolution}x{self.start_resolution} -> '

@@ -32,7 +32,7 @@ import torch
 import dnnlib
 from torch_utils import misc, threads, training_stats
 from training.run.charts import write_progress_chart
-from training.step.updater import NEVER, NetworkUpdater
+from training.step import NEVER, NetworkUpdater
 
 #----------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Run directories in --outdir: numbered when made, and found again by --resume=latest.
 
 A run writes into <outdir>/<number>-<description>/ (`next_run_dir`: one more than the highest number
-there). `find_latest` is --resume=latest, which lets a requeued job rerun its own command line:
+there), made by `create` with the run's training_options.json. `find_latest` is --resume=latest,
+which lets a requeued job rerun its own command line:
 
     run directories, newest (highest number) first:
         pass over one whose experiment differs from the command's (Experiment.changes, as --resume
@@ -22,11 +23,10 @@ import dataclasses
 import json
 import os
 import re
-from typing import Callable
+from typing import Any, Callable
 
 import dnnlib
 from torch_utils import persistence
-from training.experiment import Experiment
 from training.run.run_state import load_resumable
 
 #----------------------------------------------------------------------------
@@ -34,6 +34,31 @@ from training.run.run_state import load_resumable
 _RUN_DIR = re.compile(r'(\d+)-')
 _SNAPSHOT = re.compile(r'network-snapshot-(\d+)(?:\.(\d{3}))?\.pkl')  # The label of run_state.snapshot_label.
 _OPTIONS_MAX_BYTES = 1 << 20  # training_options.json is a few kB; anything larger is not one of ours.
+
+
+def check_outdir(outdir: str) -> None:
+    """ValueError with a one-line message for an --outdir that is a file, or a folder (or the nearest existing
+    parent) that cannot be written."""
+    if os.path.exists(outdir) and not os.path.isdir(outdir):
+        raise ValueError(f'--outdir: {outdir} is a file, not a folder')
+    existing = os.path.abspath(outdir)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f'--outdir: cannot write to {existing}')
+
+
+def create(run_dir: str, options: dict) -> None:
+    """Make the new run directory `run_dir` with training_options.json holding `options`. A write that fails
+    (dnnlib.util.WriteError) leaves nothing of the run: the directory is removed again."""
+    os.makedirs(run_dir, exist_ok=False)
+    try:
+        with dnnlib.util.writing(path := os.path.join(run_dir, 'training_options.json')), \
+                dnnlib.util.atomic_path(path) as tmp, open(tmp, 'wt') as f:
+            json.dump(options, f, indent=2)
+    except dnnlib.util.WriteError:
+        os.rmdir(run_dir)
+        raise
 
 
 def next_run_dir(outdir: str, desc: str) -> str:
@@ -61,16 +86,17 @@ def snapshots_newest_first(run_dir: str) -> list[str]:
     return [os.path.join(run_dir, name) for _, name in sorted(found, reverse=True)]
 
 
-def _recorded_experiment(run_dir: str) -> Experiment | None:
-    """The experiment that training_options.json of `run_dir` records (None: no such file, or one that does not say)."""
+def _recorded_experiment(run_dir: str, experiment_class: type) -> Any:
+    """The experiment (an `experiment_class`, training/experiment.py's Experiment) that training_options.json of
+    `run_dir` records (None: no such file, or one that does not say)."""
     path = os.path.join(run_dir, 'training_options.json')
     try:
         if os.path.getsize(path) > _OPTIONS_MAX_BYTES:
             return None
         with open(path, 'rt') as f:
             options = json.load(f)
-        fields = {field.name for field in dataclasses.fields(Experiment)}
-        return Experiment.from_snapshot({'experiment': {name: value for name, value in options.items() if name in fields}})
+        fields = {field.name for field in dataclasses.fields(experiment_class)}
+        return experiment_class.from_snapshot({'experiment': {name: value for name, value in options.items() if name in fields}})
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -82,18 +108,18 @@ class Continuation:
     snapshot: dnnlib.EasyDict   # loaded.
 
 
-def find_latest(outdir: str, experiment: Experiment, log: Callable[[str], None]) -> Continuation | None:
-    """The run of `experiment` that --resume=latest continues, by the rule in the module docstring; `log` gets a line
-    for each snapshot passed over."""
+def find_latest(outdir: str, experiment: Any, log: Callable[[str], None]) -> Continuation | None:
+    """The run of `experiment` (training/experiment.py's Experiment) that --resume=latest continues, by the rule in the
+    module docstring; `log` gets a line for each snapshot passed over."""
     for _, run_dir in reversed(_run_dirs(outdir)):
-        recorded = _recorded_experiment(run_dir)
+        recorded = _recorded_experiment(run_dir, type(experiment))
         if recorded is not None and recorded.changes(experiment):
             continue
         persistence.remove_stale_temporaries(run_dir)  # Left by a writer that was killed.
         for path in snapshots_newest_first(run_dir):
             try:
                 snapshot = load_resumable(path)
-                trained = Experiment.from_snapshot(snapshot)
+                trained = type(experiment).from_snapshot(snapshot)
             except (OSError, ValueError, TypeError, persistence.UnsafeSnapshotError) as e:
                 log(f'--resume=latest: passing over {path}: {dnnlib.util.first_line(e)}')
                 continue

@@ -33,8 +33,7 @@ import torch
 
 import dnnlib
 from torch_utils import misc, persistence
-from training.step.loss import LOSS_STATE_KEYS, GANLoss
-from training.step.updater import portable_state_dict
+from training.step import LOSS_STATE_KEYS, GANLoss, portable_state_dict
 
 #----------------------------------------------------------------------------
 

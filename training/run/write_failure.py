@@ -8,7 +8,7 @@ partial behind:
     stats.jsonl, metric-*.jsonl                 reporter.TickReporter, evaluation.MetricEvaluator (a line appended,
                                                 cut back if it cannot be written whole: dnnlib.util.append_text)
     log.txt                                     dnnlib.util.Logger (whole lines; the console goes on without it)
-    training_options.json                       train.py (written whole, before the run directory is used)
+    training_options.json                       run_dirs.create (written whole, before the run directory is used)
 
 At a snapshot, an image grid or a metric's record that cannot be written waits (`Deferred`) until the snapshot has
 been written and the tick's statistics recorded: it does not cost the run the snapshot that could be written. Then

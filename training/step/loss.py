@@ -108,7 +108,6 @@ from training.step.precision import Precision
 
 #----------------------------------------------------------------------------
 
-LOSSES = ('hinge', 'ns', 'ns-nosigmoid', 'wasserstein')
 AFFINE_CHECK_SAMPLES = 4       # Samples of the first batch on which D's affine form is checked, in float64.
 AFFINE_CHECK_TOLERANCE = 1e-9  # Largest relative error in float64 (rounding gives ~1e-15; a missed term ~1e-1).
 LOSS_STATE_KEYS = ('pl_mean',)  # What GANLoss.state_dict holds: float scalars.
@@ -120,26 +119,30 @@ def _bce_on_scores(scores: torch.Tensor, target: float) -> torch.Tensor:
     return F.binary_cross_entropy(p, torch.full_like(p, target), reduction='none')
 
 
+# Per-sample D loss on (real scores, fake scores) and G loss on fake scores, per --loss (the module docstring's table).
+D_LOSS_TERMS = {
+    'hinge':        lambda real, fake: (F.relu(1 - real), F.relu(1 + fake)),
+    'ns':           lambda real, fake: (F.softplus(-real), F.softplus(fake)),
+    'ns-nosigmoid': lambda real, fake: (_bce_on_scores(real, 1.0), _bce_on_scores(fake, 0.0)),
+    'wasserstein':  lambda real, fake: (-real, fake),
+}
+G_LOSS_TERMS = {
+    'hinge':        lambda fake: -fake,
+    'ns':           lambda fake: F.softplus(-fake),
+    'ns-nosigmoid': lambda fake: _bce_on_scores(fake, 1.0),
+    'wasserstein':  lambda fake: -fake,
+}
+LOSSES = tuple(D_LOSS_TERMS)
+
+
 def d_loss_terms(loss: str, real: torch.Tensor, fake: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample D loss on real and on fake scores (see the table in the module docstring)."""
-    dnnlib.util.check_choice('loss', loss, LOSSES)
-    if loss == 'hinge':
-        return F.relu(1 - real), F.relu(1 + fake)
-    if loss == 'ns':
-        return F.softplus(-real), F.softplus(fake)
-    if loss == 'ns-nosigmoid':
-        return _bce_on_scores(real, 1.0), _bce_on_scores(fake, 0.0)
-    return -real, fake
+    """Per-sample D loss on real and on fake scores."""
+    return D_LOSS_TERMS[loss](real, fake)
 
 
 def g_loss_terms(loss: str, fake: torch.Tensor) -> torch.Tensor:
-    """Per-sample G loss on fake scores (see the table in the module docstring)."""
-    dnnlib.util.check_choice('loss', loss, LOSSES)
-    if loss == 'ns':
-        return F.softplus(-fake)
-    if loss == 'ns-nosigmoid':
-        return _bce_on_scores(fake, 1.0)
-    return -fake  # hinge and wasserstein
+    """Per-sample G loss on fake scores."""
+    return G_LOSS_TERMS[loss](fake)
 
 
 def input_gradient_norm(D: Callable[..., torch.Tensor], x: torch.Tensor, c: torch.Tensor,
@@ -178,6 +181,7 @@ class Constraint:
     spectral_norm: bool = False         # D is built with spectral normalization (its spectral_norm kwarg).
     penalty: Callable | None = None     # Extra D-step term (loss, real_img, real_c, gen_img) -> (per sample, ||grad||).
     penalty_on_fakes: bool = False      # The penalty reads gen_img (else it gets None in a 'reg' phase).
+    lazy: bool = False                  # The penalty may run every k-th D step only (lazy regularization, StyleGAN2).
 
 
 CONSTRAINTS = {
@@ -187,7 +191,7 @@ CONSTRAINTS = {
     'sn':   Constraint(spectral_norm=True),
     'gp1':  Constraint(penalty=functools.partial(interpolate_penalty, center=1.0), penalty_on_fakes=True),
     'gp0':  Constraint(penalty=functools.partial(interpolate_penalty, center=0.0), penalty_on_fakes=True),
-    'r1':   Constraint(penalty=r1_penalty),
+    'r1':   Constraint(penalty=r1_penalty, lazy=True),
     'none': Constraint(),
 }
 NORMS = tuple(CONSTRAINTS)
@@ -219,8 +223,6 @@ class GANLoss:
         G_reg_interval: int = 1,            # The path length term at every this-many-th G step, own phase (NVIDIA: 4).
         D_reg_interval: int = 1,            # The constraint's penalty (R1) at every this-many-th D step, own phase (NVIDIA: 16).
     ) -> None:
-        dnnlib.util.check_choice('loss', loss, LOSSES)
-        dnnlib.util.check_choice('norm', norm, tuple(CONSTRAINTS))
         self.G = G
         self.D = D
         self.loss = loss
@@ -237,7 +239,7 @@ class GANLoss:
         self.precision = precision if isinstance(precision, Precision) else Precision(precision)
         param = next(D.parameters(), None)
         device_type = None if param is None else param.device.type
-        if fuse_d_calls is None:  # On a CPU one call on the concatenation measured slower (docs/benchmarks.md).
+        if fuse_d_calls is None:  # One call halves a GPU D step's kernel launches; on a CPU it gains nothing.
             fuse_d_calls = bool(getattr(D, 'is_sample_independent', False)) and device_type == 'cuda'
         self.fuse_d_calls = bool(fuse_d_calls)
         self.bias_layers = None if linear_d is False or self.constraint.gn_zeta is None else linearizable_layers(D)

@@ -1,0 +1,254 @@
+"""What a run starts from: the command line's experiment, and the snapshot or networks it takes up (`take_in`).
+
+    no --resume       a new run of the command line's experiment (its options, else the preset's, else the
+                      defaults; `experiment_of`);
+    --resume=PKL      one of our snapshots (`load_resume`): the run continues with its networks, optimizers,
+                      counters and random streams; the experiment options that the command line leaves out
+                      are the snapshot's, and one that differs needs --resume-override (`experiment_of`);
+    --resume=latest   the newest run in --outdir of the experiment this command describes
+                      (training/run/run_dirs.py), continued in its own directory; or a new run;
+    --resume=PKL      of a StyleGAN2 pickle of NVIDIA's code (`load_nvidia`, read as data by
+                      torch_utils/nvidia_pickle.py): a new run of the command line's experiment from its G,
+                      G_ema and D (unless --resume-fresh-d), with fresh optimizers and counters.
+
+Networks to take up are refused when they are not the ones the run builds (`check_resume_networks`); the data,
+the metrics and their references are checked before a run directory exists. Every refusal is a `StartRefused`
+whose message is the one line that train.py prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+
+import torch
+
+import dnnlib
+from torch_utils import persistence
+from training.data.dataset import ImageFolderDataset
+from training.experiment import CONTINUED, IDENTITY, QUICKSTART_DATA, Experiment
+from training.run import run_dirs
+from training.run.stop_signal import EXIT_STOPPED, StopRequested, StopSignal
+
+# The command line's options that Experiment.build takes as they are.
+EXPERIMENT_OPTIONS = IDENTITY + ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown', 'deterministic', 'cuda_graphs',
+                                 'workers')
+
+#----------------------------------------------------------------------------
+
+
+class StartRefused(Exception):
+    """A command line that cannot start a run; the message is one line saying why."""
+
+
+@dataclasses.dataclass
+class Start:
+    experiment: Experiment                          # The run's experiment, metrics included.
+    resume_overrides: list[str]                     # Options that differ from the resumed snapshot's ('--norm=gp1 (was gn)').
+    resume: dnnlib.EasyDict | None                  # Our snapshot that the run continues, loaded...
+    resume_pkl: str | None                          # ...from this file (or NVIDIA's pickle that `initial` comes from).
+    initial: dnnlib.EasyDict | None                 # NVIDIA's networks that a new run starts from.
+    latest: bool                                    # --resume=latest...
+    continuation: run_dirs.Continuation | None      # ...and the run it continues (None: a new run).
+    resume_given: bool                              # --resume names a file (not latest).
+
+    def record(self) -> dict:
+        """training_options.json: every option of the run, every default filled in, as plain data."""
+        experiment = self.experiment
+        return dnnlib.util.to_plain(dict(
+            experiment.record(), resume_pkl=self.resume_pkl, resume_overrides=self.resume_overrides,
+            run_desc=experiment.description, training_set_kwargs=experiment.training_set_kwargs,
+            G_kwargs=experiment.G_kwargs, D_kwargs=experiment.D_kwargs, G_opt_kwargs=experiment.G_opt_kwargs,
+            D_opt_kwargs=experiment.D_opt_kwargs, loss_kwargs=experiment.loss_kwargs,
+            schedule_kwargs=experiment.schedule_kwargs))
+
+    def origin(self) -> list[str]:
+        """The lines that say what the run starts from, if not from scratch."""
+        lines = [f'Resuming from "{self.resume_pkl}"'] if self.resume is not None else []
+        if self.initial is not None:
+            G_kwargs = {k: v for k, v in self.experiment.G_kwargs.items() if k != 'class_name'}
+            differences = kwargs_differences(self.initial.G.init_kwargs, G_kwargs)
+            lines.append(f'Starting from the {", ".join(self.initial)} of "{self.resume_pkl}"'
+                         f'{" (D from scratch)" if "D" not in self.initial else ""}'
+                         f'{differences.replace("; its kwargs differ", "; this run builds G with other kwargs, the same tensors")}')
+        return lines
+
+
+def take_in(opts: dnnlib.EasyDict, gpus: int, device: torch.device, rank: int, stop: StopSignal) -> Start:
+    """The run that train.py's options `opts` describe, on `gpus` processes of `device`, as process `rank` sees it:
+    the command line's options, else the resumed snapshot's, else the preset's and the defaults. --resume=latest:
+    the command line's alone, whose newest run in --outdir continues in place (or a new one starts)."""
+    latest = opts.resume == 'latest'
+    if latest and opts.resume_override:
+        raise StartRefused('--resume-override goes with --resume=PKL: --resume=latest continues a run of this '
+                           'very experiment')
+    initial = load_nvidia(opts, stop)  # NVIDIA's networks to start from, or None.
+    resume = None if opts.resume is None or latest or initial is not None else load_resume(opts.resume)
+    experiment, resume_overrides = experiment_of(opts, gpus, device, resume)
+    continuation = run_dirs.find_latest(opts.outdir, experiment, print if rank == 0 else lambda _: None) if latest else None
+    resume_pkl = continuation.snapshot_pkl if continuation is not None else None if latest else opts.resume
+    if continuation is not None:
+        resume = continuation.snapshot
+    if resume is not None or initial is not None:
+        check_resume_networks(resume or initial, experiment, resume_pkl)
+    return Start(experiment=_with_metrics(experiment, opts), resume_overrides=resume_overrides, resume=resume,
+                 resume_pkl=resume_pkl, initial=initial, latest=latest, continuation=continuation,
+                 resume_given=opts.resume is not None and not latest)
+
+
+def open_dataset(data: str, use_labels: bool, option: str = '--data') -> ImageFolderDataset:
+    """Open and check the training data (or the reference data of `option`): labels only for conditional presets."""
+    if not os.path.exists(data):
+        raise StartRefused(f'{option}: no such file or folder: {data}')
+    try:
+        dataset = ImageFolderDataset(path=os.path.abspath(data), use_labels=use_labels)
+        dataset.validate()  # Every image's header (size, channels, bit depth), before a run directory exists.
+    except (OSError, ValueError) as e:
+        raise StartRefused(f'{option}: {e}')
+    return dataset
+
+
+def load_nvidia(opts: dnnlib.EasyDict, stop: StopSignal) -> dnnlib.EasyDict | None:
+    """With --resume of a StyleGAN2 pickle of NVIDIA's code: the networks a new run starts from (G, G_ema, and D
+    unless --resume-fresh-d), read as data (torch_utils/nvidia_pickle.py), which a stop request interrupts; else None."""
+    from torch_utils import nvidia_pickle
+
+    def interrupt() -> None:
+        if stop.requested():
+            raise StopRequested(signal.Signals(stop.requested()).name)
+    if opts.resume is None or opts.resume == 'latest':
+        nvidia = False
+    else:
+        try:
+            with dnnlib.util.open_url(opts.resume, verbose=False) as f:
+                nvidia = nvidia_pickle.is_pickle(f)
+                networks = nvidia_pickle.load_network_pickle(f, opts.resume, interrupt=interrupt) if nvidia else None
+        except (OSError, persistence.UnsafeSnapshotError) as e:
+            raise StartRefused(f'--resume: {e}')
+        except StopRequested as e:  # Before anything of the run is written: the same command starts it again.
+            print(f'Stopped by {e} while reading --resume={opts.resume}; nothing was started', file=sys.stderr, flush=True)
+            sys.exit(EXIT_STOPPED)
+    if not nvidia:
+        if opts.resume_fresh_d:
+            raise StartRefused('--resume-fresh-d goes with --resume of a StyleGAN2 pickle of NVIDIA\'s code')
+        return None
+    if opts.resume_override:
+        raise StartRefused(f'--resume-override: {opts.resume} is NVIDIA\'s pickle, which records no experiment: '
+                           f'this run\'s options are the command line\'s')
+    if 'G' not in networks or ('D' not in networks and not opts.resume_fresh_d):
+        raise StartRefused(f'--resume: {opts.resume} holds no {"G" if "G" not in networks else "D"}'
+                           f'{"" if "G" not in networks else "; add --resume-fresh-d to start D from scratch"}')
+    names = ('G', 'G_ema') if opts.resume_fresh_d else ('G', 'G_ema', 'D')
+    return dnnlib.EasyDict({name: networks.get(name, networks.G) for name in names})
+
+
+def load_resume(resume: str) -> dnnlib.EasyDict:
+    """The snapshot to continue from, loaded once for the whole run; refused in one line if it is unreadable or
+    has no optimizer state and progress (not written by train.py)."""
+    from training.run.run_state import load_resumable
+    persistence.remove_stale_temporaries(os.path.dirname(os.path.abspath(resume)))  # Left by a killed writer.
+    try:
+        return load_resumable(resume)
+    except (OSError, ValueError, persistence.UnsafeSnapshotError) as e:
+        raise StartRefused(f'--resume: {e}')
+
+
+def experiment_of(opts: dnnlib.EasyDict, gpus: int, device: torch.device,
+                  snapshot: dnnlib.EasyDict | None) -> tuple[Experiment, list[str]]:
+    """The run's Experiment: the command line's options, and for those of the experiment and its length (IDENTITY,
+    CONTINUED) that it leaves out, the resumed snapshot's. A resumed run refuses, in one line, an experiment that
+    differs from its snapshot's, unless --resume-override; returns those changes ('--norm=gp1 (was gn)')."""
+    try:
+        recorded = None if snapshot is None else Experiment.from_snapshot(snapshot)
+    except (ValueError, TypeError) as e:
+        raise StartRefused(f'--resume: {opts.resume}: {e}')
+    options = {name: opts[name] for name in EXPERIMENT_OPTIONS}
+    if options['data'] is not None:
+        options['data'] = os.path.abspath(options['data'])  # Snapshots work from any folder.
+    if recorded is not None:
+        length_given = options['steps'] is not None or options['kimg'] is not None
+        options.update({name: getattr(recorded, name) for name in IDENTITY + CONTINUED
+                        if options[name] is None and not (length_given and name in ('steps', 'kimg'))})
+    options['data'] = options['data'] or QUICKSTART_DATA
+    try:
+        use_labels = Experiment.reads_labels(options['cfg'] or Experiment.cfg)
+    except ValueError as e:
+        raise StartRefused(str(e))
+    dataset = open_dataset(options['data'], use_labels)
+    try:
+        experiment = Experiment.build(**options, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
+                                      label_dim=dataset.label_dim, gpus=gpus, device=str(device))
+    except ValueError as e:
+        raise StartRefused(str(e))
+    changes = [] if recorded is None else recorded.changes(experiment)
+    if changes and not opts.resume_override:
+        raise StartRefused(f'--resume: {opts.resume} was trained with other options: {"; ".join(changes)}; leave '
+                           f'them out to take the snapshot\'s, or add --resume-override to change them on purpose')
+    return experiment, changes
+
+
+def check_resume_networks(snapshot: dnnlib.EasyDict, experiment: Experiment, path: str) -> None:
+    """Refuse, in one line, a snapshot whose networks (class, parameter names and shapes) are not the ones this run
+    builds, naming (for networks of the run's class) the constructor kwargs in which they differ."""
+    for name, kwargs in [('G', experiment.G_kwargs), ('G_ema', experiment.G_kwargs), ('D', experiment.D_kwargs)]:
+        net = snapshot.get(name)
+        if net is None:
+            continue
+        shapes = {key: tuple(tensor.shape) for key, tensor in net.state_dict().items()}
+        if persistence.class_name_of(type(net)) != kwargs.class_name or shapes != persistence.network_shapes(kwargs):
+            differences = f'; it is a {persistence.class_name_of(type(net))}, this run\'s a {kwargs.class_name}' \
+                if persistence.class_name_of(type(net)) != kwargs.class_name else \
+                kwargs_differences(net.init_kwargs, {k: v for k, v in kwargs.items() if k != 'class_name'})
+            raise StartRefused(f'--resume: the {name} of {path} is not the network that --cfg={experiment.cfg} '
+                               f'builds with these options for this data{differences}')
+
+
+def kwargs_differences(theirs: dict, ours: dict) -> str:
+    """'; its kwargs differ: mapping_kwargs.num_layers 8 (this run: 2), ...' for two nested kwargs dicts (those set on one
+    side only last), or ''."""
+    def flat(d: dict, prefix: str = '') -> dict:
+        return {k2: v2 for k, v in d.items() for k2, v2 in (flat(v, f'{prefix}{k}.') if isinstance(v, dict) else
+                                                             {f'{prefix}{k}': v}).items()}
+    a, b = flat(dnnlib.util.to_plain(theirs)), flat(dnnlib.util.to_plain(ours))
+    keys = sorted((k for k in set(a) | set(b) if a.get(k, '(unset)') != b.get(k, '(unset)')), key=lambda k: (k not in a or k not in b, k))
+    listed = ', '.join(f'{k} {a.get(k, "(unset)")} (this run: {b.get(k, "(unset)")})' for k in keys[:4])
+    return f'; its kwargs differ: {listed}{", ..." if len(keys) > 4 else ""}' if keys else ''
+
+
+def without_resume(args: list[str]) -> list[str]:
+    """The command-line arguments `args` without --resume, --resume-override and --resume-fresh-d."""
+    kept, skip = [], False
+    for arg in args:
+        if not skip and arg not in ('--resume', '--resume-override', '--resume-fresh-d') and not arg.startswith('--resume='):
+            kept.append(arg)
+        skip = arg == '--resume'  # Its value is the next argument.
+    return kept
+
+
+def _with_metrics(experiment: Experiment, opts: dnnlib.EasyDict) -> Experiment:
+    """`experiment` with the metrics of --metrics and their references, each checked now (a detector is fetched now),
+    not at the first snapshot hours in."""
+    from metrics import detectors, frechet_inception_distance, metric_main
+    try:
+        metrics = metric_main.parse_metrics(opts.metrics)
+        metric_main.check_references(metrics, opts.ref_data, opts.ref_stats)
+        best_metric = metric_main.best_metric_name(metrics, opts.best_metric)
+        if opts.ref_stats is not None:
+            frechet_inception_distance.load_ref_stats(opts.ref_stats)  # mu [D] and sigma [D, D], finite.
+        if opts.ref_data is not None:
+            ref_shape = open_dataset(opts.ref_data, use_labels=False, option='--ref-data').image_shape
+            if list(ref_shape) != [experiment.img_channels, experiment.img_resolution, experiment.img_resolution]:
+                raise ValueError(f'--ref-data holds {ref_shape[2]}x{ref_shape[1]} images with {ref_shape[0]} channel(s), '
+                                 f'the training data {experiment.img_resolution}x{experiment.img_resolution} with '
+                                 f'{experiment.img_channels}')
+        metric_main.check_detectors(metrics, opts.detector, opts.pr_detector)
+    except (ValueError, detectors.DetectorUnavailableError) as e:
+        raise StartRefused(str(e))
+    absolute = lambda path: None if path is None else os.path.abspath(path)
+    return experiment.replace(metrics=tuple(metrics), best_metric=best_metric, tick=opts.tick, snap=opts.snap,
+                              ref_data=absolute(opts.ref_data), ref_stats=absolute(opts.ref_stats),
+                              detector=opts.detector, pr_detector=opts.pr_detector)
+
+#----------------------------------------------------------------------------
