@@ -441,18 +441,25 @@ def test_a_generator_left_in_capture_mode_by_a_failed_capture_draws_again_after_
     assert (generator.state.seed, generator.state.offset) == (7, 16)
 
 
-def _rank_checking_its_replay(rank, store, out_dir):
-    """One of two CPU processes of a run: a step whose replay only this rank's graph gets wrong on rank 1 (it baked in a
-    value of its own, as gn-stylegan2's per-process path length mean can make a check differ)."""
-    torch.distributed.init_process_group('gloo', init_method=f'file://{store}', rank=rank, world_size=2)
-    engine, lines = EmulatedGraphs(), []
-    w = torch.zeros(3)
+def _rank_checking_its_replay(rank, store, out_dir, backend='gloo', device_type='cpu'):
+    """One of two processes of a run: a step whose replay only rank 1's graph gets wrong (it baked in a value of its
+    own, as gn-stylegan2's per-process path length mean can make a check differ). On a CPU under the emulation; on
+    CUDA with CUDA's graphs, each rank on a GPU of its own where there are two (nccl), else both on the one (gloo)."""
+    torch.distributed.init_process_group(backend, init_method=f'file://{store}', rank=rank, world_size=2)
+    if device_type == 'cuda':
+        device = torch.device('cuda', rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        engine, capturing = graphs.CudaGraphs(device), torch.cuda.is_current_stream_capturing
+    else:
+        device, engine = torch.device('cpu'), EmulatedGraphs()
+        capturing = lambda: engine.capturing
+    lines, w = [], torch.zeros(3, device=device)
 
     def step(x):
-        w.add_(x * (1.5 if engine.capturing and rank == 1 else 1))
+        w.add_(x * (1.5 if capturing() and rank == 1 else 1))
     captured = graphs.CapturedStep('G', lambda: [w], engine, log=lines.append, warmup=1)
     for _ in range(4):
-        captured('k', step, dict(x=torch.ones(3)))
+        captured('k', step, dict(x=torch.ones(3, device=device)))
     with open(os.path.join(out_dir, f'rank{rank}.txt'), 'w') as f:
         f.write(f'{len(lines)} {captured.last_replayed} {w.tolist()}')
     from torch_utils import compat
@@ -464,6 +471,19 @@ def test_every_rank_takes_the_same_verdict_on_its_first_replay(tmp_path):
     """Rank 1's replay lands 50% of the step's change away, rank 0's is right: both ranks reject their graph, keep the
     eager result and run that step eagerly, so that their parameters stay equal."""
     torch.multiprocessing.spawn(_rank_checking_its_replay, args=(str(tmp_path / 'store'), str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        assert (tmp_path / f'rank{rank}.txt').read_text() == '1 False [4.0, 4.0, 4.0]'
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize('backend', ['gloo', 'nccl'])
+def test_every_rank_takes_the_same_verdict_on_its_first_cuda_replay(tmp_path, backend):
+    """The same with CUDA's graphs and two processes: over nccl, each on a GPU of its own (the verdict reduced on the
+    device); over gloo, both on one GPU (the verdict reduced on the host)."""
+    if backend == 'nccl' and torch.cuda.device_count() < 2:
+        pytest.skip(f'nccl needs two GPUs, {torch.cuda.device_count()} present (gloo runs the check on one)')
+    torch.multiprocessing.spawn(_rank_checking_its_replay, nprocs=2,
+                                args=(str(tmp_path / 'store'), str(tmp_path), backend, 'cuda'))
     for rank in range(2):
         assert (tmp_path / f'rank{rank}.txt').read_text() == '1 False [4.0, 4.0, 4.0]'
 

@@ -414,3 +414,41 @@ def test_deterministic_runs_choose_the_kernel_without_timing(fake_clock):
     with devices.run_switches(torch.device('cpu'), allow_tf32=False, deterministic=True):
         upfirdn2d.upsample2d(input_in_layout('contiguous'), upfirdn2d.setup_filter([1, 2, 1]))
     assert timings == [] and upfirdn2d._plugin.choices == {} and plugin.served[3] > 0
+
+
+def two_deterministic_runs(device: torch.device, monkeypatch) -> tuple[list, list, list]:
+    """Two runs of the same resampling and activations, forward and backward, under --deterministic's switches, with the
+    chooser switched on and each op's choices made afresh per run, timed by a clock on which the reference is five
+    times faster in the first run and the kernel in the second (a timing that changes between runs, as a GPU's does).
+    Returns (the paths the clock was asked to time, the first run's results, the second's). The caller has made the
+    kernel path serve `device`'s tensors."""
+    monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '1')
+    timed, runs = [], []
+    for faster in ('reference', 'kernel'):
+        def timer(fn, timer_device, faster=faster):  # faster() times the kernel first, then the reference.
+            path = 'kernel' if len(timed) % 2 == 0 else 'reference'
+            timed.append(path)
+            fn()
+            return 1.0 if path == faster else 5.0
+        for plugin in (upfirdn2d._plugin, bias_act._plugin):
+            monkeypatch.setattr(plugin, 'timer', timer)
+            plugin.choices = {}
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn([2, 4, 16, 16], generator=generator).to(device).requires_grad_()
+        b = torch.randn([4], generator=generator).to(device).requires_grad_()
+        f = upfirdn2d.setup_filter([1, 3, 3, 1], device=device)
+        with devices.run_switches(device, allow_tf32=False, deterministic=True):
+            y = upfirdn2d.downsample2d(bias_act.bias_act(upfirdn2d.upsample2d(x, f), b, act='lrelu'), f)
+            gx, gb = torch.autograd.grad(y.square().sum(), [x, b])
+        runs.append([y.detach(), gx, gb])
+    return timed, runs[0], runs[1]
+
+
+def test_two_deterministic_runs_make_the_same_choices_whatever_the_clock_says(host_kernels, cpu_kernel_path,
+                                                                              monkeypatch):
+    """Under --deterministic the kernel-or-reference choice is never timed: two runs whose clocks disagree compute the
+    same bits, on the kernel path. tests/test_ops_gpu.py runs the same on CUDA."""
+    plugin = cpu_kernel_path(HostPlugin(host_kernels))
+    timed, first, second = two_deterministic_runs(torch.device('cpu'), monkeypatch)
+    assert timed == [] and plugin.calls['upfirdn2d', 0] > 0 and plugin.calls['bias_act', 0] > 0
+    assert all(torch.equal(a, b) for a, b in zip(first, second))

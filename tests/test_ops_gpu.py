@@ -18,6 +18,8 @@ import torch
 
 from ops import bias_act, conv2d_resample, upfirdn2d
 from tests.test_custom_ops import _SPECIALISATIONS, _UPFIRDN2D_CASES
+from tests.test_kernel_choice import two_deterministic_runs
+from tests.test_upfirdn2d import training_filter_among_other_filters
 from torch_utils import custom_ops, kernel_choice
 from training.networks import biggan, sngan, stylegan
 from training.step.loss import GANLoss
@@ -313,6 +315,24 @@ def test_upfirdn2d_more_than_65535_planes(kernel_calls):
         actual = _compare_op(lambda x: op(x, blur), [x], torch.float32)
         assert torch.isfinite(actual[0][0, -1]).all() and actual[0][0, -1].abs().sum() > 0  # the last plane
     assert kernel_calls['upfirdn2d'] >= 6
+
+
+def test_a_training_filter_stays_cached_and_never_syncs_among_other_filters(kernel_calls, monkeypatch):
+    """A filter used at every step between 300 new filter buffers (256 fit in the taps cache) keeps its taps: none of
+    its calls copies them to the host, which CUDA's synchronisation watch would raise on (set_sync_debug_mode('error'))
+    and which would fail a capture (tests/test_upfirdn2d.py runs the same on the host build of the kernels)."""
+    monkeypatch.setattr(upfirdn2d, '_taps', upfirdn2d._TapCache())
+    assert training_filter_among_other_filters(torch.device('cuda'), monkeypatch) == 0
+    assert kernel_calls['upfirdn2d'] >= 2 * 301
+
+
+def test_two_deterministic_runs_make_the_same_choices_whatever_the_clock_says(kernel_calls, monkeypatch):
+    """Under --deterministic the kernel-or-reference choice is never timed: two runs whose clocks disagree (the
+    reference faster in one, the kernel in the other) compute the same bits on the device, through the kernels
+    (tests/test_kernel_choice.py runs the same on the host build of the kernels)."""
+    timed, first, second = two_deterministic_runs(torch.device('cuda'), monkeypatch)
+    assert timed == [] and kernel_calls['upfirdn2d'] > 0 and kernel_calls['bias_act'] > 0
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 # ----------------------------------------------------------------------------
 # A whole GN discriminator step.

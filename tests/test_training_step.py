@@ -236,13 +236,61 @@ def test_replays_follow_a_learning_rate_that_moves_by_a_millionth_per_step(monke
 def test_graphs_are_used_where_they_pay_and_pass():
     cuda, cpu = torch.device('cuda'), torch.device('cpu')
     use = training_step.use_cuda_graphs
-    assert use('auto', cuda, 1, 'tf32') and use('auto', cuda, 1, 'bf16') and not use('auto', cuda, 1, 'fp16')
-    assert not use('auto', cuda, 2, 'tf32') and use('on', cuda, 2, 'bf16') and not use('off', cuda, 1, 'tf32')
+    auto_off = 'CUDA graphs off (--cuda-graphs=auto): '
+    assert use('auto', cuda, 1, 'tf32') == (True, None) and use('auto', cuda, 1, 'bf16') == (True, None)
+    assert use('auto', cuda, 1, 'fp16') == (False, auto_off + '--precision=fp16 reads its loss scaler\'s overflow flag '
+                                            'on the host at every step; the steps run eagerly')
+    assert use('auto', cuda, 2, 'tf32') == (False, auto_off + '2 processes (graphs have not run on several GPUs; '
+                                            '--cuda-graphs=on captures them); the steps run eagerly')
+    assert use('on', cuda, 2, 'bf16') == (True, None) and use('off', cuda, 1, 'tf32') == (False, None)
     with pytest.raises(ValueError, match='cannot capture --precision=fp16'):
         use('on', cuda, 1, 'fp16')
-    assert not use('auto', cpu, 1, 'tf32') and not use('on', cpu, 1, 'tf32')
+    assert use('auto', cpu, 1, 'tf32') == (False, None) and use('on', cpu, 1, 'tf32') == (False, None)
     with pytest.raises(ValueError, match='cuda_graphs'):
         use('yes', cuda, 1, 'tf32')
+
+
+# What --cuda-graphs=auto and =on do on each torch release, for what the repair of a capture that failed inside CUDA
+# needs there (docs/ops.md's table): (torch 2.5-2.11's generator, the generator's repair calls present, the allocator's
+# call that ends a capture present) -> what this torch lacks, or None.
+REPAIR_CASES = [
+    ((True, True, True), None),                                       # 2.5 - 2.11, as released
+    ((False, True, True), None),                                      # 2.12 and newer, as released
+    ((True, False, True), 'torch.Generator.clone_state, torch.Generator.graphsafe_set_state'),
+    ((False, False, True), None),                                     # 2.12 and newer keep no flag to clear
+    ((True, True, False), 'torch._C._cuda_endAllocateToPool'),
+    ((False, True, False), 'torch._C._cuda_endAllocateToPool'),
+]
+
+
+@pytest.mark.parametrize('release,missing', REPAIR_CASES, ids=['2.11', '2.12', '2.11-no-generator-repair',
+                                                               '2.12-no-generator-repair', '2.11-no-pool-end',
+                                                               '2.12-no-pool-end'])
+def test_auto_captures_only_where_a_failed_capture_can_be_repaired_and_on_refuses_where_not(monkeypatch, release,
+                                                                                             missing):
+    """--cuda-graphs=auto turns graphs on only where the torch running has what puts CUDA back after a capture that
+    failed inside it (one line naming what lacks, else), and =on refuses to start there (CudaGraphsBroken, one line)."""
+    from torch_utils import compat
+    keeps_flag, generator_repair, pool_end = release
+    monkeypatch.setattr(compat, 'GENERATOR_KEEPS_FAILED_CAPTURE', keeps_flag)
+    if not generator_repair:  # A generator class as torch's but without the two calls (torch's own type is immutable).
+        monkeypatch.setattr(torch, 'Generator', type('Generator', (), {}))
+    if not pool_end:
+        for name in compat.END_ALLOCATE_TO_POOL:
+            monkeypatch.delattr(torch._C, name, raising=False)
+    cuda = torch.device('cuda')
+    if missing is None:
+        assert training_step.use_cuda_graphs('auto', cuda, 1, 'tf32') == (True, None)
+        assert training_step.use_cuda_graphs('on', cuda, 1, 'tf32') == (True, None)
+        return
+    assert training_step.use_cuda_graphs('auto', cuda, 1, 'tf32') == (
+        False, f'CUDA graphs off (--cuda-graphs=auto): torch {torch.__version__} lacks {missing}, which puts CUDA back '
+               f'after a failed capture; the steps run eagerly')
+    with pytest.raises(graphs.CudaGraphsBroken) as refused:
+        training_step.use_cuda_graphs('on', cuda, 1, 'tf32')
+    assert str(refused.value) == (f'--cuda-graphs=on: torch {torch.__version__} lacks {missing}, which puts CUDA back '
+                                  f'after a capture that fails inside it; use --cuda-graphs=auto or off')
+    assert training_step.use_cuda_graphs('off', cuda, 1, 'tf32') == (False, None)
 
 #----------------------------------------------------------------------------
 # On a GPU.

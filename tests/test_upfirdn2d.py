@@ -1,6 +1,8 @@
 """upfirdn2d against scipy.signal.upfirdn and a direct numpy evaluation, plus its gradients."""
 
+import contextlib
 import itertools
+import sys
 
 import numpy as np
 import pytest
@@ -251,3 +253,56 @@ def test_filter_taps_cache_drops_the_least_recently_used_filter():
     with torch.no_grad():
         filters['d'].mul_(0.5)      # As G_ema's buffers are written after every G step.
     assert get('d') and len(cache.entries) == 3
+
+
+
+@contextlib.contextmanager
+def _sync_debug_mode(mode: str):
+    """CUDA's synchronisation watch at `mode` ('error': a host synchronisation raises) inside, as it was after."""
+    saved = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(saved)
+
+
+def training_filter_among_other_filters(device: torch.device, monkeypatch, others: int = 300) -> int:
+    """A training step's filter used between `others` (more than the cache's 256) new filter buffers, as grids and
+    metric evaluations of other networks bring them: how many times the training filter's taps were built again, each
+    a copy to the host that makes the host wait for the GPU. Every call is checked against scipy's upfirdn. The caller
+    has made the kernel path serve `device`'s tensors; on CUDA the training filter's calls run under
+    torch.cuda.set_sync_debug_mode('error'), so that a host synchronisation among them raises."""
+    taps = np.array([1., 3., 3., 1.]) / 8
+    f = upfirdn2d.setup_filter([1, 3, 3, 1], device=device)
+    x = torch.randn([2, 3, 6, 7], generator=torch.Generator().manual_seed(0)).to(device)
+    expected = _upfirdn_1d(_upfirdn_1d(x.double().cpu().numpy(), taps, 2, 1, 2, 1).swapaxes(-1, -2),
+                           taps, 2, 1, 2, 1).swapaxes(-1, -2) * 4
+    upfirdn2d.upsample2d(x, f)  # Its taps built and its call planned before the count.
+    copies_to_host = [0]
+    tolist = torch.Tensor.tolist
+
+    def counted_tolist(self):  # Those of upfirdn2d itself (the host build of the kernels checks its taps with one too).
+        copies_to_host[0] += sys._getframe(1).f_globals.get('__name__') == upfirdn2d.__name__
+        return tolist(self)
+    rebuilds = 0
+    for index in range(others):
+        upfirdn2d.upsample2d(x, upfirdn2d.setup_filter([1, 2 + index % 3, 1], device=device))  # A new buffer each time.
+        monkeypatch.setattr(torch.Tensor, 'tolist', counted_tolist)
+        with _sync_debug_mode('error') if device.type == 'cuda' else contextlib.nullcontext():
+            y = upfirdn2d.upsample2d(x, f)
+        monkeypatch.setattr(torch.Tensor, 'tolist', tolist)
+        rebuilds, copies_to_host[0] = rebuilds + copies_to_host[0], 0
+        np.testing.assert_allclose(y.double().cpu().numpy(), expected, rtol=1e-5, atol=1e-6)
+    return rebuilds
+
+
+def test_a_training_filter_stays_cached_among_more_new_filters_than_the_cache_holds(host_kernels, cpu_kernel_path,
+                                                                                   monkeypatch):
+    """On the kernel path (the host build of the kernels serving CPU tensors), a filter used at every step between 300
+    new filters, 256 fitting in the taps cache, is never built again: no copy of its taps to the host (a host
+    synchronisation on a GPU, and a failed capture inside a CUDA graph). tests/test_ops_gpu.py runs the same on CUDA."""
+    from tests.host_plugin import HostPlugin
+    cpu_kernel_path(HostPlugin(host_kernels))
+    monkeypatch.setattr(upfirdn2d, '_taps', upfirdn2d._TapCache())
+    assert training_filter_among_other_filters(torch.device('cpu'), monkeypatch) == 0

@@ -15,6 +15,11 @@ What a supported release lacks and how the code gets by:
     torch 2.5 - 2.11  a CUDA generator whose capture mode ends     clear_generator_capture: a fresh generator state
                       when a capture fails (one flag, cleared by   (same seed and offset) replaces the one a failed
                       a successful end of capture only)            capture left in capture mode
+    torch 2.12 -      a graph freed without freeing the cuBLAS     training/step/graphs.CudaGraphs.free keeps a graph
+                      workspace of its capture stream              freed beside live ones until the last is freed
+                                                                   (FREEING_A_GRAPH_CLEARS_STREAM_WORKSPACE)
+cuda_graph_repair_missing says what of the repair of a failed capture the running torch lacks (--cuda-graphs=auto then
+stays off, and =on is refused).
 """
 
 from __future__ import annotations
@@ -143,3 +148,21 @@ def clear_generator_capture(generator: torch.Generator) -> None:
 # issue 193402, open), though every other live graph captured on the same stream still reads them: its next replay, or
 # eager work after the memory is reused, reads freed memory. 2.5 to 2.11 keep the workspaces for the process.
 FREEING_A_GRAPH_CLEARS_STREAM_WORKSPACE = release(torch.__version__) >= (2, 12)
+
+
+# The allocator's private call that ends a capture into a graph pool, by its names across releases.
+END_ALLOCATE_TO_POOL = ('_cuda_endAllocateToPool', '_cuda_endAllocateCurrentStreamToPool')
+
+
+def cuda_graph_repair_missing() -> str | None:
+    """What the running torch lacks of what training/step/graphs.CudaGraphs.recover needs to put CUDA back after a
+    capture that failed inside CUDA, as one phrase (None: nothing): on every release one of the allocator's calls that
+    end a capture into a pool (END_ALLOCATE_TO_POOL), and on 2.5 to 2.11 the generator's clone_state and
+    graphsafe_set_state (clear_generator_capture)."""
+    missing = []
+    if not any(hasattr(torch._C, name) for name in END_ALLOCATE_TO_POOL):
+        missing.append(f'torch._C.{END_ALLOCATE_TO_POOL[0]}')
+    if GENERATOR_KEEPS_FAILED_CAPTURE:
+        missing += [f'torch.Generator.{name}' for name in ('clone_state', 'graphsafe_set_state')
+                    if not hasattr(torch.Generator, name)]
+    return ', '.join(missing) or None

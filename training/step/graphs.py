@@ -76,8 +76,9 @@ KEYS_KEPT = 2           # Graph keys of one kind of step kept at once (a step an
 
 
 class CudaGraphsBroken(RuntimeError):
-    """A capture failed inside CUDA and CUDA could not be put back in a state the eager step can use: the run must stop
-    (the message is one line for the user)."""
+    """A capture failed inside CUDA and CUDA could not be put back in a state the eager step can use, or graphs were
+    asked for (--cuda-graphs=on) where such a failure could not be repaired: the run must stop (the message is one line
+    for the user)."""
 
 
 _off_for_process: str | None = None  # Why graphs are off for the rest of the process (a capture failed inside CUDA).
@@ -248,7 +249,7 @@ class CudaGraphs:
         cache, the device runs and synchronises. Raises CudaGraphsBroken where it does not."""
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         compat.clear_generator_capture(torch.cuda.default_generators[index])
-        for name in ('_cuda_endAllocateToPool', '_cuda_endAllocateCurrentStreamToPool'):
+        for name in compat.END_ALLOCATE_TO_POOL:
             end_allocation = getattr(torch._C, name, None)  # Private, and named differently across releases.
             if end_allocation is not None:
                 try:

@@ -27,7 +27,8 @@ from typing import Any, Callable
 import torch
 
 import dnnlib
-from training.step.graphs import CapturedStep, CudaGraphs
+from torch_utils import compat
+from training.step.graphs import CapturedStep, CudaGraphs, CudaGraphsBroken
 from training.step.updater import NetworkUpdater, make_capturable
 
 #----------------------------------------------------------------------------
@@ -37,16 +38,37 @@ FP16_NOT_CAPTURED = ('--cuda-graphs=on cannot capture --precision=fp16: its dyna
                      'flag on the host at every step; use --precision=bf16, or --cuda-graphs=auto (eager fp16 steps)')
 
 
-def use_cuda_graphs(mode: str, device: torch.device, num_gpus: int, precision_name: str) -> bool:
-    """Whether steps are captured: 'on' wherever CUDA is (a failing capture still falls back), but never with fp16,
-    whose dynamic loss scaling reads the scaler's overflow flag on the host at every step (ValueError); 'auto' on one
-    CUDA process without fp16; 'off' never. A CPU never captures."""
+def use_cuda_graphs(mode: str, device: torch.device, num_gpus: int, precision_name: str) -> tuple[bool, str | None]:
+    """Whether steps are captured, and where --cuda-graphs=auto leaves a CUDA device without graphs, the one line why.
+
+        'off', or a CPU:  never (nothing to say)
+        'on':             captured, with one process or several (their first-replay verdicts agreed); refused with
+                          fp16, whose dynamic loss scaling reads the scaler's overflow flag on the host at every step
+                          (ValueError), and on a torch that lacks what repairs a capture failed inside CUDA
+                          (compat.cuda_graph_repair_missing; CudaGraphsBroken, which train.py reports in one line)
+        'auto':           captured where everything graphs rely on holds: not fp16, the repair there, one process
+                          (several have not run on several GPUs); else the reason, first of these that fails
+
+    What each torch release needs besides (the generator's repair on 2.5 to 2.11, the capture stream's cuBLAS
+    workspace kept on 2.12 and newer) CudaGraphs does on every release: docs/ops.md's table."""
     dnnlib.util.check_choice('cuda_graphs', mode, CUDA_GRAPHS)
     if mode == 'on' and precision_name == 'fp16':
         raise ValueError(FP16_NOT_CAPTURED)
     if device.type != 'cuda' or mode == 'off':
-        return False
-    return mode == 'on' or (num_gpus == 1 and precision_name != 'fp16')
+        return False, None
+    missing = compat.cuda_graph_repair_missing()
+    if mode == 'on':
+        if missing is not None:
+            raise CudaGraphsBroken(f'--cuda-graphs=on: torch {torch.__version__} lacks {missing}, which puts CUDA back '
+                                   f'after a capture that fails inside it; use --cuda-graphs=auto or off')
+        return True, None
+    why = ('--precision=fp16 reads its loss scaler\'s overflow flag on the host at every step' if precision_name == 'fp16'
+           else f'torch {torch.__version__} lacks {missing}, which puts CUDA back after a failed capture' if missing
+           else f'{num_gpus} processes (graphs have not run on several GPUs; --cuda-graphs=on captures them)'
+           if num_gpus > 1 else None)
+    if why is not None:
+        return False, f'CUDA graphs off (--cuda-graphs=auto): {why}; the steps run eagerly'
+    return True, None
 
 
 class TrainingStep:
@@ -69,8 +91,12 @@ class TrainingStep:
         self.G, self.D, self.G_ema, self.loss = G, D, G_ema, loss
         self.device = next(D.parameters()).device
         precision = loss.precision
-        if graph_engine is None and use_cuda_graphs(cuda_graphs, self.device, num_gpus, precision.name):
-            graph_engine = CudaGraphs(self.device)
+        if graph_engine is None:
+            use, why = use_cuda_graphs(cuda_graphs, self.device, num_gpus, precision.name)
+            if why is not None:
+                log(why)
+            if use:
+                graph_engine = CudaGraphs(self.device)
         if self.device.type == 'cuda' or graph_engine is not None:  # The same optimizer arithmetic, graphs or not.
             for optimizer in (G_opt, D_opt):
                 make_capturable(optimizer)
