@@ -50,13 +50,7 @@ import signal
 if __name__ == '__main__':  # SIGTERM and SIGUSR1 wait while Python starts up, until main() takes them (StopSignal).
     signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM, signal.SIGUSR1))
 
-from torch_utils.threads import set_wait_policy  # noqa: E402
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
+import torch_utils.startup  # noqa: E402,F401  (the wait policy, the torch check, warnings; torch_utils/startup.py)
 
 import click  # noqa: E402
 

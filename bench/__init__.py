@@ -20,8 +20,10 @@ repository's root as `python -m bench.NAME` (`--help` says what each measures an
     value_surfaces      the value surfaces of the paper's appendix (decision boundaries of constrained Ds)
     hostile_files       every entry point on hostile files: peak memory, time and message of each refusal
     dataset_tool_speed  dataset_tool.py's conversion speed by number of worker processes
+    graph_check         how often the first-replay check of a CUDA graph rejects a correct graph, under noisy kernels
 
 The modules that other programs are made of answer `--help` and name the program to run instead: common (what the
 programs share), paper (the paper's reported numbers), authors (the authors' training step, for train_speed) and
-hostile_cases (the hostile files and the commands that read them, for hostile_files).
+hostile_cases (the hostile files and the commands that read them, for hostile_files) and graph_emulator (CUDA
+graphs, pinned memory and host synchronisations emulated on a CPU, for graph_check and the tests).
 """

@@ -8,7 +8,7 @@ training/step/graphs.py checks the first replay of each graph against two eager 
 Where kernels are noisy (atomics), rounding flips the odd activation across a kink, so a correct replay fails one check
 with a small probability p; a replay that fails gets a second, independent check (CHECK_ROUNDS = 2), so that a correct
 graph is thrown away with probability about p^2. This program measures both under the CPU emulation of the GPU's
-noisy kernels (tests/graph_emulator.kernel_noise, the noisy-kernel tests' noise) and of CUDA graphs.
+noisy kernels (bench/graph_emulator.kernel_noise, the noisy-kernel tests' noise) and of CUDA graphs.
 
 For each preset (the narrow networks and short schedules of tests/test_training_step.py's Run) the training steps run
 with graphs under the noise; at the first replay of each graph key (D and G, StyleGAN2's regularised variants,
@@ -26,6 +26,8 @@ and of the trials allowed CHECK_ROUNDS checks those that threw the graph away, w
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import contextlib
 import copy
 import datetime
@@ -37,23 +39,14 @@ import tempfile
 import time
 
 import click
+import scipy.stats
+import torch
 
-from torch_utils.threads import set_wait_policy
-
-set_wait_policy()  # Before torch is imported (torch_utils/threads.py).
-
-from torch_utils.compat import require_supported_torch  # noqa: E402
-
-require_supported_torch()  # One line on a torch older than the oldest supported, before any work.
-
-import scipy.stats  # noqa: E402
-import torch  # noqa: E402
-
-import dnnlib  # noqa: E402
-from bench.common import parse_list, preset_experiment, write_json_atomic  # noqa: E402
-from torch_utils import training_stats  # noqa: E402
-from training.recipes import configs  # noqa: E402
-from training.step import graphs, training_step  # noqa: E402
+import dnnlib
+from bench.common import parse_list, preset_experiment, write_json_atomic
+from torch_utils import training_stats
+from training.recipes import configs
+from training.step import graphs, training_step
 
 # The quick start, stl10-cnn (whose G step's check failed a correct graph on AVX2 and AVX-512 kernels before the second
 # check), a ResNet, both StyleGANs.
@@ -177,7 +170,7 @@ def _checks_from_one_state(check, captured: graphs.CapturedStep, key, entry, eag
 def measure_preset(cfg_name: str, trials: int, keys_per_step: int, seed: int = 0) -> list[dict]:
     """Per graph key of the preset's short run under noisy kernels, the first `keys_per_step` of D's and of G's: its
     check's verdicts (_checks_from_one_state)."""
-    from tests.graph_emulator import EmulatedGraphs, capturable_on_cpu, kernel_noise
+    from bench.graph_emulator import EmulatedGraphs, capturable_on_cpu, kernel_noise
     results, lines = [], []
     with _patched() as patch:
         capturable_on_cpu(patch)

@@ -7,7 +7,7 @@ A CUDA graph replays the kernels its capture recorded on the memory they used; e
 read at capture is baked in. So every value a captured step reads is one of three kinds:
 
     device tensor   memory that existed before the capture and that the recorded kernels read or write (found by
-                    capturing the step under the CPU emulation of tests/support/graph_emulator.py, named by where it lives)
+                    capturing the step under the CPU emulation of bench/graph_emulator.py, named by where it lives)
     graph key       a part of the key a step is captured under (training/step/training_step.py's `key = (...)`,
                     read from its source): a new value is a new graph
     constant        a host number of the step's objects (the optimizers' hyperparameters, the loss's and the
@@ -37,7 +37,7 @@ import pytest  # noqa: E402  (its MonkeyPatch lets Adam capture on a CPU for the
 import torch  # noqa: E402
 
 import dnnlib  # noqa: E402
-from tests.support.graph_emulator import EmulatedGraphs, capturable_on_cpu  # noqa: E402
+from bench.graph_emulator import EmulatedGraphs, capturable_on_cpu  # noqa: E402
 from training.experiment import Experiment  # noqa: E402
 from training.recipes import configs  # noqa: E402
 from training.step import training_step  # noqa: E402

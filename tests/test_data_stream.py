@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support.graph_emulator import count_syncs, emulate_pinned_memory
+from bench.graph_emulator import count_syncs, emulate_pinned_memory
 from training.data.data_stream import InfiniteSampler, LabelSampler, RealImageStream, process_reals, random_xflip
 
 
@@ -110,7 +110,7 @@ def test_label_sampler_follows_the_label_distribution():
 def test_labels_and_reals_reach_a_device_without_the_host_waiting(monkeypatch):
     """Labels of every sampled batch, and reals assembled from several DataLoader chunks (pageable memory, even where
     the loader pins its chunks), are copied to a device asynchronously from pinned memory: a copy from pageable
-    memory, or a blocking one, waits for the GPU (tests/support/graph_emulator: pinned memory emulated, 'meta' as the
+    memory, or a blocking one, waits for the GPU (bench/graph_emulator: pinned memory emulated, 'meta' as the
     device)."""
     emulate_pinned_memory(monkeypatch)
     device = torch.device('meta')

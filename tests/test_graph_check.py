@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from bench import graph_check
-from tests.graph_emulator import EmulatedGraphs
+from bench.graph_emulator import EmulatedGraphs
 from torch_utils import training_stats
 from training.step import graphs
 

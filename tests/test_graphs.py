@@ -1,4 +1,4 @@
-"""training/step/graphs.py: steps replayed as CUDA graphs (here under the CPU emulation of tests/support/graph_emulator.py,
+"""training/step/graphs.py: steps replayed as CUDA graphs (here under the CPU emulation of bench/graph_emulator.py,
 and on a GPU for real): warm-up, capture, the first replay checked against the eager step, one line and the eager
 step when a warm-up synchronises, capture fails or the replay disagrees, CUDA put back after a capture that failed
 inside it (or the run stopped where it cannot be), the check passing kernels' own noise but not a wrong graph,
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from tests.support.graph_emulator import EmulatedGraphs, kernel_noise
+from bench.graph_emulator import EmulatedGraphs, kernel_noise
 from torch_utils import training_stats
 from training.step import graphs
 
@@ -251,7 +251,7 @@ def test_replay_error_is_relative_to_what_the_step_moved_and_to_the_eager_runs_s
     assert graphs.replay_error(before, eager, [eager[0] + 3, torch.ones(2)], noisy) == 0.0
 
 #----------------------------------------------------------------------------
-# The first-replay check under kernels that round differently at every run (tests/support/graph_emulator.kernel_noise).
+# The first-replay check under kernels that round differently at every run (bench/graph_emulator.kernel_noise).
 
 
 class BatchNormStep:
@@ -276,7 +276,7 @@ class BatchNormStep:
 
 @pytest.fixture
 def capturable_adam(monkeypatch):
-    from tests.support.graph_emulator import capturable_on_cpu
+    from bench.graph_emulator import capturable_on_cpu
     capturable_on_cpu(monkeypatch)
 
 
@@ -364,7 +364,7 @@ def test_graphs_are_captured_again_after_every_graph_of_the_pool_was_freed(monke
     """Once the last graph in the shared pool is freed (the D graph rejected by its check before G's capture, or both
     released), CUDA's allocator releases the pool, and a capture into it fails inside CUDA: the next capture takes a
     fresh pool, while graphs that live together share one."""
-    from tests.support.graph_emulator import CudaAllocatorPools
+    from bench.graph_emulator import CudaAllocatorPools
     pools = CudaAllocatorPools(monkeypatch)
     engine = graphs.CudaGraphs(torch.device('cuda'))
     d = engine.capture(lambda: None)
@@ -383,7 +383,7 @@ def test_a_graph_freed_beside_live_ones_leaves_them_their_cublas_workspace(monke
     other live graphs captured there read (emulated: their replay then fails as an illegal memory access): a graph
     freed (evicted, rejected, released) while others live is kept until the last is freed, and all go together; on
     older torch each is freed at once. Either way a pool emptied is never captured into again."""
-    from tests.support.graph_emulator import CudaAllocatorPools
+    from bench.graph_emulator import CudaAllocatorPools
     from torch_utils import compat
     pools = CudaAllocatorPools(monkeypatch, freeing_clears_workspace=clears)
     monkeypatch.setattr(compat, 'FREEING_A_GRAPH_CLEARS_STREAM_WORKSPACE', clears)

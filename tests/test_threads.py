@@ -28,8 +28,6 @@ else:
     runpy.run_path(sys.argv[1], run_name='imported')
 print('torch never imported')
 '''
-# train.py keeps its own calls of set_wait_policy and require_supported_torch until it imports the start-up.
-OWN_START_UP = {'train.py'}
 
 
 def _policy_at_torch_import(env: dict) -> dict[str, str]:
@@ -63,8 +61,6 @@ def test_every_program_starts_with_the_start_up():
     wrong = []
     for program in programs():
         path = program[0] if program[0] != '-m' else program[1].replace('.', '/') + '.py'
-        if path in OWN_START_UP:
-            continue
         with open(os.path.join(REPO_ROOT, path), encoding='utf-8') as f:
             tree = ast.parse(f.read())
         first = next(node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom)) and

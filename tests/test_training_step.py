@@ -1,5 +1,5 @@
 """training/step/training_step.py: the run's D and G steps. On a CPU they train bit for bit as the eager step of the
-loop before CUDA graphs did (restated here); replayed as graphs (the CPU emulation of tests/support/graph_emulator.py) they
+loop before CUDA graphs did (restated here); replayed as graphs (the CPU emulation of bench/graph_emulator.py) they
 train bit for bit as the same steps run eagerly, for every preset, through learning-rate decay, Adam resets and
 StyleGAN's fade-ins; on a GPU, train.py with and without graphs writes the same snapshots."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import dnnlib
-from tests.support.graph_emulator import EmulatedGraphs, capturable_on_cpu, kernel_noise
+from bench.graph_emulator import EmulatedGraphs, capturable_on_cpu, kernel_noise
 from torch_utils import persistence, training_stats
 from training.experiment import Experiment
 from training.recipes import configs
@@ -195,7 +195,7 @@ def test_steps_replayed_as_graphs_train_as_the_eager_steps(cfg_name, norm, monke
 
 @pytest.mark.parametrize('cfg_name', PRESETS)
 def test_graphs_pass_their_check_under_kernels_that_round_differently_at_every_run(cfg_name, monkeypatch):
-    """With kernels whose rounding changes at every run (atomics; tests/support/graph_emulator.kernel_noise), a replay differs
+    """With kernels whose rounding changes at every run (atomics; bench/graph_emulator.kernel_noise), a replay differs
     from the eager step, and in the generators whose convolution biases feed BatchNorm by a full Adam step (their true
     gradient is zero): the first-replay check still passes every graph of every preset."""
     capturable_on_cpu(monkeypatch)

@@ -11,7 +11,7 @@ import dnnlib
 from training.experiment import Experiment
 from training.recipes import configs
 from training.step import NORMS
-from tests.support.graph_emulator import capturable_on_cpu
+from bench.graph_emulator import capturable_on_cpu
 from training.step.updater import NEVER, NetworkUpdater, make_capturable, split_round, update_ema
 
 

@@ -5,11 +5,11 @@
     images          PNG files as bytes (8-bit through PIL, 16-bit by hand)
     stand_ins       a TorchScript detector with random weights, a dataset zip of random images
     gradfix         the fixture of the tests of ops that record their autograd Functions
-    graph_emulator  CUDA graphs, pinned memory and host synchronisations emulated on a CPU
     host_plugin     the kernels' arithmetic built for the host, called through ctypes
     watchdog        a test still running after its limit is reported with its stacks and ended
     full_disk       train.py on a disk that fills up (run as a script)
     signal_at_step  train.py with a signal sent during a chosen G step (run as a script)
 
-The hostile files (bombs, lying archives, hostile pickles) are the bench's: bench/hostile_cases.py.
+The hostile files (bombs, lying archives, hostile pickles) and the CPU emulation of CUDA graphs are the bench's, which
+measures with them: bench/hostile_cases.py, bench/graph_emulator.py.
 """

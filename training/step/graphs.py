@@ -46,7 +46,7 @@ until every graph is freed (`CudaGraphs.free`). On a CPU, or with graphs
 off, the eager step runs as is. What CUDA provides (a capture stream, graphs, the generator's state,
 the synchronisation watch, the repair) sits in `CudaGraphs`, so that the tests can run the same
 machinery on a CPU under an emulation of graphs that also emulates CUDA's failures and
-nondeterministic kernels (tests/graph_emulator.py).
+nondeterministic kernels (bench/graph_emulator.py).
 """
 
 from __future__ import annotations

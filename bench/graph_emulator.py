@@ -44,7 +44,7 @@ from torch.utils._pytree import tree_flatten
 from torch_utils.misc import HOST_READ_OPS
 from training.step.graphs import CudaGraphsBroken
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # The repository.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # The repository.
 
 
 class CaptureError(RuntimeError):
