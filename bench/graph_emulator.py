@@ -32,6 +32,8 @@ What CUDA does besides, emulated:
 
 from __future__ import annotations
 
+import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
+
 import contextlib
 import os
 import traceback
@@ -41,6 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from bench.common import module_command
 from torch_utils.misc import HOST_READ_OPS
 from training.step.graphs import CudaGraphsBroken
 
@@ -326,3 +329,10 @@ def capturable_on_cpu(monkeypatch) -> None:
         supported = module._get_capturable_supported_devices
         monkeypatch.setattr(module, '_get_capturable_supported_devices',
                             lambda supports_xla=True, supported=supported: supported(supports_xla) + ['cpu'])
+
+#----------------------------------------------------------------------------
+
+main = module_command(__doc__, 'python -m bench.graph_check')
+
+if __name__ == '__main__':
+    main()

@@ -302,7 +302,7 @@ def test_a_training_filter_stays_cached_among_more_new_filters_than_the_cache_ho
     """On the kernel path (the host build of the kernels serving CPU tensors), a filter used at every step between 300
     new filters, 256 fitting in the taps cache, is never built again: no copy of its taps to the host (a host
     synchronisation on a GPU, and a failed capture inside a CUDA graph). tests/test_ops_gpu.py runs the same on CUDA."""
-    from tests.host_plugin import HostPlugin
+    from tests.support.host_plugin import HostPlugin
     cpu_kernel_path(HostPlugin(host_kernels))
     monkeypatch.setattr(upfirdn2d, '_taps', upfirdn2d._TapCache())
     assert training_filter_among_other_filters(torch.device('cpu'), monkeypatch) == 0

@@ -35,8 +35,8 @@ graph (training/step/graphs.py) follows the fade-in as `set_lod` moves the buffe
 
 Output range. v1's images are the linear toRGB output (the blend above during a fade-in); with
 output_tanh (train.py --tanh, not in v1) they are tanh of it, bounded to (-1, 1) as the data is.
-Small runs on data with flat backgrounds need it: on the digits (docs/results.md) the linear
-output drew gray, speckled backgrounds, a quarter of its pixels outside [-1, 1], and collapsed.
+Small runs on data with flat backgrounds need it: on the digits the linear output drew gray, speckled
+backgrounds, a quarter of its pixels outside [-1, 1], and collapsed.
 
 Mixed precision (--precision=bf16|fp16, training/step/precision.py). Both networks run under
 torch.autocast: convolutions and dense layers in the low-precision dtype, and the ops that follow
