@@ -29,7 +29,6 @@ from __future__ import annotations
 import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
 
 import contextlib
-import copy
 import datetime
 import json
 import os
@@ -42,8 +41,8 @@ import click
 import scipy.stats
 import torch
 
-import dnnlib
-from bench.common import parse_list, preset_experiment, write_json_atomic
+from bench.common import parse_list, write_json_atomic
+from bench.graph_emulator import EmulatedGraphs, ShortRun, capturable_on_cpu, kernel_noise
 from torch_utils import training_stats
 from training.recipes import configs
 from training.step import graphs, training_step
@@ -76,39 +75,13 @@ def clopper_pearson(failed: int, trials: int, confidence: float = CONFIDENCE) ->
     return lower, upper
 
 
-class _Preset:
-    """A preset's narrow networks, optimizers, loss and the plans of a short schedule, as tests/test_training_step.py's
-    Run builds them: 3 G steps (SN-GAN and BigGAN presets; D batch 4, 2 from 128x128 up), gn-stylegan at 16x16 from
-    8x8 in phases of 4 G steps, gn-stylegan2 at 16x16 for 9 G steps (its path length term at steps 0, 4 and 8)."""
-
-    def __init__(self, cfg_name: str) -> None:
-        cfg = configs.get_config(cfg_name, norm='gn')
-        self.resolution = cfg.get('resolution', 16)
-        options = dict(steps=3, batch=4 if self.resolution < 128 else 2)
-        if cfg.arch == 'stylegan':
-            options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4)
-        elif cfg.arch == 'stylegan2':
-            options = dict(steps=9, batch=4, cmax=8, map_dim=16)
-        e = preset_experiment(cfg_name, resolution=self.resolution, precision='fp32', **options)
-        width = {} if cfg.arch.startswith('stylegan') else dict(ch=2)
-        torch.manual_seed(0)
-        self.G = dnnlib.util.construct_class_by_name(**dict(e.G_kwargs, **width)).train().requires_grad_(False)
-        self.D = dnnlib.util.construct_class_by_name(**dict(e.D_kwargs, **width)).train().requires_grad_(False)
-        self.G_ema = copy.deepcopy(self.G).eval()
-        self.G_opt = dnnlib.util.construct_class_by_name(params=self.G.parameters(), **e.G_opt_kwargs)
-        self.D_opt = dnnlib.util.construct_class_by_name(params=self.D.parameters(), **e.D_opt_kwargs)
-        self.loss = dnnlib.util.construct_class_by_name(**e.loss_kwargs, G=self.G, D=self.D, precision=e.arithmetic)
-        self.group_size = e.schedule.group_size
-        self.plans, nimg, step = [], 0, 0
-        while not e.schedule.done(step, nimg):
-            plan = e.schedule.plan(step, nimg)
-            self.plans.append(plan)
-            nimg, step = nimg + plan.n_dis * plan.batch_D, step + 1
+class _Preset(ShortRun):
+    """A preset's short run (bench/graph_emulator.py), trained through TrainingStep on random reals."""
 
     def train(self, engine, log) -> training_step.TrainingStep:
         """The schedule's steps through TrainingStep with `engine` capturing and replaying, on random reals."""
         steps = training_step.TrainingStep(self.G, self.D, self.G_opt, self.D_opt, self.loss, G_ema=self.G_ema,
-                                           group_size=self.group_size, graph_engine=engine, log=log)
+                                           group_size=self.experiment.schedule.group_size, graph_engine=engine, log=log)
         torch.manual_seed(1)
         generator = torch.Generator().manual_seed(2)
         for index, plan in enumerate(self.plans):
@@ -170,7 +143,6 @@ def _checks_from_one_state(check, captured: graphs.CapturedStep, key, entry, eag
 def measure_preset(cfg_name: str, trials: int, keys_per_step: int, seed: int = 0) -> list[dict]:
     """Per graph key of the preset's short run under noisy kernels, the first `keys_per_step` of D's and of G's: its
     check's verdicts (_checks_from_one_state)."""
-    from bench.graph_emulator import EmulatedGraphs, capturable_on_cpu, kernel_noise
     results, lines = [], []
     with _patched() as patch:
         capturable_on_cpu(patch)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
 
 import contextlib
+import copy
 import os
 import traceback
 from typing import Any, Callable
@@ -43,8 +44,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import dnnlib
 from bench.common import module_command
 from torch_utils.misc import HOST_READ_OPS
+from training.experiment import Experiment
+from training.recipes import configs
 from training.step.graphs import CudaGraphsBroken
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # The repository.
@@ -329,6 +333,40 @@ def capturable_on_cpu(monkeypatch) -> None:
         supported = module._get_capturable_supported_devices
         monkeypatch.setattr(module, '_get_capturable_supported_devices',
                             lambda supports_xla=True, supported=supported: supported(supports_xla) + ['cpu'])
+
+#----------------------------------------------------------------------------
+
+
+class ShortRun:
+    """A preset's narrow networks, optimizers and loss, as the training loop builds them, and the plans of a short
+    schedule: `steps` G steps (SN-GAN and BigGAN presets, at width 2; D batch 4, 2 from 128x128 up), or gn-stylegan at
+    16x16 from 8x8 in phases of 4 G steps of batch 4 (8x8, fade-in, 16x16: Adam resets, a fade-in), or gn-stylegan2 at
+    16x16 for 9 G steps of batch 4 (its path length term at steps 0, 4 and 8: warmed up, captured, replayed). What the
+    graph tests and bench/graph_check.py run under the emulation."""
+
+    def __init__(self, cfg_name: str, norm: str = 'gn', steps: int = 3) -> None:
+        cfg = configs.get_config(cfg_name, norm=norm)
+        self.stylegan = cfg.arch == 'stylegan'
+        self.resolution = cfg.get('resolution', 16)
+        options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4) if self.stylegan else dict(
+            steps=steps, batch=4 if self.resolution < 128 else 2)
+        if cfg.arch == 'stylegan2':
+            options = dict(steps=9, batch=4, cmax=8, map_dim=16)
+        self.experiment = e = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=self.resolution, img_channels=3,
+                                               label_dim=10 if cfg.conditional else 0, precision='fp32', **options)
+        width = {} if cfg.arch.startswith('stylegan') else dict(ch=2)
+        torch.manual_seed(0)
+        self.G = dnnlib.util.construct_class_by_name(**dict(e.G_kwargs, **width)).train().requires_grad_(False)
+        self.D = dnnlib.util.construct_class_by_name(**dict(e.D_kwargs, **width)).train().requires_grad_(False)
+        self.G_ema = copy.deepcopy(self.G).eval()
+        self.G_opt = dnnlib.util.construct_class_by_name(params=self.G.parameters(), **e.G_opt_kwargs)
+        self.D_opt = dnnlib.util.construct_class_by_name(params=self.D.parameters(), **e.D_opt_kwargs)
+        self.loss = dnnlib.util.construct_class_by_name(**e.loss_kwargs, G=self.G, D=self.D, precision=e.arithmetic)
+        self.plans, nimg, step = [], 0, 0
+        while not e.schedule.done(step, nimg):
+            plan = e.schedule.plan(step, nimg)
+            self.plans.append(plan)
+            nimg, step = nimg + plan.n_dis * plan.batch_D, step + 1
 
 #----------------------------------------------------------------------------
 

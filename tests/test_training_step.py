@@ -3,7 +3,6 @@ loop before CUDA graphs did (restated here); replayed as graphs (the CPU emulati
 train bit for bit as the same steps run eagerly, for every preset, through learning-rate decay, Adam resets and
 StyleGAN's fade-ins; on a GPU, train.py with and without graphs writes the same snapshots."""
 
-import copy
 import os
 import subprocess
 import sys
@@ -11,10 +10,8 @@ import sys
 import pytest
 import torch
 
-import dnnlib
-from bench.graph_emulator import EmulatedGraphs, capturable_on_cpu, kernel_noise
+from bench.graph_emulator import EmulatedGraphs, ShortRun, capturable_on_cpu, kernel_noise
 from torch_utils import persistence, training_stats
-from training.experiment import Experiment
 from training.recipes import configs
 from training.step import NORMS
 from training.step import graphs, training_step
@@ -48,37 +45,12 @@ PRESET_NORMS = [(name, 'gn') for name in PRESETS] + [
     ('quickstart', norm) for norm in NORMS if norm != 'gn'] + [('gn-stylegan', 'r1'), ('gn-stylegan2', 'r1')]
 
 
-class Run:
-    """A preset's narrow networks, optimizers and loss, as the training loop builds them, and the plans of a short
-    schedule: 3 G steps of linear lr decay (SN-GAN and BigGAN presets; D batch 4, 2 from 128x128 up), or
-    gn-stylegan at 16x16 from 8x8 in phases of 4 G steps of batch 4 (8x8, fade-in, 16x16: Adam resets, a fade-in), or
-    gn-stylegan2 at 16x16 for 9 G steps of batch 4 (its path length term at steps 0, 4 and 8: warmed up, captured,
-    replayed; R1 at step 0)."""
+class Run(ShortRun):
+    """bench/graph_emulator.py's short run of a preset (RUN_STEPS G steps for the SN-GAN family), with its batches and
+    its tensors."""
 
     def __init__(self, cfg_name: str, norm: str) -> None:
-        cfg = configs.get_config(cfg_name, norm=norm)
-        self.stylegan = cfg.arch == 'stylegan'
-        self.resolution = cfg.get('resolution', 16)
-        options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4) if self.stylegan else dict(
-            steps=RUN_STEPS, batch=4 if self.resolution < 128 else 2)
-        if cfg.arch == 'stylegan2':
-            options = dict(steps=9, batch=4, cmax=8, map_dim=16)
-        self.experiment = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=self.resolution, img_channels=3,
-                                           label_dim=10 if cfg.conditional else 0, precision='fp32', **options)
-        width = {} if cfg.arch.startswith('stylegan') else dict(ch=2)
-        torch.manual_seed(0)
-        e = self.experiment
-        self.G = dnnlib.util.construct_class_by_name(**dict(e.G_kwargs, **width)).train().requires_grad_(False)
-        self.D = dnnlib.util.construct_class_by_name(**dict(e.D_kwargs, **width)).train().requires_grad_(False)
-        self.G_ema = copy.deepcopy(self.G).eval()
-        self.G_opt = dnnlib.util.construct_class_by_name(params=self.G.parameters(), **e.G_opt_kwargs)
-        self.D_opt = dnnlib.util.construct_class_by_name(params=self.D.parameters(), **e.D_opt_kwargs)
-        self.loss = dnnlib.util.construct_class_by_name(**e.loss_kwargs, G=self.G, D=self.D, precision=e.arithmetic)
-        self.plans, nimg, step = [], 0, 0
-        while not e.schedule.done(step, nimg):
-            plan = e.schedule.plan(step, nimg)
-            self.plans.append(plan)
-            nimg, step = nimg + plan.n_dis * plan.batch_D, step + 1
+        super().__init__(cfg_name, norm, steps=RUN_STEPS)
 
     def batches(self, plan, seed):
         """The reals and labels of the plan's D steps and the labels of its G step, drawn apart from the steps' own
