@@ -61,6 +61,7 @@ import legacy
 from metrics import detectors, features, frechet_inception_distance, metric_main
 from torch_utils import compat, devices, persistence
 from torch_utils.threads import set_threads
+from training.step import NORMS, LossScore
 
 # Problems of the user's making (no detector, missing, mismatched or unreadable data): one line, exit code 1.
 _USER_ERRORS = (detectors.DetectorUnavailableError, ValueError, OSError)
@@ -119,7 +120,8 @@ def _run(rank: int, args: dnnlib.EasyDict, device: torch.device) -> None:
                                          detector_url=args.detector_url, pr_detector_url=args.pr_detector_url,
                                          progress=progress, mirror=args.mirror, num_gen=args.num_gen,
                                          max_real=args.max_real, num_workers=args.num_workers,
-                                         generator=args.generator, bn_batch=args.bn_batch, D=args.D, norm=args.norm)
+                                         generator=args.generator, bn_batch=args.bn_batch, D=args.D,
+                                         d_score=None if args.norm is None else LossScore(args.norm))
         if rank == 0:
             path = metric_main.report_metric(result, run_dir=args.run_dir, snapshot_pkl=args.network_pkl)
             if args.verbose and path is not None:
@@ -258,6 +260,8 @@ def main(network_pkl: str | None, cfg: str | None, images: str | None, write_sta
                                        (' (nor G)' if generator == 'G_ema' else ''))
         D = snapshot.get('D') if isinstance(snapshot.get('D'), torch.nn.Module) else None  # For L_D (lipschitz*).
         norm = (snapshot.get('experiment') or {}).get('norm', 'gn' if D is not None else None)
+        if norm is not None and norm not in NORMS:
+            raise click.ClickException(f'{network_pkl}: its experiment\'s norm {norm!r:.40} is none of {", ".join(NORMS)}')
         dataset_kwargs = dnnlib.EasyDict(snapshot.get('training_set_kwargs') or {})
         path = dataset_kwargs.get('path')
         if data is None and isinstance(path, str) and not os.path.isabs(path) and not os.path.exists(path):

@@ -42,7 +42,7 @@ from bench import layer_norms as layer_norms_command
 from bench import quickstart_quality
 from metrics import layer_norms, metric_main
 from torch_utils import persistence
-from training.step.loss import NORMS
+from training.step.loss import NORMS, LossScore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KIMG_PER_STEP = 0.016  # quickstart: a G step follows one D step of 16 reals.
@@ -84,7 +84,7 @@ def measure_snapshot(path: str, judge: dict, num: int, ld_num: int, seed: int = 
     quality = quickstart_quality.judge(judge['net'], images, classes, judge['ref_mu'], judge['ref_sigma'], threshold=0.9)
     dataset_kwargs = dnnlib.EasyDict(snapshot['training_set_kwargs'])
     result = metric_main.calc_metric('lipschitz1k', G=snapshot['G_ema'], D=snapshot['D'],
-                                     norm=snapshot['experiment']['norm'], dataset_kwargs=dataset_kwargs,
+                                     d_score=LossScore(snapshot['experiment']['norm']), dataset_kwargs=dataset_kwargs,
                                      num_gen=ld_num, max_real=ld_num)
     return dict(kimg=kimg, step=round(kimg / KIMG_PER_STEP), fd=quality['fd'], confident=quality['confident'],
                 l_d=result.results['lipschitz1k'])

@@ -154,7 +154,7 @@ class MetricOptions:
     def __init__(self,
         G: torch.nn.Module | None = None,       # Generator, called as G(z, c); copied, never modified.
         D: torch.nn.Module | None = None,       # Discriminator, called as D(img, c) (L_D, metrics/lipschitz.py); copied.
-        norm: str | None = None,                # The run's D constraint (training/step/loss.py): what L_D's loss sees.
+        d_score: Any = None,                    # The output of D the run's loss sees (metrics/lipschitz.py's DScore).
         dataset_kwargs: dict | None = None,     # Training set (reference of the `_full` metrics, label distribution of conditional G).
         ref_dataset_kwargs: dict | None = None, # Reference split of `fid50k` / `fid10k` (e.g. the CIFAR-10 test set).
         images_kwargs: dict | None = None,      # Dataset of images evaluated in place of G (e.g. a folder of generated images).
@@ -180,7 +180,7 @@ class MetricOptions:
     ):
         self.G = G
         self.D = D
-        self.norm = norm
+        self.d_score = d_score
         self.dataset_kwargs = dnnlib.EasyDict(dataset_kwargs or {})
         self.ref_dataset_kwargs = dnnlib.EasyDict(ref_dataset_kwargs) if ref_dataset_kwargs is not None else None
         self.images_kwargs = dnnlib.EasyDict(images_kwargs) if images_kwargs is not None else None

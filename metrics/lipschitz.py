@@ -19,29 +19,34 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Protocol
 
 import numpy as np
 import torch
 
 import dnnlib
-from training.step import CONSTRAINTS, normalize_gradient, per_sample_norm
 
 from . import features
 
 #----------------------------------------------------------------------------
 
 
-def score_gradient_norm(D: torch.nn.Module, x: torch.Tensor, c: torch.Tensor, zeta: str | float | None,
+class DScore(Protocol):
+    """The output s of D that a run's loss sees, given by the training code (training.step.LossScore): this room
+    differentiates it and knows nothing of constraints."""
+    norm: str  # The run's --norm, recorded with the result.
+
+    def __call__(self, D: torch.nn.Module, x: torch.Tensor, c: torch.Tensor, grad_norm_scale: float) -> torch.Tensor:
+        """s(x) [N, 1] for x that requires grad (grad_norm_scale: D.input_grad_scale, as the loss uses it)."""
+
+
+def score_gradient_norm(D: torch.nn.Module, x: torch.Tensor, c: torch.Tensor, score: DScore,
                         grad_norm_scale: float = 1.0) -> torch.Tensor:
-    """Per-sample ||grad_x s(x)|| of the score the loss sees (f_hat with GN's `zeta`, f for zeta None), shape [N]."""
+    """Per-sample ||grad_x s(x)|| of the score the loss sees, shape [N]."""
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
-        if zeta is None:
-            score = D(x, c)
-        else:
-            score = normalize_gradient(D, x, c, zeta=zeta, grad_norm_scale=grad_norm_scale).f_hat
-        grad, = torch.autograd.grad(score.sum(), x)
-    return per_sample_norm(grad, score).reshape(-1).detach() * grad_norm_scale
+        grad, = torch.autograd.grad(score(D, x, c, grad_norm_scale).sum(), x)
+    return torch.linalg.vector_norm(grad, dim=list(range(1, grad.ndim))).detach() * grad_norm_scale
 
 
 def _batches(opts: features.MetricOptions, total: int, batch: int):
@@ -59,9 +64,8 @@ def compute_lipschitz(opts: features.MetricOptions, num: int) -> float:
     """L_D over `num` real and `num` generated images (opts.num_gen / opts.max_real override the counts)."""
     if opts.D is None or opts.G is None:
         raise ValueError('L_D needs the discriminator and the generator: evaluate a training snapshot (it holds D)')
-    if opts.norm not in CONSTRAINTS:
-        raise ValueError(f'L_D needs the run\'s --norm to know what its loss sees; got {opts.norm!r}')
-    zeta = CONSTRAINTS[opts.norm].gn_zeta
+    if opts.d_score is None:
+        raise ValueError('L_D needs the output of D that the run\'s loss sees (its --norm)')
     D = copy.deepcopy(opts.D).eval().requires_grad_(False).to(opts.device)
     # Training-mode BatchNorm on batches of bn_batch where asked (the authors' scoring), as metrics/features.py does.
     G = copy.deepcopy(opts.G).train(opts.bn_batch is not None).requires_grad_(False).to(opts.device)
@@ -89,7 +93,7 @@ def compute_lipschitz(opts: features.MetricOptions, num: int) -> float:
         x = torch.from_numpy(np.stack([image for image, _label in items])).to(opts.device, torch.float32) / 127.5 - 1
         c = torch.from_numpy(np.stack([label for _image, label in items]).astype(np.float32)).to(opts.device)
         c = c.reshape(len(items), -1)[:, :D.c_dim]
-        largest = torch.maximum(largest, score_gradient_norm(D, x, c, zeta, scale).max().double())
+        largest = torch.maximum(largest, score_gradient_norm(D, x, c, opts.d_score, scale).max().double())
         update(min((index + 1) * batch, num_real))
 
     # Generated images: block b's latents and labels from an RNG seeded with (seed, b), as metrics/features.py.
@@ -106,7 +110,7 @@ def compute_lipschitz(opts: features.MetricOptions, num: int) -> float:
         with torch.no_grad():
             x = torch.cat([G(z_part, c_part) for z_part, c_part in
                            zip(z.split(gen_batch), c.split(gen_batch))]).float()
-        largest = torch.maximum(largest, score_gradient_norm(D, x, c[:, :D.c_dim], zeta, scale).max().double())
+        largest = torch.maximum(largest, score_gradient_norm(D, x, c[:, :D.c_dim], opts.d_score, scale).max().double())
         update(min((block + 1) * batch, num_gen))
 
     if opts.num_gpus > 1:

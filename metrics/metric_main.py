@@ -104,7 +104,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                 progress: Callable[[str], None] | None = None, mirror: bool = False, num_gen: int | None = None,
                 max_real: int | None = None, num_workers: int | None = None,
                 interrupt: Callable[[], None] | None = None, generator: str | None = None,
-                bn_batch: int | None = None, D: torch.nn.Module | None = None, norm: str | None = None) -> dnnlib.EasyDict:
+                bn_batch: int | None = None, D: torch.nn.Module | None = None, d_score: lipschitz.DScore | None = None) -> dnnlib.EasyDict:
     """Evaluate one metric of generator G, or of the images of `images_kwargs` standing in for G; every
     process of a torch.distributed group calls it together.
 
@@ -120,7 +120,8 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
     it raises abandons the evaluation (a training run's stop signal); generator: which of a snapshot's generators G
     is ('G' or 'G_ema'), recorded with the result; bn_batch: None scores G in eval mode, N in training mode on N
     images per call, its BatchNorm layers normalizing with each batch's statistics (the authors' evaluation); D and
-    norm: the discriminator and the run's --norm, which the L_D metrics (lipschitz1k, lipschitz50k) differentiate.
+    d_score: the discriminator and the output of it that the run's loss sees (training.step.LossScore of its --norm,
+    recorded as `norm`), which the L_D metrics (lipschitz1k, lipschitz50k) differentiate.
 
     The whole metric (G's images, the detector's features, the metric's own arithmetic) runs with TF32 off
     (torch_utils/devices.full_precision) whatever the caller's switches, e.g. a --precision=tf32 training run's,
@@ -140,7 +141,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
                                   num_gpus=num_gpus, rank=rank, device=device, detector_url=detector_url,
                                   pr_detector_url=pr_detector_url, cache=cache, progress=progress, mirror=mirror,
                                   num_gen=num_gen, max_real=max_real, num_workers=num_workers, interrupt=interrupt,
-                                  bn_batch=bn_batch, D=D, norm=norm)
+                                  bn_batch=bn_batch, D=D, d_score=d_score)
     start_time = time.time()
     with devices.full_precision():  # G's images and the metric's distances too, not only the features.
         results = _metric_dict[metric](opts)
@@ -156,7 +157,7 @@ def calc_metric(metric: str, G: torch.nn.Module | None = None, dataset_kwargs: d
     result = dnnlib.EasyDict(results=dnnlib.EasyDict(results), metric=metric, total_time=total_time,
                              total_time_str=dnnlib.util.format_time(total_time), num_gpus=num_gpus)
     detectors = (dict(pr_detector=pr_detector_url) if metric in _VGG16_METRICS else
-                 dict(norm=norm) if metric in _NO_DETECTOR_METRICS else dict(detector=detector_url))
+                 dict(norm=getattr(d_score, 'norm', None)) if metric in _NO_DETECTOR_METRICS else dict(detector=detector_url))
     fields = dict(opts.info, max_real=max_real, mirror=mirror or None, generator=generator, **detectors)
     result.update({name: value for name, value in fields.items() if value is not None})
     return result

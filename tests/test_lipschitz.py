@@ -17,6 +17,7 @@ from training.data.dataset import ImageFolderDataset
 from training.experiment import QUICKSTART_DATA
 from training.networks import sngan
 from training.run.evaluation import MetricEvaluator
+from training.step import LossScore
 
 DATA = dict(class_name='training.data.dataset.ImageFolderDataset', path=QUICKSTART_DATA)
 
@@ -44,7 +45,7 @@ def small_nets(seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
 
 
 def l_d(G, D, norm, num=60, seed=0, metric='lipschitz1k', **kwargs) -> float:
-    result = metric_main.calc_metric(metric, G=G, D=D, norm=norm, dataset_kwargs=DATA, num_gen=num, max_real=num, **kwargs)
+    result = metric_main.calc_metric(metric, G=G, D=D, d_score=LossScore(norm), dataset_kwargs=DATA, num_gen=num, max_real=num, **kwargs)
     return result.results[metric]
 
 
@@ -129,7 +130,7 @@ def test_calc_metrics_reads_d_and_norm_from_a_snapshot(tmp_path):
 def test_training_evaluator_passes_d_and_the_runs_norm(tmp_path):
     G, _ = small_nets()
     D = LinearDiscriminator(seed=2)
-    evaluator = MetricEvaluator(['lipschitz1k'], dict(norm='gn', num_gen=10, max_real=10), DATA, str(tmp_path), 1, 0,
+    evaluator = MetricEvaluator(['lipschitz1k'], dict(d_score=LossScore('gn'), num_gen=10, max_real=10), DATA, str(tmp_path), 1, 0,
                                 torch.device('cpu'), log=lambda message: None)
     _, results = evaluator.evaluate(G, str(tmp_path / 'snap.pkl'), D=D)
     # Linear f: n = ||w|| everywhere, and ||grad f_hat|| = (n / (n + |f|))^2 <= 1, largest where |f| is smallest.

@@ -29,7 +29,7 @@ import dnnlib
 from metrics import metric_main
 from training.recipes import configs
 from training.recipes.recipe import Recipe
-from training.step import CUDA_GRAPHS, FP16_NOT_CAPTURED, LOSSES, NORMS, PRECISIONS, Precision
+from training.step import CUDA_GRAPHS, FP16_NOT_CAPTURED, LOSSES, NORMS, PRECISIONS, LossScore, Precision
 
 #----------------------------------------------------------------------------
 
@@ -255,8 +255,9 @@ class Experiment:
 
     @property
     def metric_kwargs(self) -> dnnlib.EasyDict:
-        """Extra arguments of metric_main.calc_metric: reference data, detectors, and the constraint L_D's loss sees."""
-        kwargs = dnnlib.EasyDict(detector_url=self.detector, pr_detector_url=self.pr_detector, norm=self.norm)
+        """Extra arguments of metric_main.calc_metric: reference data, detectors, and the output of D that the loss
+        sees (L_D's)."""
+        kwargs = dnnlib.EasyDict(detector_url=self.detector, pr_detector_url=self.pr_detector, d_score=LossScore(self.norm))
         if self.ref_data is not None:
             kwargs.ref_dataset_kwargs = dict(class_name=DATASET_CLASS, path=self.ref_data)
         if self.ref_stats is not None:

@@ -197,6 +197,24 @@ CONSTRAINTS = {
 NORMS = tuple(CONSTRAINTS)
 
 
+@dataclasses.dataclass(frozen=True)
+class LossScore:
+    """The output of D that the loss of constraint `norm` sees: f_hat = f / (||grad_x f|| + zeta(f)) under GN, the raw f
+    otherwise; called as score(D, x, c, grad_norm_scale) on an x that requires grad. What the L_D metrics differentiate
+    (metrics/lipschitz.py's DScore), handed to them by the training code so that metrics/ imports nothing of training/."""
+    norm: str  # A --norm (CONSTRAINTS).
+
+    def __post_init__(self) -> None:
+        dnnlib.util.check_choice('norm', self.norm, NORMS)
+
+    def __call__(self, D: Callable[..., torch.Tensor], x: torch.Tensor, c: torch.Tensor,
+                 grad_norm_scale: float = 1.0) -> torch.Tensor:
+        zeta = CONSTRAINTS[self.norm].gn_zeta
+        if zeta is None:
+            return D(x, c)
+        return normalize_gradient(D, x, c, zeta=zeta, grad_norm_scale=grad_norm_scale).f_hat
+
+
 #----------------------------------------------------------------------------
 
 
