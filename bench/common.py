@@ -130,10 +130,14 @@ def build_network(kwargs: dict, device: torch.device, seed: int = 0) -> torch.nn
 
 
 def training_step(G: torch.nn.Module, D: torch.nn.Module, G_opt: torch.optim.Optimizer, D_opt: torch.optim.Optimizer,
-                  loss_kwargs: dict, precision: str = 'fp32', group_size: int = 1, cuda_graphs: str = 'off') -> TrainingStep:
+                  loss_kwargs: dict, precision: str = 'fp32', group_size: int = 1, cuda_graphs: str = 'off',
+                  lay_out: bool = True) -> TrainingStep:
     """The training loop's D and G steps (training/step/training_step.py) for given networks, optimizers (which
     TrainingSteps may share), GANLoss kwargs (class_name included, as an Experiment gives them) and precision;
-    replayed as CUDA graphs as `cuda_graphs` says (off by default: the bench scripts that compare steps by value)."""
+    replayed as CUDA graphs as `cuda_graphs` says (off by default: the bench scripts that compare steps by value);
+    lay_out: the networks' weights in the run's memory format, as the training loop lays them out (False: as built)."""
+    if lay_out:
+        Precision(precision).lay_out(G, D)
     loss = dnnlib.util.construct_class_by_name(**loss_kwargs, G=G, D=D, precision=Precision(precision))
     return TrainingStep(G, D, G_opt, D_opt, loss, group_size=group_size, cuda_graphs=cuda_graphs)
 

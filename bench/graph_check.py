@@ -120,7 +120,7 @@ def _checks_from_one_state(check, captured: graphs.CapturedStep, key, entry, eag
             graphs.replay_error = recorded_error
             failed, errors[:] = 0, []
             for _ in range(trials):
-                graphs._restore(state, before)
+                graphs.restore(state, before)
                 engine.set_rng_state(rng)
                 entry.statistics.copy_(statistics)
                 entry.checked = False
@@ -133,7 +133,7 @@ def _checks_from_one_state(check, captured: graphs.CapturedStep, key, entry, eag
     finally:
         graphs.CHECK_ROUNDS, graphs.replay_error = rounds_kept, replay_error
         del captured._stay_eager
-        graphs._restore(state, before)
+        graphs.restore(state, before)
         engine.set_rng_state(rng)
         entry.statistics.copy_(statistics)
         entry.checked = False

@@ -55,9 +55,8 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precisi
     The gradients are those the training loop's step computes (NetworkUpdater.accumulate), unscaled as its
     GradScaler unscales them before the optimizer step; while fp16 gradients overflow, the scaler backs off
     (halves its scale) and the step is computed again, as training skips such steps."""
-    loss_kwargs = dict(loss_kwargs, channels_last=False)
     optimizers = [torch.optim.SGD(net.parameters(), lr=0.0) for net in (G, D)]  # Never stepped: for the scaler.
-    training = training_step(G, D, *optimizers, loss_kwargs, precision=precision)
+    training = training_step(G, D, *optimizers, loss_kwargs, precision=precision, lay_out=False)
     with step_switches(training):  # Restored afterwards.
         dtype = next(D.parameters()).dtype
         real, real_c, z_D, z_G, c_G = (t.to(dtype) for t in batch.values())

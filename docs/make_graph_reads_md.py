@@ -81,6 +81,7 @@ def _run(cfg_name: str):
     G = dnnlib.util.construct_class_by_name(**dict(e.G_kwargs, **width)).train().requires_grad_(False)
     D = dnnlib.util.construct_class_by_name(**dict(e.D_kwargs, **width)).train().requires_grad_(False)
     G_ema = copy.deepcopy(G).eval()
+    e.arithmetic.lay_out(G, D)
     G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **e.G_opt_kwargs)
     D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **e.D_opt_kwargs)
     loss = dnnlib.util.construct_class_by_name(**e.loss_kwargs, G=G, D=D, precision=e.arithmetic)

@@ -84,7 +84,7 @@ def test_gn_gradients_with_a_smooth_activation_are_the_exact_double_backward(act
     with torch.no_grad():
         for p in D.parameters():
             p.add_(0.1 * torch.randn_like(p))  # Non-zero biases too.
-    loss = GANLoss(G=G, D=D, loss='wasserstein', norm='gn', precision='fp32', channels_last=False)
+    loss = GANLoss(G=G, D=D, loss='wasserstein', norm='gn', precision='fp32')
     assert not loss.fast_g and loss.bias_layers is None and 'not piecewise linear' in loss.exact_path_note()
     with pytest.raises(ValueError, match='piecewise-linear'):
         GANLoss(G=G, D=D, norm='gn', fast_g=True)

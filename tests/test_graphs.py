@@ -308,7 +308,7 @@ def test_kernels_that_round_differently_at_every_run_pass_the_check(capturable_a
             torch.manual_seed(5)
             model.step(x)
         runs.append([t.clone() for t in model.state()])
-        graphs._restore(model.state(), before)
+        graphs.restore(model.state(), before)
     assert graphs.replay_error(before, runs[0], runs[1]) > 1  # Without the spread: rejected.
     assert graphs.replay_error(before, runs[0], runs[1], runs[2]) <= 1
 

@@ -621,7 +621,7 @@ def test_path_length_penalty_against_the_jacobian():
     with torch.autograd.functional.jacobian), pl_mean <- lerp(0, mean a, 0.01), penalty (a - pl_mean)^2 * weight,
     and its gradient w.r.t. a parameter by central differences of that formula."""
     G, D = _stylegan2_pair()
-    loss = GANLoss(G, D, norm='none', pl_weight=2.0, pl_decay=0.01, pl_batch_shrink=2, channels_last=False)
+    loss = GANLoss(G, D, norm='none', pl_weight=2.0, pl_decay=0.01, pl_batch_shrink=2)
     z, c = torch.randn(4, 8, dtype=torch.float64), torch.zeros(4, 0, dtype=torch.float64)
     param = G.synthesis.b8.conv0.weight
 
@@ -656,7 +656,7 @@ def test_path_length_average_decays_by_nvidias_rate(source):
     is d = 2 - p2 / p1, whatever m is."""
     from training.experiment import Experiment
     G, D = _stylegan2_pair()
-    kwargs = dict(norm='none', pl_weight=2.0, channels_last=False)
+    kwargs = dict(norm='none', pl_weight=2.0)
     if source == 'gn-stylegan2':
         preset = Experiment.build(cfg='gn-stylegan2', img_resolution=8, img_channels=1).loss_kwargs
         kwargs = dict(preset, **kwargs, class_name='training.step.loss.GANLoss')
@@ -680,7 +680,7 @@ def test_style_mixing_crossover():
     G.eval()
     own = G.mapping(z, None)
     for prob, seeds in [(1.0, range(8)), (0.0, range(2))]:
-        loss = GANLoss(G, D, norm='none', style_mixing_prob=prob, channels_last=False)
+        loss = GANLoss(G, D, norm='none', style_mixing_prob=prob)
         for seed in seeds:
             torch.manual_seed(seed)
             ws = loss.run_G_styles(z, None)[1]
@@ -692,7 +692,7 @@ def test_style_mixing_crossover():
     G.train()
     w_avg = G.mapping.w_avg.clone()
     torch.manual_seed(0)
-    GANLoss(G, D, norm='none', style_mixing_prob=1.0, channels_last=False).run_G_styles(z, None)
+    GANLoss(G, D, norm='none', style_mixing_prob=1.0).run_G_styles(z, None)
     torch.testing.assert_close(G.mapping.w_avg, w_avg.lerp(G.mapping.eval()(z, None)[:, 0].mean(dim=0), 1 - 0.995))
 
 
@@ -707,7 +707,7 @@ def test_lazy_regularizers_are_phases_of_their_own_weighted_by_the_interval():
     G.mapping.w_avg_beta = None  # Keep w_avg still: every call below starts from the same networks.
 
     def grads(net, phase, **kwargs):
-        loss = GANLoss(G, D, channels_last=False, **kwargs)
+        loss = GANLoss(G, D, **kwargs)
         loss.set_phase(net, phase)
         module = D if net == 'D' else G
         module.requires_grad_(True).zero_grad(set_to_none=True)
@@ -726,15 +726,15 @@ def test_lazy_regularizers_are_phases_of_their_own_weighted_by_the_interval():
     reg, main, without_pl = grads('G', 'reg', **lazy_pl), grads('G', 'main', **lazy_pl), grads('G', 'both', norm='none')
     G.requires_grad_(True).zero_grad(set_to_none=True)
     torch.manual_seed(0)
-    GANLoss(G, D, norm='none', pl_weight=2.0, channels_last=False)._path_length_backward(z, c, gain=1.0)
+    GANLoss(G, D, norm='none', pl_weight=2.0)._path_length_backward(z, c, gain=1.0)
     G.requires_grad_(False)
     for a, p, m, n in zip(reg, G.parameters(), main, without_pl):
         torch.testing.assert_close(a, torch.zeros_like(p) if p.grad is None else p.grad)
         torch.testing.assert_close(m, n)
     assert any(a.abs().max() > 0 for a in reg)
-    loss = GANLoss(G, D, channels_last=False, pl_weight=0.5, G_reg_interval=4, **lazy_r1)
+    loss = GANLoss(G, D, pl_weight=0.5, G_reg_interval=4, **lazy_r1)
     assert [loss.phases('D', step) for step in (0, 1, 15, 16)] == [('main', 'reg'), ('main',), ('main',), ('main', 'reg')]
     assert [loss.phases('G', step) for step in (0, 3, 4)] == [('main', 'reg'), ('main',), ('main', 'reg')]
     # No lazy interval, or nothing to regularize: one phase.
-    assert GANLoss(G, D, channels_last=False, norm='r1').phases('D', 0) == ('both',)
-    assert GANLoss(G, D, channels_last=False, norm='gn', D_reg_interval=16, G_reg_interval=4).phases('G', 0) == ('both',)
+    assert GANLoss(G, D, norm='r1').phases('D', 0) == ('both',)
+    assert GANLoss(G, D, norm='gn', D_reg_interval=16, G_reg_interval=4).phases('G', 0) == ('both',)

@@ -29,3 +29,15 @@ def test_run_computes_in_the_precision_and_returns_float32(name):
 
 def test_grad_scaler_enabled_for_fp16_only():
     assert [Precision(name).grad_scaler('cpu').is_enabled() for name in PRECISIONS] == [False, False, False, True]
+
+
+def test_lay_out_makes_cpu_weights_channels_last_and_keeps_values_and_parameters():
+    """Precision.lay_out, where the networks are built for a run: channels-last 4-D weights on a CPU, the same values,
+    the same Parameter objects (an optimizer built before still holds them)."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(4, 2))
+    before = {name: p.detach().clone() for name, p in net.named_parameters()}
+    params = list(net.parameters())
+    Precision('fp32').lay_out(net)
+    assert net[0].weight.is_contiguous(memory_format=torch.channels_last) and not net[0].weight.is_contiguous()
+    assert all(torch.equal(p, before[name]) for name, p in net.named_parameters())
+    assert all(a is b for a, b in zip(params, net.parameters()))

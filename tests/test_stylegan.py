@@ -365,7 +365,7 @@ def test_gn_norm_is_the_full_resolution_one(lod, monkeypatch):
     assert D.input_grad_scale == 1 / s
 
     # GN: the norm and f_hat of the loss are the full-resolution ones.
-    loss = loss_lib.GANLoss(G=torch.nn.Identity(), D=D, norm='gn', channels_last=False)
+    loss = loss_lib.GANLoss(G=torch.nn.Identity(), D=D, norm='gn')
     scores, grad_norm = loss.scores(x_R, c)
     torch.testing.assert_close(grad_norm, n_full, rtol=1e-10, atol=0)
     torch.testing.assert_close(scores, f_hat, rtol=1e-10, atol=0)
@@ -373,7 +373,7 @@ def test_gn_norm_is_the_full_resolution_one(lod, monkeypatch):
     # R1: the penalty's norm too (G(z, c) = z hands the fakes through).
     reported = {}
     monkeypatch.setattr(training_stats, 'report', lambda name, value: reported.setdefault(name, value))
-    r1 = loss_lib.GANLoss(G=lambda z, c: z, D=D, loss='hinge', norm='r1', r1_gamma=1.0, channels_last=False)
+    r1 = loss_lib.GANLoss(G=lambda z, c: z, D=D, loss='hinge', norm='r1', r1_gamma=1.0)
     D.requires_grad_(True)
     r1.accumulate_gradients('D', x_R, c, x_R.flip(0), c)
     torch.testing.assert_close(reported['Loss/grad_norm'].detach(), n_full, rtol=1e-10, atol=0)
@@ -383,7 +383,7 @@ def test_gn_is_continuous_across_every_fade_in_boundary():
     # At an integer lod L, D works at R; just below it (lod L - eps) it works at 2R at the very start of
     # the fade-in, where its input is (nearly) the upsampled R image: f_hat must not jump.
     D = tiny_D(img_resolution=32).double()
-    loss = loss_lib.GANLoss(G=torch.nn.Identity(), D=D, norm='gn', channels_last=False)
+    loss = loss_lib.GANLoss(G=torch.nn.Identity(), D=D, norm='gn')
     torch.manual_seed(3)
     x_full = torch.rand(4, 3, 32, 32, dtype=torch.float64) * 2 - 1
     c = torch.zeros(4, 0, dtype=torch.float64)
@@ -444,7 +444,7 @@ def test_gn_gradients_under_autocast_against_float64(precision, D_bound, G_bound
     real, z, c = torch.rand(8, 3, 16, 16) * 2 - 1, torch.randn(8, G.z_dim), torch.zeros(8, 0)
 
     def grads(G, D, precision):
-        loss = loss_lib.GANLoss(G=G, D=D, loss='hinge', norm='gn', precision=precision, channels_last=False)
+        loss = loss_lib.GANLoss(G=G, D=D, loss='hinge', norm='gn', precision=precision)
         dtype = next(D.parameters()).dtype
         out = {}
         for net, module in [('D', D), ('G', G)]:

@@ -83,6 +83,7 @@ def training_loop(
         G = dnnlib.util.construct_class_by_name(**experiment.G_kwargs).train().requires_grad_(False).to(device)
         D = dnnlib.util.construct_class_by_name(**experiment.D_kwargs).train().requires_grad_(False).to(device)
         G_ema = copy.deepcopy(G).eval()
+        precision.lay_out(G, D)  # The weights' memory format (channels-last on a CPU), not their values.
         G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **experiment.G_opt_kwargs)
         D_opt = dnnlib.util.construct_class_by_name(params=D.parameters(), **experiment.D_opt_kwargs)
         loss = dnnlib.util.construct_class_by_name(**experiment.loss_kwargs, G=G, D=D, precision=precision)

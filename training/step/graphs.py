@@ -162,7 +162,7 @@ def _agreed(error: float, noisy: bool) -> tuple[float, bool]:
     return float(verdict[0]), bool(verdict[1] > 0)
 
 
-def _restore(tensors: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+def restore(tensors: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
     """Copy `values` into the tensors that differ from them. The others keep their version counters: a network's
     level of detail is read on the host again whenever its buffer's counter moves (training/networks/stylegan.py)."""
     with torch.no_grad():
@@ -405,13 +405,13 @@ class CapturedStep:
             with training_stats.discarded():  # The replay's statistics count.
                 eager_step()
                 first, first_rng = [t.clone() for t in state], self.engine.rng_state()
-                _restore(state, before)
+                restore(state, before)
                 self.engine.set_rng_state(rng)
                 eager_step()
             again = [t.clone() for t in state]
             if eager is None:
                 eager, eager_rng = first, first_rng  # Kept where the graph is rejected.
-            _restore(state, before)
+            restore(state, before)
             self.engine.set_rng_state(rng)
             if statistics is not None:
                 entry.statistics.copy_(statistics)  # A replay that was not kept added nothing.
@@ -423,9 +423,9 @@ class CapturedStep:
                 return
             if not noisy:
                 break  # Deterministic kernels: another replay would land as far.
-            _restore(state, before)
+            restore(state, before)
             self.engine.set_rng_state(rng)
-        _restore(state, eager)  # With the statistics of the last replay.
+        restore(state, eager)  # With the statistics of the last replay.
         self.engine.set_rng_state(eager_rng)
         self._stay_eager(key, f'replayed differently from the eager step ({error:.2g} times what its tolerance and the '
                               f'eager runs\' own spread allow)')

@@ -83,8 +83,7 @@ k, after the step's main loss ('main', then 'reg'); with k = 1 both are one loss
 keys its captured graphs by them).
 pl_mean is a device tensor of the loss (`state_tensors`), one per process as NVIDIA's (each process averages its own
 latents); snapshots keep it (`state_dict`), so a resumed run goes on with it where NVIDIA's restarts it at 0.
-Channels-last memory format (`channels_last`) changes the layout of the networks' weights, not
-their values; it makes CPU convolutions faster (oneDNN) and is what tensor cores prefer.
+The networks' memory format is set where they are built for a run (Precision.lay_out), not here.
 """
 
 from __future__ import annotations
@@ -233,7 +232,6 @@ class GANLoss:
         fuse_d_calls: bool | None = None,   # Reals, fakes (and CR's copies) in one D call; None = iff D.is_sample_independent, on CUDA.
         linear_d: bool | None = None,       # GN D step with f in its affine form; None = iff D qualifies (see above).
         precision: str | Precision = 'fp32', # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
-        channels_last: bool | None = None,  # Convert G's and D's weights to channels-last; None = on a CPU, or with bf16/fp16.
         style_mixing_prob: float = 0.0,     # StyleGAN2 G (mapping + synthesis): probability of mixing two latents' styles.
         pl_weight: float = 0.0,             # StyleGAN2 G: path length regularization weight (NVIDIA: 2), 0 = off.
         pl_decay: float = 0.01,             # Decay of the path length average pl_mean.
@@ -265,11 +263,6 @@ class GANLoss:
             raise ValueError(f'linear_d needs GN and a D that is piecewise linear, sample-independent and built of '
                              f'conv and linear layers; got norm {norm} and {type(D).__name__}')
         self.linear_d_checked = False  # Set once linearization_error has been measured on a batch.
-        if channels_last is None:
-            channels_last = device_type == 'cpu' or (device_type is not None and self.precision.autocast_dtype is not None)
-        if channels_last:
-            G.to(memory_format=torch.channels_last)
-            D.to(memory_format=torch.channels_last)
         if G_reg_interval < 1 or D_reg_interval < 1 or pl_batch_shrink < 1:
             raise ValueError('G_reg_interval, D_reg_interval and pl_batch_shrink must be at least 1')
         if (style_mixing_prob > 0 or pl_weight > 0) and not (hasattr(G, 'mapping') and hasattr(G, 'synthesis')):
