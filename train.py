@@ -28,12 +28,16 @@ Examples:
   python train.py --outdir=training-runs --cfg=cifar10-resnet --data=cifar10.zip --resume=latest
 
 The options of the experiment (--cfg, --data and --norm to --style-mixing below), the length and the
-batches (--batch-gpu included) default, with --resume=PKL, to the snapshot's; an experiment option
-that differs from the snapshot's needs --resume-override. --resume=latest continues, in its own
-directory, the newest run in --outdir of the experiment this command describes (from its newest
-complete snapshot), or starts one. --resume of a StyleGAN2 pickle of NVIDIA's code starts a new run of
-the command line's experiment from its networks (G, G_ema, and D unless --resume-fresh-d), read as
-data, with fresh optimizers and counters.
+batches (--batch-gpu included) default, with --resume=PKL, to the snapshot's. A resume may change the
+length, the batches, the reporting and the execution options, and says so in one line (a learning
+rate that decays over the run decays over the new length); training_options.json records each change
+with its G step. An experiment option that differs from the snapshot's needs --resume-override, and
+one that changes the networks is refused: --resume-fresh-d keeps the snapshot's G and trains a new D
+(a new D constraint), a new run does the rest. --resume=latest continues, in its own directory, the
+newest run in --outdir of the experiment this command describes (from its newest complete snapshot),
+or starts one; a run already complete exits at once. --resume of a StyleGAN2 pickle of NVIDIA's code
+starts a new run of the command line's experiment from its networks (G, G_ema, and D unless
+--resume-fresh-d), read as data, with fresh optimizers and counters.
 A run's options, every default filled in, are printed first and written to training_options.json in
 its directory.
 
@@ -115,7 +119,7 @@ from training.step import CUDA_GRAPHS, LOSSES, NORMS, PRECISIONS  # noqa: E402
 # Resuming and execution.
 @click.option('--resume',       help='Continue a snapshot\'s run, or latest: this experiment\'s newest run in --outdir; or start from an NVIDIA StyleGAN2 pickle', metavar='PKL|latest', type=str, callback=dnnlib.util.expand_user)
 @click.option('--resume-override', help='With --resume=PKL: accept experiment options that differ from the snapshot\'s', is_flag=True)
-@click.option('--resume-fresh-d', help='With --resume of NVIDIA\'s pickle: start D from scratch, not from the pickle\'s', is_flag=True)
+@click.option('--resume-fresh-d', help='With --resume=PKL: a new run from its G and G_ema, D from scratch (a new D constraint)', is_flag=True)
 @click.option('--deterministic', help='Repeatable GPU arithmetic (slower)',                                     is_flag=True)
 @click.option('--cuda-graphs',  help='Replay the training steps as CUDA graphs: auto (one GPU, not fp16), on, off (docs/ops.md)', type=click.Choice(CUDA_GRAPHS), default='auto', show_default=True)
 @click.option('--threads',      help='CPU threads per process  [default: the cores, shared out]', metavar='INT', type=click.IntRange(min=1))
@@ -132,9 +136,15 @@ def main(**opts):
             # The options, then the schedule (last, so that it stays in view); a dry run stops here.
             if where.rank == 0:
                 _print_options(start, opts.outdir)
-            if opts.dry_run:
-                if where.rank == 0:
-                    print('Dry run (the options above are what training_options.json would hold); exiting.')
+            if start.complete and where.rank == 0:  # Nothing to do, nothing touched (a requeued job that already ended).
+                print(f'Already complete at G step {start.resume.progress["step"]:,} '
+                      f'({start.resume.progress["cur_nimg"] / 1000:g} kimg) of {start.experiment.schedule.length()}: '
+                      f'nothing to do; a longer --steps or --kimg continues it')
+            if opts.dry_run and where.rank == 0:
+                for line in start.notes:
+                    print(line)
+                print('Dry run (the options above are what training_options.json would hold); exiting.')
+            if opts.dry_run or start.complete:
                 return
             run = launch.open_run_dir(start, opts.outdir, where, stop)
         except intake.StartRefused as e:

@@ -28,7 +28,7 @@ from typing import Any
 import dnnlib
 from metrics import metric_main
 from training.recipes import configs
-from training.recipes.recipe import Recipe
+from training.recipes.recipe import DataMismatch, Recipe
 from training.step import CUDA_GRAPHS, FP16_NOT_CAPTURED, LOSSES, NORMS, PRECISIONS, LossScore, Precision
 
 #----------------------------------------------------------------------------
@@ -43,6 +43,11 @@ IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', '
 # How long and in which batches (batch_gpu: the cap that made a run fit in its GPU's memory): taken from the snapshot
 # on --resume when not given, and free to change.
 CONTINUED = ('batch', 'batch_gpu', 'steps', 'kimg', 'lod_kimg', 'lr_rampdown')
+
+# What a resume may change besides the length and batches: what the run reports and how it executes (the command
+# line's; the rest of the fields are IDENTITY, CONTINUED or the data's facts).
+REPORTING = ('gpus', 'device', 'deterministic', 'cuda_graphs', 'workers', 'tick', 'snap', 'metrics', 'best_metric', 'ref_data',
+             'ref_stats', 'detector', 'pr_detector')
 
 # Known before the family fills in its values: the data's facts and how the run executes.
 FACTS = ('img_resolution', 'img_channels', 'label_dim', 'gpus', 'device', 'norm', 'precision', 'cuda_graphs')
@@ -142,7 +147,7 @@ class Experiment:
         if 'steps' in given and 'kimg' in given:
             raise ValueError('give --kimg or --steps, not both')
         if preset.conditional is True and values['label_dim'] == 0:
-            raise ValueError(f'--cfg={name} is class-conditional, but the dataset has no labels')
+            raise DataMismatch(f'--cfg={name} is class-conditional, but the dataset has no labels')
         configs.check_options(name, given, values['img_resolution'])
         recipe.fill(values, given, preset)
         values['metrics'] = tuple(values.get('metrics', ()))
@@ -183,10 +188,12 @@ class Experiment:
         return ' '.join(f'--{name.replace("_", "-")}={text(getattr(self, name))}' for name in IDENTITY + CONTINUED
                         if getattr(self, name) is not None)
 
-    def changes(self, other: Experiment) -> list[str]:
-        """The IDENTITY fields where `other` differs from this one: ['--norm=gp1 (was gn)', ...]."""
-        return [f'--{name.replace("_", "-")}={getattr(other, name)} (was {getattr(self, name)})'
-                for name in IDENTITY if getattr(other, name) != getattr(self, name)]
+    def changes(self, other: Experiment, fields: tuple[str, ...] = IDENTITY) -> list[str]:
+        """The `fields` (the experiment's, IDENTITY, unless told) where `other` differs from this one:
+        ['--norm=gp1 (was gn)', ...]."""
+        text = lambda value: ','.join(value) or 'none' if isinstance(value, tuple) else f'{value:g}' if isinstance(value, float) else value
+        return [f'--{name.replace("_", "-")}={text(getattr(other, name))} (was {text(getattr(self, name))})'
+                for name in fields if getattr(other, name) != getattr(self, name)]
 
     #------------------------------------------------------------------------
     # What the training loop builds from it.

@@ -4,7 +4,8 @@
                     is ignored; the device, and whether this machine has a GPU for each of its processes, are
                     checked before anything starts;
     `open_run_dir`  a new run directory with training_options.json, or the one --resume=latest continues without
-                    the records of what it redoes; under torchrun, process 0 names it and tells the others;
+                    the records of what it redoes (and with the options a resume changed); under torchrun, process 0
+                    names it and tells the others;
     `launch`        one process per GPU, each training the run (`run_process`). A signal that train.py receives
                     goes on to the processes it spawned; a second one kills them; when one process ends, the
                     others have LEAVE_GRACE_S to end by themselves.
@@ -100,14 +101,14 @@ def open_run_dir(start: Start, outdir: str, where: Placement, stop: StopSignal) 
         progress = start.resume['progress']
         try:
             dropped = run_dirs.drop_records_after(run_dir, progress['step'], progress['cur_nimg'])
+            if start.resume_changes:  # The run's record says what it is now, and since which G step (`resumes`).
+                run_dirs.write_options(run_dir, options)
         except dnnlib.util.WriteError as e:
             raise StartRefused(write_failure.explain(e, run_dir, continue_args)) from None
         if dropped:
             print(f'Dropped {dropped} record(s) of stats.jsonl and metric-*.jsonl from after the snapshot: they are redone')
-    if where.rank == 0:
-        for line in start.origin():
-            print(line)
     return dnnlib.EasyDict(experiment=start.experiment, run_dir=run_dir, resume=start.resume, initial=start.initial,
+                           origin=start.origin(),
                            resume_pkl=start.resume_pkl, resume_pkl_given=start.resume_given, continue_args=continue_args,
                            stop_shared=stop.shared)
 
@@ -188,6 +189,9 @@ def _train_process(rank: int, run: dnnlib.EasyDict, init_method: str | None, num
         # that such a signal ends as it starts leaves its parent waiting forever to send it its start-up data.
         multiprocessing.set_start_method('fork', force=True)
     logger = dnnlib.util.Logger(os.path.join(run.run_dir, 'log.txt')) if rank == 0 else None
+    if rank == 0:
+        for line in run.origin:  # What the run starts from and what a resume changes: on the console and in log.txt.
+            print(line)
     try:
         training_loop.training_loop(run.experiment, run_dir=run.run_dir, device=str(device), rank=rank, resume=run.resume,
                                     initial=run.initial, stop=stop)

@@ -22,6 +22,10 @@ from training.step import CONSTRAINTS
 #----------------------------------------------------------------------------
 
 
+class DataMismatch(ValueError):
+    """The data cannot be what a preset trains on (its size, its labels); the message is one line."""
+
+
 class Recipe(abc.ABC):
     """A family of presets. Subclasses set the class attributes and override what their family does otherwise."""
 
@@ -30,6 +34,7 @@ class Recipe(abc.ABC):
     options: tuple[str, ...] = ()      # Experiment fields that only this family's presets take (None for the others).
     owner: str = ''                    # How a refusal names the presets that take `options`: '--tanh: gn-stylegan only'.
     sources: dict[tuple[str, ...], dict[str, str]] = {}  # Where each preset value comes from (docs/configs.md).
+    datasets: dict[str, str] = {}      # Preset name -> the data it was made for and how to build it (said when --data is not given).
 
     def takes(self, name: str) -> tuple[str, ...]:
         """The family options that preset `name` takes (all of them, unless the family says otherwise)."""
@@ -75,8 +80,8 @@ class Recipe(abc.ABC):
         turned into G steps."""
         name, img_resolution = values['cfg'], values['img_resolution']
         if preset.get('resolution', img_resolution) != img_resolution:  # No resolution: any.
-            raise ValueError(f'--cfg={name} is built for {preset.resolution}x{preset.resolution} images, '
-                             f'but the dataset holds {img_resolution}x{img_resolution}')
+            raise DataMismatch(f'--cfg={name} is built for {preset.resolution}x{preset.resolution} images, '
+                               f'but the dataset holds {img_resolution}x{img_resolution}')
         values['resolution'] = img_resolution
         values.setdefault('glr', preset.G_opt_kwargs.lr)
         values.setdefault('dlr', preset.D_opt_kwargs.lr)

@@ -127,6 +127,14 @@ class FixedSchedule:
     def done(self, step: int, cur_nimg: int) -> bool:
         return step >= self.total_steps
 
+    def length(self) -> str:
+        """The run's length as the command line gives it: '300 G steps'."""
+        return f'{self.total_steps:,} G steps'
+
+    def lr_course(self) -> str | None:
+        """Where the learning rates go over the run, if they change (None: constant)."""
+        return f'falling linearly to 0 at G step {self.total_steps:,}' if self.lr_decay == 'linear' else None
+
     def progress(self, step: int, cur_nimg: int) -> float:
         """Share of the run done, in [0, 1]."""
         return min(step / self.total_steps, 1.0)
@@ -239,6 +247,15 @@ class ProgressiveSchedule:
 
     def done(self, step: int, cur_nimg: int) -> bool:
         return cur_nimg >= self.total_kimg * 1000
+
+    def length(self) -> str:
+        return f'{self.total_kimg:,g} kimg'
+
+    def lr_course(self) -> str | None:
+        """Where the learning rates go over the run beyond their levels by resolution (None: nowhere)."""
+        if self.lr_rampdown_kimg == 0:
+            return None
+        return f'falling linearly to 0 from kimg {max(self.total_kimg - self.lr_rampdown_kimg, 0):,g} to {self.total_kimg:,g}'
 
     def progress(self, step: int, cur_nimg: int) -> float:
         return min(cur_nimg / (self.total_kimg * 1000), 1.0)

@@ -117,6 +117,16 @@ class SNGANRecipe(Recipe):
     options = ('act', 'depth')
     owner = 'the standard-CNN presets'
     sources = SOURCES
+    datasets = {
+        **dict.fromkeys(('cifar10-cnn', 'cifar10-resnet', 'cifar10-biggan'), 'CIFAR-10 (python dataset_tool.py --source=cifar-10-python.tar.gz --dest=cifar10.zip)'),
+        **dict.fromkeys(('stl10-cnn', 'stl10-resnet'), 'STL-10 at 48x48 (python dataset_tool.py --source=stl10_binary.tar.gz --dest=stl10-48.zip --resolution=48x48)'),
+        'celebahq128-resnet': 'CelebA-HQ\'s 27k training images at 128x128 (python dataset_tool.py '
+                              '--source=~/celeba-hq/train27k --dest=celebahq-128-train27k.zip --resolution=128x128)',
+        'celebahq256-resnet': 'CelebA-HQ at 256x256 (python dataset_tool.py --source=~/celeba-hq/images1024x1024 '
+                              '--dest=celebahq-256.zip --resolution=256x256)',
+        'church256-resnet': 'LSUN Church at 256x256 (python dataset_tool.py --source=~/lsun/church_outdoor_train_lmdb '
+                            '--dest=church256.zip --transform=squash --resolution=256x256)',
+    }
 
     def takes(self, name: str) -> tuple[str, ...]:
         return self.options if self.presets[name]['arch'] == 'cnn' else ()

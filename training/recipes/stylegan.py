@@ -9,7 +9,7 @@ from typing import Any
 
 import dnnlib
 from training.recipes import progressive
-from training.recipes.recipe import Recipe
+from training.recipes.recipe import DataMismatch, Recipe
 
 #----------------------------------------------------------------------------
 
@@ -44,20 +44,22 @@ class StyleGANRecipe(Recipe):
     options = ('cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'lod_kimg', 'lr_rampdown', 'resolution')
     owner = 'gn-stylegan'
     sources = SOURCES
+    datasets = {'gn-stylegan': 'CelebA-HQ at 1024x1024 (python dataset_tool.py --source=~/celeba-hq/images1024x1024 '
+                               '--dest=celebahq-1024.zip)'}
 
     def fill(self, values: dict[str, Any], given: dict[str, Any], preset: dnnlib.EasyDict) -> None:
         img_resolution = values['img_resolution']
         if 'steps' in given:
             raise ValueError(f'--cfg={values["cfg"]} counts its length in --kimg, not --steps')
         if img_resolution & (img_resolution - 1):
-            raise ValueError(f'progressive growing needs power-of-two images, the dataset has '
+            raise DataMismatch(f'progressive growing needs power-of-two images, the dataset has '
                              f'{img_resolution}x{img_resolution}')
         final = values.setdefault('resolution', img_resolution)
         if final < progressive.START_RESOLUTION or final & (final - 1):
             raise ValueError(f'progressive growing needs a power-of-two final resolution of at least '
                              f'{progressive.START_RESOLUTION}, got {final}')
         if final > img_resolution:
-            raise ValueError(f'--resolution={final} exceeds the dataset resolution {img_resolution}')
+            raise DataMismatch(f'--resolution={final} exceeds the dataset resolution {img_resolution}')
         for key, default in DEFAULTS.items():
             values.setdefault(key, default)
         values.setdefault('d_cmax', values['cmax'])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import dnnlib
-from training.recipes.recipe import Recipe
+from training.recipes.recipe import DataMismatch, Recipe
 from training.step import CONSTRAINTS
 
 #----------------------------------------------------------------------------
@@ -63,6 +63,8 @@ class StyleGAN2Recipe(Recipe):
     archs = {'stylegan2': ('training.networks.stylegan2.Generator', 'training.networks.stylegan2.Discriminator')}
     options = ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight')
     owner = 'gn-stylegan2'
+    datasets = {'gn-stylegan2': 'your images at a power-of-two size, as NVIDIA\'s StyleGAN2 trains on (FFHQ, MetFaces, '
+                                'AFHQ: python dataset_tool.py --source=DIR --dest=data.zip)'}
 
     def constrain_D(self, D_kwargs: dnnlib.EasyDict, norm: str) -> None:
         if CONSTRAINTS[norm].spectral_norm:
@@ -73,7 +75,7 @@ class StyleGAN2Recipe(Recipe):
         name = values.setdefault('sg2_cfg', 'auto')
         img_resolution = values['img_resolution']
         if img_resolution < 4 or img_resolution & (img_resolution - 1):
-            raise ValueError(f'StyleGAN2 needs power-of-two images of at least 4x4, the dataset has '
+            raise DataMismatch(f'StyleGAN2 needs power-of-two images of at least 4x4, the dataset has '
                              f'{img_resolution}x{img_resolution}')
         config = sg2_config(name, img_resolution, values['gpus'])
         values.setdefault('glr', config.lrate)

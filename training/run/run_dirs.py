@@ -53,11 +53,38 @@ def create(run_dir: str, options: dict) -> None:
     (dnnlib.util.WriteError) leaves nothing of the run: the directory is removed again."""
     os.makedirs(run_dir, exist_ok=False)
     try:
-        with dnnlib.util.writing(path := os.path.join(run_dir, 'training_options.json')), \
-                dnnlib.util.atomic_path(path) as tmp, open(tmp, 'wt') as f:
-            json.dump(options, f, indent=2)
+        write_options(run_dir, options)
     except dnnlib.util.WriteError:
         os.rmdir(run_dir)
+        raise
+
+
+def write_options(run_dir: str, options: dict) -> None:
+    """training_options.json of `run_dir`, written whole or not at all (a continued run's options after a resume
+    changed them: its `resumes` say where)."""
+    with dnnlib.util.writing(path := os.path.join(run_dir, 'training_options.json')), \
+            dnnlib.util.atomic_path(path) as tmp, open(tmp, 'wt') as f:
+        json.dump(options, f, indent=2)
+
+
+def recorded_resumes(run_dir: str) -> list[dict]:
+    """The `resumes` that training_options.json of `run_dir` records ([] where there is none to read): each resume that
+    changed an option, {'step': G step, 'kimg': ..., 'changes': ['--steps=600 (was 300)', ...]}."""
+    options = _read_options(run_dir)
+    resumes = options.get('resumes') if isinstance(options, dict) else None
+    return [r for r in resumes if isinstance(r, dict)] if isinstance(resumes, list) else []
+
+
+def _read_options(run_dir: str) -> Any:
+    """training_options.json of `run_dir` as JSON (None: no such file, too large, or not JSON)."""
+    path = os.path.join(run_dir, 'training_options.json')
+    try:
+        if os.path.getsize(path) > _OPTIONS_MAX_BYTES:
+            return None
+        with open(path, 'rt') as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
         raise
 
 
@@ -89,12 +116,10 @@ def snapshots_newest_first(run_dir: str) -> list[str]:
 def _recorded_experiment(run_dir: str, experiment_class: type) -> Any:
     """The experiment (an `experiment_class`, training/experiment.py's Experiment) that training_options.json of
     `run_dir` records (None: no such file, or one that does not say)."""
-    path = os.path.join(run_dir, 'training_options.json')
+    options = _read_options(run_dir)
+    if not isinstance(options, dict):
+        return None
     try:
-        if os.path.getsize(path) > _OPTIONS_MAX_BYTES:
-            return None
-        with open(path, 'rt') as f:
-            options = json.load(f)
         fields = {field.name for field in dataclasses.fields(experiment_class)}
         return experiment_class.from_snapshot({'experiment': {name: value for name, value in options.items() if name in fields}})
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
