@@ -159,7 +159,7 @@ class FixedSchedule:
                                                         f', at most {self.ema_rampup:g} x the images shown (ramp-up)')
         lines = [
             f'{self.total_steps:,} G steps, each after {self.n_dis} D step(s): '
-            f'{self.total_steps * self.n_dis * self.batch_D / 1000:,.1f} kimg of reals',
+            f'{self.total_steps * self.n_dis * self.batch_D / 1000:,.3f} kimg of reals',  # To the image, as snapshot names.
             f'D step: global batch {self.batch_D} = {self.num_gpus} GPU(s) x {rounds_D} round(s) x {self.batch_gpu_D}',
             f'G step: global batch {self.batch_G} = {self.num_gpus} GPU(s) x {rounds_G} round(s) x {self.batch_gpu_G}',
             f'learning rate G {self.lr_G:g}, D {self.lr_D:g}, {decay}; G EMA {ema}',
