@@ -79,6 +79,8 @@ def test_the_last_progress_line_gives_the_kimg_of_the_last_snapshot(tmp_path):
     e = Experiment.build(cfg='gn-stylegan2', img_resolution=32, img_channels=1, kimg=1)
     assert (e.steps, e.batch) == (31, 32)
     assert e.schedule.describe()[0] == '31 G steps, each after 1 D step(s): 0.992 kimg of reals'
+    paper = Experiment.build(cfg='cifar10-resnet', img_resolution=32, img_channels=3)  # 200k G steps x 5 D steps x 64.
+    assert paper.schedule.describe()[0] == '200,000 G steps, each after 5 D step(s): 64,000 kimg of reals'
     lines = []
     reporter, state = _reporter(tmp_path, e.schedule, lines)
     for step, cur_nimg, label, kimg in [(31, 992, '000000.992', '0.992'), (2000, 64_000, '000064', '64.000'),

@@ -79,6 +79,11 @@ def _shrunk_groups_note(num_gpus: int, where: str) -> str:
     return (f'Note: --gpus={num_gpus} shrinks D\'s minibatch-stddev groups, as a GPU\'s share of the batch is smaller '
             f'than a group: {where}')
 
+
+def kimg_text(nimg: int) -> str:
+    """Images in thousands, to the image as snapshot names give them: '64,000', '0.992' (not '1.0')."""
+    return f'{nimg / 1000:,.3f}'.rstrip('0').rstrip('.')
+
 #----------------------------------------------------------------------------
 
 
@@ -159,7 +164,7 @@ class FixedSchedule:
                                                         f', at most {self.ema_rampup:g} x the images shown (ramp-up)')
         lines = [
             f'{self.total_steps:,} G steps, each after {self.n_dis} D step(s): '
-            f'{self.total_steps * self.n_dis * self.batch_D / 1000:,.3f} kimg of reals',  # To the image, as snapshot names.
+            f'{kimg_text(self.total_steps * self.n_dis * self.batch_D)} kimg of reals',
             f'D step: global batch {self.batch_D} = {self.num_gpus} GPU(s) x {rounds_D} round(s) x {self.batch_gpu_D}',
             f'G step: global batch {self.batch_G} = {self.num_gpus} GPU(s) x {rounds_G} round(s) x {self.batch_gpu_G}',
             f'learning rate G {self.lr_G:g}, D {self.lr_D:g}, {decay}; G EMA {ema}',
