@@ -465,8 +465,8 @@ def resize(pixels: np.ndarray, width: int, height: int,
 class Transform:
     """The map from source pixels [H, W, C] to output pixels (plain data, so that worker processes get it too).
 
-    - no --transform: resize to --resolution when given, else leave the image as it is; a source of another aspect
-      ratio than --resolution's is refused, since resizing it would distort it (one of the transforms says how to fit it);
+    - no --transform: resize to --resolution when given, else leave the image as it is; a source of another
+      aspect ratio than --resolution's is refused, as resizing would distort it (a transform says how to fit it);
     - center-crop: the largest centered square, resized to --resolution (which must be square);
     - center-crop-wide: the largest centered region of aspect W:H, resized to WxH and placed in
       the middle of a black WxW square (for wide scenes such as LSUN cars);
@@ -484,8 +484,9 @@ class Transform:
         if self.kind is None:
             src_height, src_width = pixels.shape[:2]
             if src_width * height != src_height * width:  # Aspect ratios differ: w / h != W / H.
-                raise click.ClickException(f'{name} is {src_width}x{src_height}, of another aspect than --resolution={width}x{height}: '
-                                           'resizing would distort it; add --transform=center-crop, center-crop-wide or squash')
+                raise click.ClickException(f'{name} is {src_width}x{src_height}, of another aspect than '
+                                           f'--resolution={width}x{height}: resizing would distort it; '
+                                           'add --transform=center-crop, center-crop-wide or squash')
             return resize(pixels, width, height)
         if self.kind == 'squash':
             return resize(pixels, width, height, PIL.Image.Resampling.BILINEAR)
@@ -622,7 +623,8 @@ def dataset_bytes(dest: str) -> int:
     """The size of a written dataset: the zip archive's, or the sum of the folder's files."""
     if is_zip_dest(dest):
         return os.path.getsize(dest)
-    return sum(os.path.getsize(os.path.join(dirpath, fname)) for dirpath, _dirnames, fnames in os.walk(dest) for fname in fnames)
+    return sum(os.path.getsize(os.path.join(dirpath, fname))
+               for dirpath, _dirnames, fnames in os.walk(dest) for fname in fnames)
 
 def encode_png(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
@@ -762,9 +764,10 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
         has_labels = len(labels) > 0 and labels[0][1] is not None and not drop_labels
         write('dataset.json', json.dumps({'labels': labels if has_labels else None}).encode())
     height, width, channels = first[1]
-    classes = f'labels of {max(label for _name, label in labels) + 1} classes' if has_labels else 'no labels'  # The loader's label_dim.
-    click.echo(f'Wrote {len(labels):,} image{"s" if len(labels) > 1 else ""} of {width}x{height} {"RGB" if channels == 3 else "grayscale"}, {classes}, to {dest} '
-               f'({dataset_bytes(dest):,} bytes) in {dnnlib.util.format_time(time.monotonic() - start)}')
+    classes = f'labels of {max(label for _name, label in labels) + 1} classes' if has_labels else 'no labels'
+    click.echo(f'Wrote {len(labels):,} image{"s" if len(labels) > 1 else ""} of {width}x{height} '
+               f'{"RGB" if channels == 3 else "grayscale"}, {classes}, to {dest} ({dataset_bytes(dest):,} bytes) '
+               f'in {dnnlib.util.format_time(time.monotonic() - start)}')
 
 #----------------------------------------------------------------------------
 

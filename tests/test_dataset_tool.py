@@ -775,8 +775,8 @@ def test_image_bomb_inside_a_worker(tmp_path):
 # What the tool says: one closing line on success; a source of another aspect than --resolution refused, and each
 # hint of the refusals followed through to a dataset.
 
-CLOSING_LINE = re.compile(r'Wrote ([\d,]+) images? of (\d+)x(\d+) (RGB|grayscale), (labels of (\d+) classes|no labels), '
-                          r'to (.+) \(([\d,]+) bytes\) in (\d+)s')
+CLOSING_LINE = re.compile(r'Wrote ([\d,]+) images? of (\d+)x(\d+) (RGB|grayscale), '
+                          r'(labels of (\d+) classes|no labels), to (.+) \(([\d,]+) bytes\) in (\d+)s')
 
 @pytest.mark.parametrize('dest_name', ['ds.zip', 'ds'])
 def test_the_closing_line_says_what_was_written(tmp_path, dest_name):
@@ -784,7 +784,7 @@ def test_the_closing_line_says_what_was_written(tmp_path, dest_name):
     images = {f'{idx:02d}.png': random_pixels(rng, 8, 8, 1) for idx in range(5)}
     make_image_folder(str(tmp_path / 'src'), images, {name: [0, 3, 1, 3, 0][idx] for idx, name in enumerate(images)})
     dest = tmp_path / dest_name
-    for extra, labels in (([], 'labels of 4 classes'), (['--drop-labels'], 'no labels')):  # Classes 0..3: the loader's one-hot size.
+    for extra, labels in (([], 'labels of 4 classes'), (['--drop-labels'], 'no labels')):  # Classes 0..3: one-hot of 4.
         result = run_tool(f'--source={tmp_path / "src"}', f'--dest={dest}', '--resolution=4', *extra)
         assert result.exit_code == 0, result.output
         lines = result.output.splitlines()
@@ -810,13 +810,14 @@ def test_a_source_of_another_aspect_is_refused_and_a_transform_fits_it(tmp_path)
     make_image_folder(str(tmp_path / 'src'), {'wide.png': pixels})
     (tmp_path / 'out').mkdir()
     result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--resolution=6x6')
-    assert_clean_failure(result, f'{tmp_path / "src" / "wide.png"} is 10x6, of another aspect than --resolution=6x6', tmp_path / 'out')
+    assert_clean_failure(result, f'{tmp_path / "src" / "wide.png"} is 10x6, of another aspect than --resolution=6x6',
+                         tmp_path / 'out')
     transforms = re.search(r'add --transform=(.+)$', result.output.strip()).group(1).replace(' or ', ', ').split(', ')
     assert sorted(transforms) == ['center-crop', 'center-crop-wide', 'squash']
     for transform in transforms:
-        resolution = '10x6' if transform == 'center-crop-wide' else '6x6'  # Wide: the whole 10x6 on a black 10x10 square.
-        result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', f'--resolution={resolution}',
-                          f'--transform={transform}')
+        resolution = '10x6' if transform == 'center-crop-wide' else '6x6'  # Wide: all of it on a black 10x10 square.
+        result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}',
+                          f'--resolution={resolution}', f'--transform={transform}')
         assert result.exit_code == 0, result.output
         out = read_output(str(tmp_path / 'out' / 'ds.zip'))[1][0]
         assert out.shape == ((10, 10, 3) if transform == 'center-crop-wide' else (6, 6, 3))

@@ -105,8 +105,8 @@ class FixedSchedule:
         group_size: int = 1,                # D's sample groups that must stay within one round.
         ema_kimg: float | None = None,      # Instead of ema_beta: G EMA half-life in thousands of images (StyleGAN2).
         ema_rampup: float | None = None,    # With ema_kimg: the half-life is at most this times the images shown.
-        reg_interval_G: int = 1,            # NVIDIA's lazy regularization: G's regularizer every this many G steps;
-        reg_interval_D: int = 1,            # D's every this many D steps. For describe(): lr_G, lr_D are then the options' x k / (k + 1).
+        reg_interval_G: int = 1,            # NVIDIA's lazy regularization: G's regularizer every this many G steps...
+        reg_interval_D: int = 1,            # ...and D's every this many D steps (describe() says what that does to lr).
     ) -> None:
         if lr_decay not in ('linear', 'none'):
             raise ValueError(f'lr_decay must be "linear" or "none", got "{lr_decay}"')
@@ -169,8 +169,8 @@ class FixedSchedule:
             f'G step: global batch {self.batch_G} = {self.num_gpus} GPU(s) x {rounds_G} round(s) x {self.batch_gpu_G}',
             f'learning rate G {self.lr_G:g}, D {self.lr_D:g}, {decay}; G EMA {ema}',
         ]
-        # NVIDIA's lazy regularization: a regularizer every k steps, in a step of its own, and the network's Adam lr
-        # and betas scaled so that its k + 1 steps move it as k plain ones did: lr * k / (k + 1), betas ** (k / (k + 1)).
+        # NVIDIA's lazy regularization: a regularizer every k steps, in a step of its own, and the network's Adam lr and
+        # betas scaled so that its k + 1 steps move it as k plain ones did: lr * k / (k + 1), betas ** (k / (k + 1)).
         lazy = [(net, k, lr) for net, lr in (('G', self.lr_G), ('D', self.lr_D)) if (k := self.reg_intervals[net]) > 1]
         if lazy:
             lines.append('lazy regularization (NVIDIA\'s): ' + '; '.join(
