@@ -38,6 +38,7 @@ import signal
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 import zlib
 from typing import BinaryIO, Callable, Iterator, Optional, Union
@@ -464,7 +465,8 @@ def resize(pixels: np.ndarray, width: int, height: int,
 class Transform:
     """The map from source pixels [H, W, C] to output pixels (plain data, so that worker processes get it too).
 
-    - no --transform: resize to --resolution when given, else leave the image as it is;
+    - no --transform: resize to --resolution when given, else leave the image as it is; a source of another
+      aspect ratio than --resolution's is refused, as resizing would distort it (a transform says how to fit it);
     - center-crop: the largest centered square, resized to --resolution (which must be square);
     - center-crop-wide: the largest centered region of aspect W:H, resized to WxH and placed in
       the middle of a black WxW square (for wide scenes such as LSUN cars);
@@ -474,11 +476,17 @@ class Transform:
     kind: Optional[str]                         # None, 'center-crop', 'center-crop-wide' or 'squash'.
     resolution: Optional[tuple[int, int]]       # (W, H), or None: keep the size.
 
-    def __call__(self, pixels: np.ndarray) -> np.ndarray:
+    def __call__(self, pixels: np.ndarray, name: str) -> np.ndarray:
+        """The output pixels of the source image `name`; a one-line ClickException where it cannot be transformed."""
         if self.resolution is None:
             return pixels
         width, height = self.resolution
         if self.kind is None:
+            src_height, src_width = pixels.shape[:2]
+            if src_width * height != src_height * width:  # Aspect ratios differ: w / h != W / H.
+                raise click.ClickException(f'{name} is {src_width}x{src_height}, of another aspect than '
+                                           f'--resolution={width}x{height}: resizing would distort it; '
+                                           'add --transform=center-crop, center-crop-wide or squash')
             return resize(pixels, width, height)
         if self.kind == 'squash':
             return resize(pixels, width, height, PIL.Image.Resampling.BILINEAR)
@@ -611,6 +619,13 @@ def remove(path: str) -> None:
     elif os.path.lexists(path):
         os.remove(path)
 
+def dataset_bytes(dest: str) -> int:
+    """The size of a written dataset: the zip archive's, or the sum of the folder's files."""
+    if is_zip_dest(dest):
+        return os.path.getsize(dest)
+    return sum(os.path.getsize(os.path.join(dirpath, fname))
+               for dirpath, _dirnames, fnames in os.walk(dest) for fname in fnames)
+
 def encode_png(pixels: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels).save(buffer, format='png')
@@ -623,7 +638,7 @@ IMAGES_IN_FLIGHT_PER_WORKER = 2  # Read ahead of the writer: keeps every worker 
 
 def convert(item: SourceImage, transform: Transform) -> tuple[bytes, tuple[int, ...]]:
     """(PNG, shape [H, W, C]) of the output image of one source image; a one-line ClickException when it cannot be read."""
-    pixels = transform(decode_image(item.data, item.name) if isinstance(item.data, bytes) else item.data)
+    pixels = transform(decode_image(item.data, item.name) if isinstance(item.data, bytes) else item.data, item.name)
     return encode_png(pixels), pixels.shape
 
 Converted = Iterator[tuple[str, Optional[int], bytes, tuple[int, ...]]]  # (source name, label, PNG, shape), in source order.
@@ -684,7 +699,7 @@ def in_source_order(executor: concurrent.futures.Executor, images: Iterator[Sour
 @click.option('--source',       help='Images: folder, zip, CIFAR-10 or STL-10 archive, LSUN lmdb folder', metavar='PATH', type=str, required=True, callback=dnnlib.util.expand_user)
 @click.option('--dest',         help='Output: a .zip archive, or else a folder', metavar='PATH',                      type=str, required=True, callback=dnnlib.util.expand_user)
 @click.option('--max-images',   help='Use at most this many images (the first ones)', metavar='INT',                  type=click.IntRange(min=1))
-@click.option('--resolution',   help='Output size, e.g. 256x256 (resizes images that differ)', metavar='WxH',         type=str, callback=parse_resolution)
+@click.option('--resolution',   help='Output size, e.g. 256x256 (resizes images that differ; another aspect needs --transform)', metavar='WxH', type=str, callback=parse_resolution)
 @click.option('--transform',    help='Crop before resizing to --resolution, or squash (the GN-GAN authors\' LSUN resize)', type=click.Choice(['center-crop', 'center-crop-wide', 'squash']))
 @click.option('--subset',       help='CIFAR-10: train or test; STL-10: unlabeled, train or test  [default: train; unlabeled]', type=click.Choice(['train', 'test', 'unlabeled']))
 @click.option('--drop-labels',  help='Write the images without their labels (dataset.json: null)',                    is_flag=True)
@@ -718,6 +733,7 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
     Images are converted by --workers processes and written in source order:
     the dataset is byte-identical whatever the number of workers.
     """
+    start = time.monotonic()
     set_threads(threads)
     transform_pixels = make_transform(transform, resolution)
     check_dest(dest)
@@ -734,7 +750,8 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
             if first is None:
                 first = (item_name, shape)
                 if width != height:
-                    hint = '--resolution=NxN with --transform=center-crop' if resolution is None else 'a square --resolution or --transform=center-crop-wide'
+                    hint = '--resolution=NxN with --transform=center-crop' if resolution is None else \
+                        '--transform=center-crop-wide, or a square --resolution with --transform=center-crop'
                     raise click.ClickException(f'{item_name} is {width}x{height} but images must be square; use {hint}')
             elif channels != first[1][2]:
                 raise click.ClickException(f'{item_name} has {channels} channel(s) but {first[0]} has {first[1][2]}; make all images grayscale or all RGB')
@@ -746,6 +763,11 @@ def main(source: str, dest: str, max_images: Optional[int], resolution: Optional
             progress.update()
         has_labels = len(labels) > 0 and labels[0][1] is not None and not drop_labels
         write('dataset.json', json.dumps({'labels': labels if has_labels else None}).encode())
+    height, width, channels = first[1]
+    classes = f'labels of {max(label for _name, label in labels) + 1} classes' if has_labels else 'no labels'
+    click.echo(f'Wrote {len(labels):,} image{"s" if len(labels) > 1 else ""} of {width}x{height} '
+               f'{"RGB" if channels == 3 else "grayscale"}, {classes}, to {dest} ({dataset_bytes(dest):,} bytes) '
+               f'in {dnnlib.util.format_time(time.monotonic() - start)}')
 
 #----------------------------------------------------------------------------
 

@@ -380,10 +380,10 @@ def open_url(url: str, cache_dir: str | None = None, num_attempts: int = 3, verb
     import urllib3
     if max_bytes is None:
         max_bytes = max_download_bytes()
+    if verbose:
+        print(f'Downloading {url} ...', flush=True)  # Once: the attempts after a failed one are the same download.
     last_error: Exception | None = None
     for _attempt in range(num_attempts):
-        if verbose:
-            print(f'Downloading {url} ...', flush=True)
         try:
             if not cache:
                 file = tempfile.TemporaryFile()

@@ -122,6 +122,7 @@ def test_unreachable_detector_gives_clear_message_and_exit_code(run):
     error_lines = proc.stderr.strip().splitlines()
     assert len(error_lines) == 1, proc.stderr
     assert url in error_lines[0] and '--detector=/path/to/x.pt' in error_lines[0]
+    assert proc.stdout.splitlines().count(f'Downloading {url} ...') == 1, proc.stdout  # Once, not once per attempt.
     assert not (run['run_dir'] / 'metric-fid50k_full.jsonl').exists()
 
 

@@ -770,3 +770,74 @@ def test_image_bomb_inside_a_worker(tmp_path):
     result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--workers=2')
     assert_clean_failure(result, f'cannot read image {tmp_path / "src" / "02.png"}: Image size (10000000000 pixels) exceeds limit', tmp_path / 'out')
     assert_no_workers_left()
+
+#----------------------------------------------------------------------------
+# What the tool says: one closing line on success; a source of another aspect than --resolution refused, and each
+# hint of the refusals followed through to a dataset.
+
+CLOSING_LINE = re.compile(r'Wrote ([\d,]+) images? of (\d+)x(\d+) (RGB|grayscale), '
+                          r'(labels of (\d+) classes|no labels), to (.+) \(([\d,]+) bytes\) in (\d+)s')
+
+@pytest.mark.parametrize('dest_name', ['ds.zip', 'ds'])
+def test_the_closing_line_says_what_was_written(tmp_path, dest_name):
+    rng = np.random.default_rng(16)
+    images = {f'{idx:02d}.png': random_pixels(rng, 8, 8, 1) for idx in range(5)}
+    make_image_folder(str(tmp_path / 'src'), images, {name: [0, 3, 1, 3, 0][idx] for idx, name in enumerate(images)})
+    dest = tmp_path / dest_name
+    for extra, labels in (([], 'labels of 4 classes'), (['--drop-labels'], 'no labels')):  # Classes 0..3: one-hot of 4.
+        result = run_tool(f'--source={tmp_path / "src"}', f'--dest={dest}', '--resolution=4', *extra)
+        assert result.exit_code == 0, result.output
+        lines = result.output.splitlines()
+        assert len(lines) == 1, result.output
+        match = CLOSING_LINE.fullmatch(lines[0])
+        assert match is not None, lines[0]
+        files = [os.path.join(dirpath, fname) for dirpath, _dirnames, fnames in os.walk(dest) for fname in fnames]
+        size = os.path.getsize(dest) if dest_name.endswith('.zip') else sum(os.path.getsize(path) for path in files)
+        assert match.group(1, 2, 3, 4, 5, 7) == ('5', '4', '4', 'grayscale', labels, str(dest))
+        assert int(match.group(8).replace(',', '')) == size and int(match.group(9)) < 60
+        remove_dataset(dest)
+
+def remove_dataset(dest) -> None:
+    if dest.is_dir():
+        dataset_tool.remove(str(dest))
+    else:
+        dest.unlink()
+
+def test_a_source_of_another_aspect_is_refused_and_a_transform_fits_it(tmp_path):
+    """A 10x6 image and --resolution=6x6 without --transform: refused in one line naming the transforms (a plain resize
+    would squash it), nothing written; each transform it names then writes a 6x6 image."""
+    pixels = random_pixels(np.random.default_rng(17), 6, 10, 3)
+    make_image_folder(str(tmp_path / 'src'), {'wide.png': pixels})
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--resolution=6x6')
+    assert_clean_failure(result, f'{tmp_path / "src" / "wide.png"} is 10x6, of another aspect than --resolution=6x6',
+                         tmp_path / 'out')
+    transforms = re.search(r'add --transform=(.+)$', result.output.strip()).group(1).replace(' or ', ', ').split(', ')
+    assert sorted(transforms) == ['center-crop', 'center-crop-wide', 'squash']
+    for transform in transforms:
+        resolution = '10x6' if transform == 'center-crop-wide' else '6x6'  # Wide: all of it on a black 10x10 square.
+        result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}',
+                          f'--resolution={resolution}', f'--transform={transform}')
+        assert result.exit_code == 0, result.output
+        out = read_output(str(tmp_path / 'out' / 'ds.zip'))[1][0]
+        assert out.shape == ((10, 10, 3) if transform == 'center-crop-wide' else (6, 6, 3))
+        if transform == 'center-crop':
+            np.testing.assert_array_equal(out, pixels[:, 2:8])
+        (tmp_path / 'out' / 'ds.zip').unlink()
+
+def test_a_source_of_the_same_aspect_is_resized_without_a_transform(tmp_path):
+    """16x8 to --resolution=8x4 keeps the aspect: resized, then refused only because the output is not square, with a
+    hint whose two ways each write a square image: the 8x4 image on a black 8x8 square, or its centered square."""
+    make_image_folder(str(tmp_path / 'src'), {'wide.png': np.full([8, 16, 1], 120, np.uint8)})
+    (tmp_path / 'out').mkdir()
+    result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', '--resolution=8x4')
+    assert_clean_failure(result, 'is 8x4 but images must be square; use --transform=center-crop-wide, '
+                                 'or a square --resolution with --transform=center-crop', tmp_path / 'out')
+    on_black = np.zeros([8, 8, 1], np.uint8)
+    on_black[2:6] = 120  # The middle 4 rows.
+    for hint, expected in ((['--resolution=8x4', '--transform=center-crop-wide'], on_black),
+                           (['--resolution=4x4', '--transform=center-crop'], np.full([4, 4, 1], 120, np.uint8))):
+        result = run_tool(f'--source={tmp_path / "src"}', f'--dest={tmp_path / "out" / "ds.zip"}', *hint)
+        assert result.exit_code == 0, result.output
+        np.testing.assert_array_equal(read_output(str(tmp_path / 'out' / 'ds.zip'))[1][0], expected)
+        (tmp_path / 'out' / 'ds.zip').unlink()

@@ -320,3 +320,15 @@ def layout_omissions() -> list[str]:
 
 def test_the_readme_layout_names_every_module():
     assert layout_omissions() == []
+
+
+def test_results_md_gives_the_depths_the_depth_study_runs():
+    """docs/results.md's sentence before the depth study's command lists the depths that command runs by default."""
+    import bench.depth_study
+    with open(os.path.join(REPO_ROOT, 'docs', 'results.md'), encoding='utf-8') as f:
+        text = f.read()
+    said = re.search(r'On the digits, depths ([\d, and]+) \(the default of `--depths`\)[^\n]*:\n\n'
+                     r'    python -m bench\.depth_study', text)
+    assert said is not None, 'docs/results.md: the depth study\'s command is not introduced by its depths'
+    default = next(param.default for param in bench.depth_study.main.params if param.name == 'depths')
+    assert [int(n) for n in re.findall(r'\d+', said.group(1))] == [int(n) for n in default.split(',')]

@@ -172,3 +172,21 @@ def test_stylegan2_named_configurations_and_lazy_regularization():
     cifar = build('gn-stylegan2', sg2_cfg='cifar')
     assert (cifar.style_mixing, cifar.pl_weight, cifar.batch, cifar.D_kwargs.architecture) == (0.0, 0.0, 64, 'orig')
     assert cifar.G_opt_kwargs.lr == 0.0025 and cifar.loss_kwargs.G_reg_interval == 1
+
+
+def test_stylegan2_schedule_says_why_its_lr_is_not_the_option():
+    """The dry run's schedule prints the lr the optimizers get; where lazy regularization scales it (NVIDIA's
+    k / (k + 1)), one line gives the option's value, the factor and the reason. Without a lazy term: no such line."""
+    e = build('gn-stylegan2', glr=0.003, dlr=0.004, norm='r1')
+    lines = e.schedule.describe()
+    assert lines[3].startswith(f'learning rate G {0.003 * 4 / 5:g}, D {0.004 * 16 / 17:g}, constant;')
+    assert lines[4] == ("lazy regularization (NVIDIA's): "
+                        "G's regularizer every 4 G steps, in a step of its own, so G's lr is "
+                        f"--glr=0.003 x 4/5 = {0.0024:g} and its Adam betas ** (4/5); "
+                        "D's regularizer every 16 D steps, in a step of its own, so D's lr is "
+                        f"--dlr=0.004 x 16/17 = {0.004 * 16 / 17:g} and its Adam betas ** (16/17)")
+    assert len(lines) == 5
+    for plain in (build('gn-stylegan2', glr=0.003, pl_weight=0), build('quickstart')):
+        assert len(plain.schedule.describe()) == 4 and not any('lazy' in line for line in plain.schedule.describe())
+    plain_lr = build('gn-stylegan2', glr=0.003, pl_weight=0).schedule.describe()[3]
+    assert plain_lr.startswith('learning rate G 0.003, D 0.0025,')

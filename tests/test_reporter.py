@@ -10,7 +10,8 @@ import torch
 from torch_utils import training_stats
 from training.recipes import schedule as schedule_lib
 from training.run.reporter import TickReporter, TrainingDiverged, grid_layout, grid_reals
-from training.run.run_state import RunState
+from training.experiment import Experiment
+from training.run.run_state import RunState, snapshot_label
 from training.step.updater import NetworkUpdater
 
 
@@ -70,6 +71,24 @@ def test_progress_line_pairs_the_lod_with_its_phase(tmp_path):
         state.cur_nimg = cur_nimg
         reporter.tick(_updaters(), state, done=False)
         assert f'phase {phase:<18s} lod {lod:<5.2f}' in lines[-1]
+
+
+def test_the_last_progress_line_gives_the_kimg_of_the_last_snapshot(tmp_path):
+    """gn-stylegan2 --kimg=1 at batch 32 on 32x32 data: round(1000 / 32) = 31 G steps, 992 images. The dry run's
+    schedule, the progress line and the snapshot name all say 0.992 kimg (not 1.0)."""
+    e = Experiment.build(cfg='gn-stylegan2', img_resolution=32, img_channels=1, kimg=1)
+    assert (e.steps, e.batch) == (31, 32)
+    assert e.schedule.describe()[0] == '31 G steps, each after 1 D step(s): 0.992 kimg of reals'
+    paper = Experiment.build(cfg='cifar10-resnet', img_resolution=32, img_channels=3)  # 200k G steps x 5 D steps x 64.
+    assert paper.schedule.describe()[0] == '200,000 G steps, each after 5 D step(s): 64,000 kimg of reals'
+    lines = []
+    reporter, state = _reporter(tmp_path, e.schedule, lines)
+    for step, cur_nimg, label, kimg in [(31, 992, '000000.992', '0.992'), (2000, 64_000, '000064', '64.000'),
+                                        (2004, 64_128, '000064.128', '64.128')]:
+        state.step, state.cur_nimg = step, cur_nimg
+        reporter.tick(_updaters(), state, done=True)
+        assert snapshot_label(cur_nimg) == label and float(label) == float(kimg)
+        assert lines[-1].split()[4:6] == ['kimg', kimg], lines[-1]
 
 
 def test_statistics_go_to_stats_jsonl(tmp_path):

@@ -197,6 +197,18 @@ def test_download_that_ends_early_leaves_no_cache_entry(tmp_path):
     assert server.requests == ['/short', '/short'] and _cache_files(tmp_path) == []
 
 
+def test_a_download_is_announced_once_whatever_its_attempts(tmp_path, capsys):
+    """Three attempts at a body that ends early, then a port nothing listens on: one 'Downloading' line each."""
+    with LoopbackServer({'/short': send(b'0123456789', length=1000)}) as server:
+        with pytest.raises(util.DownloadError):
+            util.open_url(server.url('/short'), cache_dir=str(tmp_path), num_attempts=3)
+    assert server.requests == ['/short'] * 3
+    assert capsys.readouterr().out.splitlines() == [f'Downloading {server.url("/short")} ...']
+    with pytest.raises(util.DownloadError, match='ConnectionError'):
+        util.open_url('http://127.0.0.1:9/x.pt', cache_dir=str(tmp_path))  # Port 9 (discard): refused on loopback.
+    assert capsys.readouterr().out.splitlines() == ['Downloading http://127.0.0.1:9/x.pt ...']
+
+
 @pytest.mark.parametrize('cache', [True, False], ids=['cache', 'no-cache'])
 def test_download_streams_in_bounded_chunks(tmp_path, monkeypatch, cache):
     """The body never sits whole in memory: every read of the response asks for at most DOWNLOAD_CHUNK_BYTES, and

@@ -79,6 +79,11 @@ def _shrunk_groups_note(num_gpus: int, where: str) -> str:
     return (f'Note: --gpus={num_gpus} shrinks D\'s minibatch-stddev groups, as a GPU\'s share of the batch is smaller '
             f'than a group: {where}')
 
+
+def kimg_text(nimg: int) -> str:
+    """Images in thousands, to the image as snapshot names give them: '64,000', '0.992' (not '1.0')."""
+    return f'{nimg / 1000:,.3f}'.rstrip('0').rstrip('.')
+
 #----------------------------------------------------------------------------
 
 
@@ -100,6 +105,8 @@ class FixedSchedule:
         group_size: int = 1,                # D's sample groups that must stay within one round.
         ema_kimg: float | None = None,      # Instead of ema_beta: G EMA half-life in thousands of images (StyleGAN2).
         ema_rampup: float | None = None,    # With ema_kimg: the half-life is at most this times the images shown.
+        reg_interval_G: int = 1,            # NVIDIA's lazy regularization: G's regularizer every this many G steps...
+        reg_interval_D: int = 1,            # ...and D's every this many D steps (describe() says what that does to lr).
     ) -> None:
         if lr_decay not in ('linear', 'none'):
             raise ValueError(f'lr_decay must be "linear" or "none", got "{lr_decay}"')
@@ -110,6 +117,7 @@ class FixedSchedule:
         self.total_steps, self.ema_beta, self.ema_start = total_steps, ema_beta, ema_start
         self.num_gpus, self.group_size = num_gpus, group_size
         self.ema_kimg, self.ema_rampup = ema_kimg, ema_rampup
+        self.reg_intervals = dict(G=reg_interval_G, D=reg_interval_D)
         self.batch_gpu_D = split_batch(batch_D, num_gpus, batch_gpu, group_size, 'D batch')
         self.batch_gpu_G = split_batch(batch_G, num_gpus, batch_gpu, group_size, 'G batch')
 
@@ -162,13 +170,22 @@ class FixedSchedule:
         if self.ema_kimg is not None:
             ema = f'half-life {self.ema_kimg:g} kimg' + ('' if self.ema_rampup is None else
                                                         f', at most {self.ema_rampup:g} x the images shown (ramp-up)')
-        return [
+        lines = [
             f'{self.total_steps:,} G steps, each after {self.n_dis} D step(s): '
-            f'{self.total_steps * self.n_dis * self.batch_D / 1000:,.1f} kimg of reals',
+            f'{kimg_text(self.total_steps * self.n_dis * self.batch_D)} kimg of reals',
             f'D step: global batch {self.batch_D} = {self.num_gpus} GPU(s) x {rounds_D} round(s) x {self.batch_gpu_D}',
             f'G step: global batch {self.batch_G} = {self.num_gpus} GPU(s) x {rounds_G} round(s) x {self.batch_gpu_G}',
             f'learning rate G {self.lr_G:g}, D {self.lr_D:g}, {decay}; G EMA {ema}',
         ]
+        # NVIDIA's lazy regularization: a regularizer every k steps, in a step of its own, and the network's Adam lr and
+        # betas scaled so that its k + 1 steps move it as k plain ones did: lr * k / (k + 1), betas ** (k / (k + 1)).
+        lazy = [(net, k, lr) for net, lr in (('G', self.lr_G), ('D', self.lr_D)) if (k := self.reg_intervals[net]) > 1]
+        if lazy:
+            lines.append('lazy regularization (NVIDIA\'s): ' + '; '.join(
+                f'{net}\'s regularizer every {k} {net} steps, in a step of its own, so {net}\'s lr is '
+                f'--{net.lower()}lr={lr * (k + 1) / k:g} x {k}/{k + 1} = {lr:g} and its Adam betas ** ({k}/{k + 1})'
+                for net, k, lr in lazy))
+        return lines
 
 #----------------------------------------------------------------------------
 

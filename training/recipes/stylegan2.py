@@ -115,11 +115,17 @@ class StyleGAN2Recipe(Recipe):
             kwargs.update(architecture='orig')
         return kwargs
 
+    @staticmethod
+    def reg_interval(e: Any, net: str) -> int:
+        """Every how many steps `net`'s regularizer runs: NVIDIA's interval where it is lazy (G's path length term, D's
+        R1), else 1 (every step, or no regularizer)."""
+        lazy = e.pl_weight if net == 'G' else CONSTRAINTS[e.norm].lazy
+        return REG_INTERVALS[net] if lazy else 1
+
     def opt_kwargs(self, e: Any, net: str) -> dnnlib.EasyDict:
         """NVIDIA's Adam adjustment for a term regularized lazily every k steps: lr * k / (k + 1), betas ** (k / (k + 1))."""
-        lazy = e.pl_weight if net == 'G' else CONSTRAINTS[e.norm].lazy
-        k = REG_INTERVALS[net]
-        ratio = k / (k + 1) if lazy else 1.0
+        k = self.reg_interval(e, net)
+        ratio = k / (k + 1) if k > 1 else 1.0
         base = super().opt_kwargs(e, net)
         return dnnlib.EasyDict(base, lr=base.lr * ratio, betas=[b ** ratio for b in base.betas])
 
@@ -127,17 +133,19 @@ class StyleGAN2Recipe(Recipe):
         """NVIDIA's StyleGAN2 loss terms and lazy regularization intervals."""
         kwargs = super().loss_kwargs(e)
         kwargs.update(style_mixing_prob=e.style_mixing, pl_weight=e.pl_weight, pl_decay=LOSS['pl_decay'],
-                      pl_batch_shrink=LOSS['pl_batch_shrink'], G_reg_interval=REG_INTERVALS['G'] if e.pl_weight else 1,
-                      D_reg_interval=REG_INTERVALS['D'] if CONSTRAINTS[e.norm].lazy else 1)
+                      pl_batch_shrink=LOSS['pl_batch_shrink'], G_reg_interval=self.reg_interval(e, 'G'),
+                      D_reg_interval=self.reg_interval(e, 'D'))
         return kwargs
 
     def schedule_kwargs(self, e: Any) -> dnnlib.EasyDict:
-        """NVIDIA's: one batch for D and G, EMA by half-life with its ramp-up."""
+        """NVIDIA's: one batch for D and G, EMA by half-life with its ramp-up; the lazy regularization intervals, so
+        that the schedule says why its learning rates are not --glr and --dlr."""
         config = self.config_of(e)
         return dnnlib.EasyDict(
             class_name='training.recipes.schedule.FixedSchedule', batch_D=e.batch, batch_G=e.batch, n_dis=1,
             lr_G=e.G_opt_kwargs.lr, lr_D=e.D_opt_kwargs.lr, total_steps=e.steps, lr_decay='none', ema_kimg=config.ema,
-            ema_rampup=config.ramp, num_gpus=e.gpus, batch_gpu=e.batch_gpu, group_size=config.mbstd)
+            ema_rampup=config.ramp, num_gpus=e.gpus, batch_gpu=e.batch_gpu, group_size=config.mbstd,
+            reg_interval_G=self.reg_interval(e, 'G'), reg_interval_D=self.reg_interval(e, 'D'))
 
 
 RECIPE = StyleGAN2Recipe()

@@ -6,8 +6,8 @@ At every tick (kimg_per_tick thousand real images) `TickReporter.tick()`
     stops the run (TrainingDiverged, one line) if a gradient became NaN/Inf since the last tick:
         the first such G step and network, from the updaters' device-side flags, and the loss terms
         that were non-finite; with fp16 (overflowing steps are skipped) a non-finite weight instead,
-    prints the progress line (kimg, share done, ETA, phase of progressive growing with its lod,
-        sec/kimg, time spent on grids/snapshots/metrics, memory, losses; on a CPU, 'starved' when
+    prints the progress line (kimg to the image, as snapshot names give it; share done, ETA, phase of progressive
+        growing with its lod, sec/kimg, time spent on grids/snapshots/metrics, memory, losses; on a CPU, 'starved' when
         more threads want to run than there are cores: torch_utils/threads.py),
     starts the next tick (the run state's tick_start_nimg, which a snapshot records: a run resumed
         between ticks ends its tick where the stopped one would have),
@@ -147,7 +147,7 @@ class TickReporter:
         for name, value in [('Progress/tick', state.cur_tick), ('Progress/step', state.step), ('Progress/kimg', state.cur_nimg / 1000),
                             ('Timing/sec_per_kimg', sec_per_kimg)] + ([('Progress/lod', lod)] if lod is not None else []):
             stats[name] = dnnlib.EasyDict(num=1, mean=float(value), std=0.0)
-        fields = [f'tick {state.cur_tick:<4d}', f'step {state.step:<7d}', f'kimg {state.cur_nimg / 1000:<8.1f}',
+        fields = [f'tick {state.cur_tick:<4d}', f'step {state.step:<7d}', f'kimg {state.cur_nimg / 1000:<9.3f}',
                   f'done {100 * done_share:5.1f}%', f'ETA {dnnlib.util.format_time(eta) if not done else "-":<11s}']
         phase_label = self.schedule.phase_label(state.step, state.cur_nimg)
         if phase_label is not None:
