@@ -122,17 +122,17 @@ def test_the_digits_standing_in_are_said_aloud(tmp_path):
     the data it came from; the quick start, whose data the digits are, says nothing."""
     code, output = _train('--cfg=cifar10-resnet', '--dry-run')
     assert code == 0, output
-    assert ('--data not given: the embedded digits (digits32.zip) stand in for the data --cfg=cifar10-resnet was made '
-            'for, CIFAR-10 (python dataset_tool.py --source=cifar-10-python.tar.gz --dest=cifar10.zip); give it with '
-            '--data') in output.splitlines()
+    assert ('--data not given: the embedded digits (digits32.zip) stand in for --cfg=cifar10-resnet\'s data, CIFAR-10 '
+            '(python dataset_tool.py --source=cifar-10-python.tar.gz --dest=cifar10.zip); give it with --data') \
+        in output.splitlines()
     code, output = _train('--dry-run')
     assert code == 0 and 'stand in' not in output
 
     code, output = _train('--cfg=stl10-cnn', '--dry-run')
     assert code != 0 and output.strip().splitlines() == [
         'Error: --cfg=stl10-cnn is built for 48x48 images, but the dataset holds 32x32; --data not given: the embedded '
-        'digits (digits32.zip) stand in for the data --cfg=stl10-cnn was made for, STL-10 at 48x48 (python '
-        'dataset_tool.py --source=stl10_binary.tar.gz --dest=stl10-48.zip --resolution=48x48); give it with --data']
+        'digits (digits32.zip) stand in for --cfg=stl10-cnn\'s data, STL-10 at 48x48 (python dataset_tool.py '
+        '--source=stl10_binary.tar.gz --dest=stl10-48.zip --resolution=48x48); give it with --data']
     write_dataset_zip(str(tmp_path / 'rgb16.zip'), num_images=4, resolution=16)
     code, output = _train('--cfg=stl10-cnn', f'--data={tmp_path / "rgb16.zip"}', '--dry-run')
     assert code != 0 and output.strip().splitlines() == [

@@ -271,7 +271,7 @@ def data_stand_in(cfg: str) -> str | None:
     """The line that says the embedded digits stand in for preset `cfg`'s data (None: the digits are its data)."""
     made_for = configs.recipe_for(cfg).datasets.get(cfg)
     return None if made_for is None else (f'--data not given: the embedded digits ({os.path.basename(QUICKSTART_DATA)}) '
-                                          f'stand in for the data --cfg={cfg} was made for, {made_for}; give it with --data')
+                                          f'stand in for --cfg={cfg}\'s data, {made_for}; give it with --data')
 
 
 def check_resume_networks(snapshot: dnnlib.EasyDict, experiment: Experiment, path: str) -> None:

@@ -63,8 +63,8 @@ class StyleGAN2Recipe(Recipe):
     archs = {'stylegan2': ('training.networks.stylegan2.Generator', 'training.networks.stylegan2.Discriminator')}
     options = ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight')
     owner = 'gn-stylegan2'
-    datasets = {'gn-stylegan2': 'your images at a power-of-two size, as NVIDIA\'s StyleGAN2 trains on (FFHQ, MetFaces, '
-                                'AFHQ: python dataset_tool.py --source=DIR --dest=data.zip)'}
+    datasets = {'gn-stylegan2': 'images of a power-of-two size such as FFHQ, MetFaces or AFHQ (python dataset_tool.py '
+                                '--source=DIR --dest=data.zip)'}
 
     def constrain_D(self, D_kwargs: dnnlib.EasyDict, norm: str) -> None:
         if CONSTRAINTS[norm].spectral_norm:
