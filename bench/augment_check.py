@@ -6,7 +6,7 @@
 its own torch_utils, as bench/nvidia.py imports its networks); --diffaug-code is a checkout of
 mit-han-lab/data-efficient-gans (its DiffAugment_pytorch.py). Neither is part of this project or its tests.
 
-For every named pipeline of NVIDIA's train.py (AUGPIPE_SPECS), each p of --p, each seed and each image shape
+For every named pipeline of NVIDIA's train.py (AUGPIPE_SPECS) and a geometry with strong zooms (STRESS), each p of --p, each seed and each image shape
 (RGB square, RGB non-square, L), both pipelines get the same images and the same torch random state; printed per
 pipeline and p: the largest difference over the seeds and shapes, the largest magnitude of theirs, and whether
 both left the random state the same (the same number of draws). DiffAugment likewise for each policy alone and
@@ -33,6 +33,8 @@ from training.step.augment import AUGPIPE_SPECS, AugmentPipe, DiffAugment
 
 SHAPES = [(8, 3, 32, 32), (8, 3, 48, 32), (8, 1, 32, 32)]  # [N, C, H, W]: RGB square, RGB non-square, L
 DIFFAUG_POLICIES = ['color', 'translation', 'cutout', 'color,translation,cutout']
+# Beyond NVIDIA's pipelines: strong zooms out, whose sampling reaches past NVIDIA's margin (zeros there).
+STRESS = {'geom, log2 scales std 1': dict(AUGPIPE_SPECS['geom'], scale_std=1, aniso_std=1)}
 
 #----------------------------------------------------------------------------
 
@@ -95,7 +97,7 @@ def main(nvidia_code: str, diffaug_code: str, p: str, seeds: int, out: str) -> N
     torch.set_grad_enabled(False)
     rows = []
     print(f'{"augmentation":<26} {"p":>4} {"max |diff|":>11} {"max |theirs|":>12} {"same draws":>10}')
-    for name, spec in AUGPIPE_SPECS.items():
+    for name, spec in {**AUGPIPE_SPECS, **STRESS}.items():
         with code.active():
             their_pipe = nvidia.AugmentPipe(**spec)
         our_pipe = AugmentPipe(**spec)

@@ -248,7 +248,8 @@ class AugmentPipe(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.register_buffer('p', torch.zeros([]))  # Overall probability multiplier, set by the training loop.
-        self.xflip, self.rotate90, self.xint, self.xint_max = float(xflip), float(rotate90), float(xint), float(xint_max)
+        self.xflip, self.rotate90, self.xint = float(xflip), float(rotate90), float(xint)
+        self.xint_max = float(xint_max)
         self.scale, self.rotate, self.aniso, self.xfrac = float(scale), float(rotate), float(aniso), float(xfrac)
         self.scale_std, self.rotate_max = float(scale_std), float(rotate_max)
         self.aniso_std, self.xfrac_std = float(aniso_std), float(xfrac_std)
@@ -267,13 +268,17 @@ class AugmentPipe(torch.nn.Module):
                              f'got {len(self.imgfilter_bands)}')
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """The augmented batch, float32 (float64 for float64 images), computed with autocast off: the resampling
+        positions need float32's precision, whatever the run's --precision."""
         if images.ndim != 4:
             raise ValueError(f'AugmentPipe: expected images [N, C, H, W], got shape {list(images.shape)}')
-        images = self._geometry(images)
-        images = self._colour(images)
-        if self.imgfilter > 0:
-            images = self._filter(images)
-        return self._corruptions(images)
+        with torch.autocast(images.device.type, enabled=False):
+            images = images if images.dtype == torch.float64 else images.float()
+            images = self._geometry(images)
+            images = self._colour(images)
+            if self.imgfilter > 0:
+                images = self._filter(images)
+            return self._corruptions(images)
 
     def _geometry(self, images: torch.Tensor) -> torch.Tensor:
         """Blit and general geometry: draw the inverse transform, then execute it (unless nothing is enabled)."""
@@ -301,7 +306,7 @@ class AugmentPipe(torch.nn.Module):
             s = torch.where(rand(N) < self.scale * p, s, 1.0)
             G_inv = _then(G_inv, _scale2d_inv(s, s, device))
         if self.rotate > 0:
-            # Two rotations, around the anisotropic scaling, each with p_rot: P(either) = 1 - (1 - p_rot)^2 = p * rotate.
+            # Two rotations, around the anisotropic scaling, each with p_rot: 1 - (1 - p_rot)^2 = p * rotate.
             p_rot = 1 - torch.sqrt((1 - self.rotate * p).clamp(0, 1))
             theta = (rand(N) * 2 - 1) * np.pi * self.rotate_max
             theta = torch.where(rand(N) < p_rot, theta, 0.0)
