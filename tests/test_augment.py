@@ -284,3 +284,25 @@ def test_diffaugment_color_and_policies():
     assert torch.equal(DiffAugment(images, ''), images)
     with pytest.raises(ValueError, match="unknown policy 'flip'.*color, translation, cutout"):
         DiffAugment(images, 'color,flip')
+
+
+@pytest.mark.parametrize('augment', ['bgcfnc', 'color,translation,cutout'])
+def test_fixed_draws_make_the_augmentation_affine(augment):
+    # GN's exact fast paths need A(x) = M x + c for fixed draws: A(x + y) - A(0) = (A(x) - A(0)) + (A(y) - A(0)),
+    # A(2 x) - A(0) = 2 (A(x) - A(0)), and a zero second derivative.
+    pipe = _pipe(1.0, **AUGPIPE_SPECS[augment]) if augment in AUGPIPE_SPECS else None
+
+    def A(x):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(2)
+            return pipe(x) if pipe is not None else DiffAugment(x, augment)
+    x, y = (torch.rand(3, 3, 24, 24, dtype=torch.float64) * 2 - 1 for _ in range(2))
+    zero = A(torch.zeros_like(x))
+    torch.testing.assert_close(A(x + y) - zero, (A(x) - zero) + (A(y) - zero), rtol=0, atol=1e-12)
+    torch.testing.assert_close(A(2 * x) - zero, 2 * (A(x) - zero), rtol=0, atol=1e-12)
+    x.requires_grad_(True)
+    with conv2d_gradfix.higher_order_gradients():
+        g, = torch.autograd.grad((A(x) * torch.rand_like(x)).sum(), [x], create_graph=True)
+        if g.requires_grad:  # Else the gradient does not depend on x at all.
+            gg, = torch.autograd.grad(g.square().sum(), [x], allow_unused=True)
+            assert gg is None or torch.count_nonzero(gg) == 0
