@@ -306,3 +306,13 @@ def test_fixed_draws_make_the_augmentation_affine(augment):
         if g.requires_grad:  # Else the gradient does not depend on x at all.
             gg, = torch.autograd.grad(g.square().sum(), [x], allow_unused=True)
             assert gg is None or torch.count_nonzero(gg) == 0
+
+
+def test_snapshot_rebuilds_the_pipe_with_its_p():
+    pipe = _pipe(0.37, **AUGPIPE_SPECS['bgcfnc'])
+    state = {k: v.clone() for k, v in pipe.state_dict().items()}
+    rebuilt = persistence.rebuild_network(persistence.class_name_of(AugmentPipe), dict(pipe.init_kwargs), state,
+                                          'augment_pipe')
+    assert rebuilt.p.dtype == torch.float32 and float(rebuilt.p) == np.float32(0.37)
+    images = torch.rand(2, 3, 24, 24) * 2 - 1
+    assert torch.equal(_run(rebuilt, images)[0], _run(pipe, images)[0])
