@@ -120,6 +120,10 @@ def test_filter_bank_splits_the_spectrum_into_octaves():
     response = np.abs(np.fft.rfft(bank, 4096, axis=1))  # Frequencies 0 .. 1/2 cycles per pixel.
     for band, f in enumerate([0.0, 3 / 32, 3 / 16, 3 / 8]):  # The middle of each octave: [0, 1/16) .. [1/4, 1/2].
         assert np.argmax(response[:, int(f * 4096)]) == band
+    # With every band's multiplier 0 no gain is drawn above 1: the bands sum back to the image.
+    images = torch.rand(2, 3, 24, 24) * 2 - 1
+    out, _ = _run(_pipe(1.0, imgfilter=1, imgfilter_bands=[0, 0, 0, 0]), images)
+    assert (out - images).abs().max() < 1e-5
 
 
 @pytest.mark.parametrize('name', list(AUGPIPE_SPECS))
