@@ -231,6 +231,10 @@ class AugmentPipe(torch.nn.Module):
     is padded by the largest margin it can take (size - 1) and everything beyond NVIDIA's margin is set to zero,
     before and after the upsampling, which is NVIDIA's image inside a zero border: the same values, with the margin
     kept on the device. Colours are one 4x4 matrix per image; the filter is a separable per-image convolution.
+    Colour, filter, noise and cutout give NVIDIA's values bit for bit; the resampling's positions, normalized over
+    the larger padded image, round differently in float32, so blit and geometry agree with NVIDIA's to that rounding
+    (bench/augment_check.py). The constants are copied to the device on the first call: a CUDA graph captures a
+    later one.
 
     Differentiable in the images (every step is linear in them for fixed draws: geometry, filter and cutout
     linear, colour and noise adding a constant), with second derivatives through ops/grid_sample_gradfix,
