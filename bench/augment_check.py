@@ -10,7 +10,9 @@ For every named pipeline of NVIDIA's train.py (AUGPIPE_SPECS) and a geometry wit
 (RGB square, RGB non-square, L), both pipelines get the same images and the same torch random state; printed per
 pipeline and p: the largest difference over the seeds and shapes, the largest magnitude of theirs, and whether
 both left the random state the same (the same number of draws). DiffAugment likewise for each policy alone and
-for all three. Everything runs in float32 on the CPU (their custom ops take their reference paths there).
+for all three. Then the time per batch of both pipelines, `bgc` on [32, 3, 64, 64] (forward, and forward and
+backward), the median of --repeats calls: ours pads every batch by the largest margin, NVIDIA's by the batch's own.
+Everything runs in float32 on the CPU (their custom ops take their reference paths there).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch che
 import importlib
 import importlib.util
 import os
+import statistics
+import time
 from types import ModuleType
 from typing import Callable
 
@@ -32,6 +36,7 @@ from bench.nvidia import NvidiaCode
 from training.step.augment import AUGPIPE_SPECS, AugmentPipe, DiffAugment
 
 SHAPES = [(8, 3, 32, 32), (8, 3, 48, 32), (8, 1, 32, 32)]  # [N, C, H, W]: RGB square, RGB non-square, L
+TIMED_SHAPE = (32, 3, 64, 64)
 DIFFAUG_POLICIES = ['color', 'translation', 'cutout', 'color,translation,cutout']
 # Beyond NVIDIA's pipelines: strong zooms out, whose sampling reaches past NVIDIA's margin (zeros there).
 STRESS = {'geom, log2 scales std 1': dict(AUGPIPE_SPECS['geom'], scale_std=1, aniso_std=1)}
@@ -71,6 +76,16 @@ def compare(theirs: Callable, ours: Callable, shape: tuple[int, ...], seed: int)
                 same_draws=bool(torch.equal(states[0], states[1])))
 
 
+def time_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
 def merge(rows: list[dict]) -> dict:
     return dict(max_abs_diff=max(r['max_abs_diff'] for r in rows), max_abs=max(r['max_abs'] for r in rows),
                 same_draws=all(r['same_draws'] for r in rows))
@@ -84,9 +99,11 @@ def merge(rows: list[dict]) -> dict:
 @click.option('--p',            help='Augmentation probabilities', metavar='LIST', default='0,0.5,1', show_default=True)
 @click.option('--seeds',        help='Number of seeds per shape', type=click.IntRange(min=1), default=3,
               show_default=True)
+@click.option('--repeats',      help='Timed calls per pipeline and p', type=click.IntRange(min=1), default=5,
+              show_default=True)
 @click.option('--out',          help='JSON file for the results', metavar='PATH', default='bench-augment.json',
               show_default=True)
-def main(nvidia_code: str, diffaug_code: str, p: str, seeds: int, out: str) -> None:
+def main(nvidia_code: str, diffaug_code: str, p: str, seeds: int, repeats: int, out: str) -> None:
     """Largest differences between our augmentations and NVIDIA's / the DiffAugment authors' from the same draws."""
     try:
         probabilities = [float(v) for v in p.split(',')]
@@ -115,8 +132,26 @@ def main(nvidia_code: str, diffaug_code: str, p: str, seeds: int, out: str) -> N
         rows.append(dict(kind='DiffAugment', augmentation=policy, p=None, **row))
         print(f'{policy:<26} {"":>4} {row["max_abs_diff"]:>11.3g} {row["max_abs"]:>12.3g} '
               f'{str(row["same_draws"]):>10}')
+    timings = []
+    images = torch.rand(TIMED_SHAPE) * 2 - 1
+    print(f'\nms per batch, bgc on {list(TIMED_SHAPE)}, median of {repeats}, {torch.get_num_threads()} threads')
+    print(f'{"p":>4} {"pass":<8} {"ours":>9} {"NVIDIA":>9}')
+    with code.active():
+        their_pipe = nvidia.AugmentPipe(**AUGPIPE_SPECS['bgc'])
+    our_pipe = AugmentPipe(**AUGPIPE_SPECS['bgc'])
+    for prob in probabilities:
+        their_pipe.p.fill_(prob)
+        our_pipe.p.fill_(prob)
+        for name, grad in (('fwd', False), ('fwd+bwd', True)):
+            x = images.clone().requires_grad_(grad)
+            with torch.set_grad_enabled(grad):
+                ms = [time_ms(lambda pipe=pipe: pipe(x).sum().backward() if grad else pipe(x), repeats)
+                      for pipe in (our_pipe, their_pipe)]
+            timings.append(dict(p=prob, passes=name, ours_ms=ms[0], nvidia_ms=ms[1]))
+            print(f'{prob:>4g} {name:<8} {ms[0]:>9.1f} {ms[1]:>9.1f}')
     write_json_atomic(out, dict(nvidia_code=code.path, diffaug_code=os.path.abspath(diffaug_code), device='cpu',
-                                torch=torch.__version__, shapes=SHAPES, seeds=seeds, rows=rows))
+                                torch=torch.__version__, threads=torch.get_num_threads(), shapes=SHAPES, seeds=seeds,
+                                rows=rows, timed_shape=TIMED_SHAPE, timings=timings))
     print(f'Wrote {out}')
 
 
