@@ -10,8 +10,9 @@ For every named pipeline of NVIDIA's train.py (AUGPIPE_SPECS) and a geometry wit
 of --p, each seed and each image shape (RGB square, RGB non-square, L), both pipelines get the same images and the
 same torch random state; printed per pipeline and p: the largest difference over the seeds and shapes, the
 largest magnitude of theirs, and whether both left the random state the same (the same number of draws).
-DiffAugment likewise for each policy alone and for all three. Then the time per batch of both pipelines, `bgc` on [32, 3, 64, 64] (forward, and forward and
-backward), the median of --repeats calls: ours pads every batch by the largest margin, NVIDIA's by the batch's own.
+DiffAugment likewise for each policy alone and for all three. Then the time per batch of both pipelines, `bgc`
+on [32, 3, 64, 64] (forward, and forward and backward), the median of --repeats calls: ours pads every batch by
+the largest margin, NVIDIA's by the batch's own.
 Everything runs in float32 on the CPU (their custom ops take their reference paths there).
 """
 
