@@ -8,6 +8,7 @@ SN-GAN and GN-GAN.
 
 Each cell is train.py itself, `--cfg=quickstart --act=ACT` with the method's constraint and loss:
 
+\b
     gan     --norm=none --loss=ns            wgan-gp  --norm=gp1 --loss=wasserstein
     sn      --norm=sn   --loss=ns            gn       --norm=gn  --loss=ns
 
@@ -16,8 +17,8 @@ steps, in DIR/runs/METHOD-ACT. Its last snapshot is scored with the digit classi
 (the Frechet distance of its features, lower is better, the stand-in for FID; and the share of confidently
 classified digits, the stand-in for IS) and with L_D (metrics/lipschitz.py, --ld-num real and generated images):
 for GN with a smooth activation, whose speed-ups are off, L_D shows whether ||grad f_hat|| stays bounded by 1 without
-the piecewise-linear theorem. Writes DIR/activations.png (FD and confident share per method, one bar per activation)
-and DIR/activations.json, and prints the table. The paper's own command is the same with --cfg=cifar10-cnn or
+the piecewise-linear theorem. Writes DIR/activations.json, then DIR/activations.png (FD and confident share per method,
+one bar per activation; without matplotlib one line says so), and prints the table. The paper's own command is the same with --cfg=cifar10-cnn or
 --cfg=stl10-cnn (docs/results.md).
 """
 

@@ -9,6 +9,7 @@ Wasserstein loss.
 Each run is train.py itself (`--cfg=quickstart --loss=wasserstein --norm=NORM --depth=N`, --steps G steps,
 --snapshots snapshots evenly spaced), in DIR/runs/NORM-NL. Then every snapshot is measured here:
 
+\b
   (a) quality over training: the Frechet distance of the digit classifier's features between --num generated images
       and its training digits (bench/quickstart_quality.py; the digits' stand-in for the paper's Inception Score;
       lower is better);
@@ -17,9 +18,9 @@ Each run is train.py itself (`--cfg=quickstart --loss=wasserstein --norm=NORM --
   (c) the operator norm of each layer of the deepest SN and GN discriminators at their last snapshot
       (metrics/layer_norms.py).
 
-Writes DIR/depth_study.png (the three panels) and DIR/depth_study.json (every number, with the commands), and prints
-the final L_D per depth and norm. The paper's own command is the same with --cfg=cifar10-cnn on CIFAR-10
-(docs/results.md).
+Writes DIR/depth_study.json (every number, with the commands), then DIR/depth_study.png (the three panels; without
+matplotlib one line says so), and prints the final L_D per depth and norm. The paper's own command is the same with
+--cfg=cifar10-cnn on CIFAR-10 (docs/results.md).
 """
 
 from __future__ import annotations

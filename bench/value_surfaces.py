@@ -8,6 +8,7 @@ update) to tell a fixed sample of --num-real points of one Gaussian N(real_mean,
 every step from another Gaussian N(fake_mean, fake_cov), with the non-saturating loss of the vanilla GAN, under each
 of the paper's constraints:
 
+\b
     vanilla   no constraint                              gp0   + 10 E[||grad f(x_mix)||^2] on interpolates
     gp1       + 10 E[(||grad f(x_mix)|| - 1)^2] (WGAN-GP)  sn    spectral normalization of both layers
     gn        the loss sees f_hat = f / (||grad_x f|| + |f|) (training/step/gradnorm.py)
