@@ -72,22 +72,26 @@ def _blank(value: object) -> str:
 
 
 def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution: int | None, cmax: int | None,
-                 device: torch.device) -> dict:
+                 device: torch.device, ch: int | None = None) -> dict:
     """The networks and optimizers of one preset (an Experiment (training/experiment.py)), shared by all of its configurations.
 
     Every norm except 'sn' uses the same D (sn builds D with spectral normalization), so one D
     (two with sn) and one G serve every configuration; their weights drift as the benchmark
-    trains them, which changes nothing in the arithmetic being timed.
+    trains them, which changes nothing in the arithmetic being timed. `ch`: the SN-GAN and BigGAN networks' base width
+    instead of the preset's.
     """
     opts = {norm: preset_experiment(cfg_name, norm=norm, resolution=resolution, batch=batch, cmax=cmax) for norm in norms}
     any_opts = next(iter(opts.values()))
-    G = build_network(any_opts.G_kwargs, device)
+    if ch is not None and configs.get_config(cfg_name).arch.startswith('stylegan'):
+        raise click.ClickException(f'--ch: {cfg_name} is narrowed by --cmax')
+    width = {} if ch is None else dict(ch=ch)
+    G = build_network(dict(any_opts.G_kwargs, **width), device)
     G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **any_opts.G_opt_kwargs)
     Ds, D_opts = {}, {}
     for norm in norms:
         sn = loss_lib.CONSTRAINTS[norm].spectral_norm
         if sn not in Ds:
-            Ds[sn] = build_network(opts[norm].D_kwargs, device)
+            Ds[sn] = build_network(dict(opts[norm].D_kwargs, **width), device)
             D_opts[sn] = dnnlib.util.construct_class_by_name(params=Ds[sn].parameters(), **opts[norm].D_opt_kwargs)
     plan = any_opts.schedule.plan(0, 0)
     return dict(cfg=configs.get_config(cfg_name), opts=opts, G=G, G_opt=G_opt, Ds=Ds, D_opts=D_opts, n_dis=plan.n_dis,
@@ -295,6 +299,8 @@ def fast_variants(cfg_name: str, D: torch.nn.Module, fast_g: str) -> list[bool |
 @click.option('--batch',                help='D batch M (G gets the preset\'s ratio)  [default: the preset\'s]; gn-stylegan(2): the minibatch', type=click.IntRange(min=2))
 @click.option('--resolution',           help='gn-stylegan, gn-stylegan2: resolution of the networks (gn-stylegan: at lod 0)', type=click.IntRange(min=8))
 @click.option('--cmax',                 help='gn-stylegan, gn-stylegan2: maximum feature maps per layer', type=click.IntRange(min=1))
+@click.option('--ch',                   help='SN-GAN and BigGAN presets: the networks\' base width instead of the preset\'s (a '
+              'quick look on a CPU)', type=click.IntRange(min=1))
 @click.option('--rounds',               help='Timed rounds (one D and one G step of every configuration each)', type=click.IntRange(min=1),
               default=5, show_default=True)
 @click.option('--warmup',               help='Untimed rounds first', type=click.IntRange(min=0), default=1, show_default=True)
@@ -310,7 +316,7 @@ def fast_variants(cfg_name: str, D: torch.nn.Module, fast_g: str) -> list[bool |
               metavar='DIR', type=click.Path(exists=True, file_okay=False))
 @click.option('--out',                  help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, precisions: list[str], batch: int | None,
-         resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
+         resolution: int | None, cmax: int | None, ch: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
          device: str | None, deterministic: bool, cuda_graphs: str, authors_code: str | None, out: str | None) -> None:
     """Seconds per D step and per G step of the presets, for each norm, fast-G setting, precision and CUDA-graph setting."""
     try:
@@ -332,7 +338,7 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     rows, authors_rows = [], []
     gradnorm_losses = authors.import_authors_code(authors_code) if authors_code is not None else None
     for name in cfg_names:  # One preset at a time: its networks, graphs and memory are its own.
-        preset = build_preset(name, norms, batch, resolution, cmax, device)
+        preset = build_preset(name, norms, batch, resolution, cmax, device, ch)
         runs = []
         for norm in norms:
             gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
