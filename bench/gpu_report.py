@@ -676,7 +676,7 @@ class Step:
 
 
 # The rehearsal (--rehearse): the options that give each command its smallest size on a CPU.
-REHEARSAL_BUDGET = {True: 1200, False: 3600}  # Seconds, by --quick: boxes that only a hung step reaches.
+REHEARSAL_BUDGET = {True: 1200, False: 6000}  # Seconds, by --quick: more than the plans; boxes only a hung step reaches.
 REHEARSAL_TESTS = 3  # Tests a test step runs: the first of a file each (rehearsal_tests).
 TRAIN_SPEED_REHEARSAL = {'--rounds': '1', '--warmup': '0', '--cuda-graphs': 'off', '--device': 'cpu'}
 TRAIN_SPEED_CUDA = 'the CUDA-graph rows (--cuda-graphs=off here), the device time from CUDA events, the peak GPU memory'
