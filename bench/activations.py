@@ -18,8 +18,8 @@ steps, in DIR/runs/METHOD-ACT. Its last snapshot is scored with the digit classi
 classified digits, the stand-in for IS) and with L_D (metrics/lipschitz.py, --ld-num real and generated images):
 for GN with a smooth activation, whose speed-ups are off, L_D shows whether ||grad f_hat|| stays bounded by 1 without
 the piecewise-linear theorem. Writes DIR/activations.json, then DIR/activations.png (FD and confident share per method,
-one bar per activation; without matplotlib one line says so), and prints the table. The paper's own command is the same with --cfg=cifar10-cnn or
---cfg=stl10-cnn (docs/results.md).
+one bar per activation; without matplotlib one line says so), and prints the table. The paper's own command is the
+same with --cfg=cifar10-cnn or --cfg=stl10-cnn (docs/results.md).
 """
 
 from __future__ import annotations
