@@ -500,6 +500,8 @@ def test_targets_read_what_the_steps_measured_and_say_what_was_not():
     assert any('cifar10-resnet iteration: bf16 / tf32' in line and '**no**' in line for line in lines)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason='with a GPU the check itself runs (and its test sample must not '
+                    'draw minutes of its rehearsal)')
 def test_the_quick_plan_rehearsed_on_the_cpu_runs_every_step(tmp_path):
     """`--quick --rehearse`: every step of the quick plan on this CPU with the GPU's command lines at their smallest
     sizes, the CUDA-only steps named as skipped; a step that fails (a bench program that stops with a traceback on
