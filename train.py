@@ -121,7 +121,7 @@ from training.step import CUDA_GRAPHS, LOSSES, NORMS, PRECISIONS  # noqa: E402
 @click.option('--resume-override', help='With --resume=PKL: accept experiment options that differ from the snapshot\'s', is_flag=True)
 @click.option('--resume-fresh-d', help='With --resume=PKL: a new run from its G and G_ema, D from scratch (a new D constraint)', is_flag=True)
 @click.option('--deterministic', help='Repeatable GPU arithmetic (slower)',                                     is_flag=True)
-@click.option('--cuda-graphs',  help='Replay the training steps as CUDA graphs: auto (one GPU, not fp16), on, off (docs/ops.md)', type=click.Choice(CUDA_GRAPHS), default='auto', show_default=True)
+@click.option('--cuda-graphs',  help='Replay the training steps as CUDA graphs: auto (one GPU, not fp16, a torch release a GPU run verified), on, off (docs/ops.md)', type=click.Choice(CUDA_GRAPHS), default='auto', show_default=True)
 @click.option('--threads',      help='CPU threads per process  [default: the cores, shared out]', metavar='INT', type=click.IntRange(min=1))
 @click.option('--workers',      help='DataLoader workers per process  [default: 3 on CUDA, 0 on a CPU]', metavar='INT', type=click.IntRange(min=0))
 @click.option('--dry-run',      help='Print the options and the schedule, and exit',                            is_flag=True)

@@ -8,6 +8,7 @@ SN-GAN and GN-GAN.
 
 Each cell is train.py itself, `--cfg=quickstart --act=ACT` with the method's constraint and loss:
 
+\b
     gan     --norm=none --loss=ns            wgan-gp  --norm=gp1 --loss=wasserstein
     sn      --norm=sn   --loss=ns            gn       --norm=gn  --loss=ns
 
@@ -16,16 +17,15 @@ steps, in DIR/runs/METHOD-ACT. Its last snapshot is scored with the digit classi
 (the Frechet distance of its features, lower is better, the stand-in for FID; and the share of confidently
 classified digits, the stand-in for IS) and with L_D (metrics/lipschitz.py, --ld-num real and generated images):
 for GN with a smooth activation, whose speed-ups are off, L_D shows whether ||grad f_hat|| stays bounded by 1 without
-the piecewise-linear theorem. Writes DIR/activations.png (FD and confident share per method, one bar per activation)
-and DIR/activations.json, and prints the table. The paper's own command is the same with --cfg=cifar10-cnn or
---cfg=stl10-cnn (docs/results.md).
+the piecewise-linear theorem. Writes DIR/activations.json, then DIR/activations.png (FD and confident share per method,
+one bar per activation; without matplotlib one line says so), and prints the table. The paper's own command is the
+same with --cfg=cifar10-cnn or --cfg=stl10-cnn (docs/results.md).
 """
 
 from __future__ import annotations
 
 import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
 
-import json
 import os
 import time
 
@@ -34,6 +34,7 @@ import click
 import torch
 
 from bench import depth_study, quickstart_quality
+from bench.common import no_figure, pyplot, write_json_atomic
 from training.networks import sngan
 
 METHODS = {'gan': ('none', 'ns'), 'wgan-gp': ('gp1', 'wasserstein'), 'sn': ('sn', 'ns'), 'gn': ('gn', 'ns')}
@@ -42,10 +43,7 @@ METHOD_NAMES = {'gan': 'GAN', 'wgan-gp': 'WGAN-GP', 'sn': 'SN-GAN', 'gn': 'GN-GA
 #----------------------------------------------------------------------------
 
 
-def draw(cells: dict, methods: list[str], acts: list[str], path: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+def draw(plt, cells: dict, methods: list[str], acts: list[str], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
     width = 0.8 / len(acts)
     for ax, key, label in [(axes[0], 'confident', 'confidently classified digits (higher is better)'),
@@ -105,10 +103,12 @@ def main(outdir: str, methods: str, acts: str, steps: int, num: int, ld_num: int
             cells[f'{method}-{act}'] = dict(method=method, act=act, command=' '.join(['python train.py --cfg=quickstart'] + options),
                                             run_dir=run_dir, **point)
             log(f'{method} {act}: confident {point["confident"]:.1%}, FD {point["fd"]:.1f}, L_D {point["l_d"]:.3g}')
-    draw(cells, methods, acts, os.path.join(outdir, 'activations.png'))
-    with open(os.path.join(outdir, 'activations.json'), 'wt') as f:
-        json.dump(dict(classifier_accuracy=judge['accuracy'], steps=steps, num=num, ld_num=ld_num,
-                       torch=torch.__version__, seconds=time.time() - start, cells=cells), f, indent=2)
+    write_json_atomic(os.path.join(outdir, 'activations.json'), dict(
+        classifier_accuracy=judge['accuracy'], steps=steps, num=num, ld_num=ld_num, torch=torch.__version__,
+        seconds=time.time() - start, cells=cells))
+    plt = pyplot()
+    if plt is not None:
+        draw(plt, cells, methods, acts, os.path.join(outdir, 'activations.png'))
     log('')
     log('| method | ' + ' | '.join(acts) + ' |')
     log('|---|' + '---|' * len(acts))
@@ -116,7 +116,8 @@ def main(outdir: str, methods: str, acts: str, steps: int, num: int, ld_num: int
         log(f'| {METHOD_NAMES[method]} | ' + ' | '.join(
             f'{cells[f"{method}-{act}"]["confident"]:.0%}, FD {cells[f"{method}-{act}"]["fd"]:.0f}, '
             f'L_D {cells[f"{method}-{act}"]["l_d"]:.2g}' for act in acts) + ' |')
-    log(f'wrote {os.path.join(outdir, "activations.png")} and activations.json ({time.time() - start:.0f} s)')
+    log(f'wrote {os.path.join(outdir, "activations.json")} ({time.time() - start:.0f} s); ' +
+        ('and activations.png' if plt is not None else no_figure('activations.png')))
 
 
 if __name__ == '__main__':

@@ -52,6 +52,23 @@ def parse_list(choices: tuple[str, ...]) -> Callable:
     return callback
 
 
+def pyplot() -> object | None:
+    """matplotlib.pyplot on its file backend (Agg), or None where matplotlib is not installed: only the bench programs'
+    figures need it, and each writes its numbers first and says in one line what the figure lacks (no_figure)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def no_figure(figure: str) -> str:
+    """The line a bench program prints where pyplot() is None."""
+    return f'{figure} not drawn: it needs matplotlib (pip install matplotlib); the numbers are written'
+
+
 def write_json_atomic(path: str, data: dict) -> None:
     """Write `data` as JSON to `path` through a temporary file, so that no half-written file is left."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -44,7 +44,7 @@ import click
 
 import torch
 
-from bench.common import write_json_atomic
+from bench.common import no_figure, pyplot, write_json_atomic
 from bench.quickstart_quality import generate, judge, trained_judge
 from torch_utils import misc
 from training.step import loss as loss_lib
@@ -154,11 +154,8 @@ def score_run(run_dir: str, judge_kit: dict, num: int, seed: int) -> dict:
 
 def write_chart(rows: list[dict], runs: list[dict], path: str) -> bool:
     """quality.png: confident share against kimg per setting (mean over seeds, min-max shaded); False without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
     for row in rows:
@@ -253,7 +250,7 @@ def main(out: str, cfg: str, settings: list[tuple[str, str]], seeds: str, steps:
                 f'deviation over seeds; sec/kimg: median tick of each run, mean over seeds.\n\n{table}\n')
     print(table)
     if not write_chart(rows, runs, os.path.join(out, 'quality.png')):
-        print('quality.png skipped: matplotlib is not installed (pip install matplotlib)')
+        print(no_figure('quality.png'))
     write_samples(runs, os.path.join(out, 'samples.png'))
     print(f'Results in {out}: results.json, results.md, quality.png, samples.png')
 

@@ -9,6 +9,7 @@ Wasserstein loss.
 Each run is train.py itself (`--cfg=quickstart --loss=wasserstein --norm=NORM --depth=N`, --steps G steps,
 --snapshots snapshots evenly spaced), in DIR/runs/NORM-NL. Then every snapshot is measured here:
 
+\b
   (a) quality over training: the Frechet distance of the digit classifier's features between --num generated images
       and its training digits (bench/quickstart_quality.py; the digits' stand-in for the paper's Inception Score;
       lower is better);
@@ -17,9 +18,9 @@ Each run is train.py itself (`--cfg=quickstart --loss=wasserstein --norm=NORM --
   (c) the operator norm of each layer of the deepest SN and GN discriminators at their last snapshot
       (metrics/layer_norms.py).
 
-Writes DIR/depth_study.png (the three panels) and DIR/depth_study.json (every number, with the commands), and prints
-the final L_D per depth and norm. The paper's own command is the same with --cfg=cifar10-cnn on CIFAR-10
-(docs/results.md).
+Writes DIR/depth_study.json (every number, with the commands), then DIR/depth_study.png (the three panels; without
+matplotlib one line says so), and prints the final L_D per depth and norm. The paper's own command is the same with
+--cfg=cifar10-cnn on CIFAR-10 (docs/results.md).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
 
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -40,6 +40,7 @@ import torch
 import dnnlib
 from bench import layer_norms as layer_norms_command
 from bench import quickstart_quality
+from bench.common import no_figure, pyplot, write_json_atomic
 from metrics import layer_norms, metric_main
 from torch_utils import persistence
 from training.step.loss import NORMS, LossScore
@@ -90,10 +91,7 @@ def measure_snapshot(path: str, judge: dict, num: int, ld_num: int, seed: int = 
                 l_d=result.results['lipschitz1k'])
 
 
-def draw(runs: dict, panel_c: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+def draw(plt, runs: dict, panel_c: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.6))
     colors = plt.get_cmap('viridis')
     depths = sorted({run['depth'] for run in runs.values()})
@@ -162,10 +160,12 @@ def main(outdir: str, depths: list[int], norms: str, steps: int, snapshots: int,
         run['layer_norms'] = [dict(name=n.name, operator_norm=n.operator_norm, sigma_reshaped=n.sigma_reshaped,
                                    sigma_raw=n.sigma_raw) for n in norms_of_layers]
         panel_c[f'{norm.upper()}-{deepest}L'] = norms_of_layers
-    draw(runs, panel_c, os.path.join(outdir, 'depth_study.png'))
-    with open(os.path.join(outdir, 'depth_study.json'), 'wt') as f:
-        json.dump(dict(commands=commands, classifier_accuracy=judge['accuracy'], steps=steps, ld_num=ld_num, num=num,
-                       torch=torch.__version__, seconds=time.time() - start, runs=runs), f, indent=2)
+    write_json_atomic(os.path.join(outdir, 'depth_study.json'), dict(
+        commands=commands, classifier_accuracy=judge['accuracy'], steps=steps, ld_num=ld_num, num=num,
+        torch=torch.__version__, seconds=time.time() - start, runs=runs))
+    plt = pyplot()
+    if plt is not None:
+        draw(plt, runs, panel_c, os.path.join(outdir, 'depth_study.png'))
     log('')
     log('| depth | ' + ' | '.join(f'{norm.upper()} L_D (last) | {norm.upper()} FD (last)' for norm in norms) + ' |')
     log('|---|' + '---|---|' * len(norms))
@@ -173,7 +173,8 @@ def main(outdir: str, depths: list[int], norms: str, steps: int, snapshots: int,
         cells = [f'{runs[f"{norm}-{depth}L"]["snapshots"][-1]["l_d"]:.3g} | {runs[f"{norm}-{depth}L"]["snapshots"][-1]["fd"]:.1f}'
                  for norm in norms]
         log(f'| {depth} | ' + ' | '.join(cells) + ' |')
-    log(f'wrote {os.path.join(outdir, "depth_study.png")} and depth_study.json ({time.time() - start:.0f} s)')
+    log(f'wrote {os.path.join(outdir, "depth_study.json")} ({time.time() - start:.0f} s); ' +
+        ('and depth_study.png' if plt is not None else no_figure('depth_study.png')))
 
 
 if __name__ == '__main__':

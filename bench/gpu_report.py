@@ -3,6 +3,7 @@ time-boxed GN-StyleGAN run on the embedded digits, scored; one report, kept up t
 
     python -m bench.gpu_report --quick                  # planned at most 360 s on one H100/H200
     python -m bench.gpu_report --outdir=h100-report     # more repeats, configurations and training time
+    python -m bench.gpu_report --quick --rehearse       # on a CPU: every step of the quick plan at its smallest size
 
 Budget. The whole run is bounded by --budget seconds, counted from the start of the process (--quick: 360,
 the sum of its steps' plans below; the full run: the sum of its plans). A GPU is often lent for a fixed time
@@ -88,7 +89,16 @@ Steps, in order of value, with their planned seconds (--quick / full run):
 The report ends with the targets of the training step (CUDA graphs) on one H100/H200, each measured value
 against its bound: the cifar10-resnet iteration with graphs at most 0.45x the authors' code with GN and 0.5x
 without a constraint (needs --authors-code), GN's cost over no constraint at most 1.4x, bf16 faster than tf32
-for every SN-GAN and BigGAN preset, the --cmax=32 digits step at most 20 ms.
+for every SN-GAN and BigGAN preset, the --cmax=32 digits step at most 20 ms. Then, where the graph tests passed (the
+step that ran tests/test_graphs.py and tests/test_training_step.py with the GPU visible ended with none failed),
+the line to add to torch_utils/compat.py's CUDA_GRAPHS_VERIFIED: --cuda-graphs=auto captures only on those releases.
+
+The rehearsal (--rehearse; --quick: the quick plan, else the full one): every step on this CPU, with the same
+command lines at the smallest sizes they take (REHEARSAL_* below: one timed round, narrow networks, a few digits
+steps scored on a few images, the first test of REHEARSAL_TESTS files), each reported ok or failed with the last
+line of its log; what only CUDA does is named as skipped: the build, the self-check and the chooser (whole steps),
+bench/ops.py and bench/stylegan.py (their command lines parsed by their own parsers, not run), the CUDA-graph rows,
+CUDA events and peak memory, the tests marked gpu. So a lent GPU never meets a Python error a CPU could have shown.
 
 Without a GPU the report says "no GPU" for the steps after the build and still records the environment and
 the build (with a CUDA build of torch, the real build). --outdir receives at most five files: report.md
@@ -126,7 +136,7 @@ import torch
 
 import dnnlib
 from ops import bias_act, upfirdn2d
-from torch_utils import custom_ops, kernel_choice
+from torch_utils import compat, custom_ops, kernel_choice
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # The repository: children run there.
 PLUGINS = {'bias_act': bias_act._plugin, 'upfirdn2d': upfirdn2d._plugin}  # pylint: disable=protected-access
@@ -182,7 +192,8 @@ class Child:
     started), its output into a log."""
 
     def __init__(self, command: Sequence[str], log_path: str) -> None:
-        self.command, self.log_name, self.start = list(command), os.path.basename(log_path), time.monotonic()
+        self.command, self.log_path, self.start = list(command), log_path, time.monotonic()
+        self.log_name = os.path.basename(log_path)
         with open(log_path, 'w') as log:
             self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True, preexec_fn=_take_stop_signals)
@@ -213,8 +224,11 @@ class Child:
         self.process.wait()
 
     def result(self, returncode: Optional[int]) -> dict:
+        with open(self.log_path, 'rb') as f:
+            lines = [line.strip() for line in f.read()[-4096:].decode(errors='replace').splitlines() if line.strip()]
         return dict(command=' '.join(self.command[1:]), returncode=returncode, seconds=time.monotonic() - self.start,
-                    stopped_at_box=returncode is None, ok=returncode == 0, log=f'logs.tar.gz: {self.log_name}')
+                    stopped_at_box=returncode is None, ok=returncode == 0, log=f'logs.tar.gz: {self.log_name}',
+                    last_line=lines[-1][:300] if lines else '')
 
 
 def run_child(command: Sequence[str], log_path: str, box: float, **stop_kwargs) -> dict:
@@ -245,6 +259,7 @@ class Context:
     outdir: str
     quick: bool
     authors_code: Optional[str] = None  # A checkout of the authors' code (bench/authors.py), or None.
+    rehearse: bool = False  # --rehearse: every step on this CPU at the smallest size its command takes.
     tests: Optional[List[dict]] = None  # The suite's tests once collected (collect_tests).
     key: str = ''
     deadline: float = 0.0  # time.monotonic() at which the running step's box ends
@@ -267,7 +282,19 @@ def environment(ctx: Context) -> dict:
     return dict(ok=True, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
                 platform=platform.platform(), python=platform.python_version(), torch=torch.__version__,
                 torch_cuda=torch.version.cuda, gpus=gpus, cuda_home=cuda_home, cuda_home_rejected=tried,
-                arch_list=arch_list, cpus=os.cpu_count())
+                arch_list=arch_list, cpus=os.cpu_count(), commit=_commit())
+
+
+def _commit() -> str:
+    """The checkout's commit (and '+changes' where files differ from it), or 'unknown' outside a git checkout."""
+    run = lambda *args: subprocess.run(['git', *args], cwd=ROOT, capture_output=True, text=True)
+    try:
+        head, status = run('rev-parse', '--short=12', 'HEAD'), run('status', '--porcelain', '--untracked-files=no')
+    except OSError:  # No git.
+        return 'unknown'
+    if head.returncode != 0:
+        return 'unknown'
+    return head.stdout.strip() + ('+changes' if status.stdout.strip() else '')
 
 
 def build_plugin(name: str, json_path: str) -> None:
@@ -410,7 +437,10 @@ def _pytest(ctx: Context, name: str, args: Sequence[str] = (), env: Optional[Dic
 
 
 def run_test_suite(ctx: Context) -> dict:
-    """The whole suite with the GPU visible (tests marked gpu run; the others pin the CPU)."""
+    """The whole suite with the GPU visible (tests marked gpu run; the others pin the CPU); rehearsed: rehearsal_tests of
+    it, selected as the quick run selects its tests."""
+    if ctx.rehearse:
+        return _run_selected(ctx, 'tests', [t['id'] for t in collect_tests(ctx)], 'the whole suite')
     return _pytest(ctx, 'tests')
 
 
@@ -494,8 +524,19 @@ def quick_test_plan(tests: List[dict], workers: int, sample_seconds: float, seed
                 rest=sum(len(ids) for ids in by_file.values()))
 
 
+def rehearsal_tests(ids: List[str]) -> List[str]:
+    """What a test step runs in the rehearsal: the first of `ids` of each file, from its first REHEARSAL_TESTS files."""
+    firsts: Dict[str, str] = {}
+    for i in ids:
+        firsts.setdefault(i.split('::')[0], i)
+    return list(firsts.values())[:REHEARSAL_TESTS]
+
+
 def _run_selected(ctx: Context, name: str, ids: List[str], what: str) -> dict:
-    """The tests `ids` through _pytest, selected by this module as a pytest plugin (node ids need no quoting)."""
+    """The tests `ids` through _pytest, selected by this module as a pytest plugin (node ids need no quoting); in the
+    rehearsal, rehearsal_tests of them."""
+    if ctx.rehearse:
+        ids, what = rehearsal_tests(ids), f'rehearsed: the first test of a file each of {what}'
     json_path = os.path.join(ctx.workdir, f'{name}-selected.json')
     with open(json_path, 'w') as f:
         json.dump(ids, f)
@@ -536,10 +577,12 @@ def suite_counts(xml_path: str) -> dict:
 def digits_run(ctx: Context, device: str = 'cuda') -> dict:
     """DIGITS_COMMAND on `device` for what the box leaves after DIGITS_SCORING seconds (at most
     DIGITS_TRAINING_MAX), then stopped (snapshots are written whole or not at all); its last grid copied to
-    outdir/digits-fakes.png, its last snapshot scored (score_digits) in the rest of the box."""
+    outdir/digits-fakes.png, its last snapshot scored (score_digits) in the rest of the box. Rehearsed: on the CPU, a
+    few steps of narrow networks (DIGITS_REHEARSAL), scored on a few images by a briefly trained judge."""
     runs = os.path.join(ctx.workdir, 'digits')
     training = max(min(ctx.deadline - time.monotonic() - DIGITS_SCORING, DIGITS_TRAINING_MAX[ctx.quick]), 0)
-    command = [sys.executable, *DIGITS_COMMAND, f'--outdir={runs}', f'--device={device}']
+    device = 'cpu' if ctx.rehearse else device
+    command = [sys.executable, *rehearsed(DIGITS_COMMAND, DIGITS_REHEARSAL, ctx), f'--outdir={runs}', f'--device={device}']
     train = run_child(command, os.path.join(ctx.workdir, 'digits-train.log'), training + STOP_GRACE)
     result = dict(train, training_box=training, returncode='stopped after the time box' if train['stopped_at_box']
                   else train['returncode'])
@@ -550,7 +593,7 @@ def digits_run(ctx: Context, device: str = 'cuda') -> dict:
             shutil.copyfile(grids[-1], tmp)
         result['grid'] = f'digits-fakes.png (from {os.path.basename(grids[-1])})'
     result['snapshot'] = os.path.basename(snapshots[-1]) if snapshots else None
-    result['score'] = score_digits(ctx, snapshots[-1], device) if snapshots else None
+    result['score'] = score_digits(ctx, snapshots[-1], device, SCORE_REHEARSAL if ctx.rehearse else ()) if snapshots else None
     result['ok'] = result['score'] is not None and result['score']['ok']
     result['stopped_at_box'] = result['score'] is not None and result['score']['stopped_at_box']
     return result
@@ -558,9 +601,12 @@ def digits_run(ctx: Context, device: str = 'cuda') -> dict:
 
 def digits_stylegan2_run(ctx: Context, device: str = 'cuda') -> dict:
     """SG2_DIGITS_COMPARE on `device` in the box: every run that ended with its final scores and time per kimg; the
-    runs' final samples (compare.py's samples.png) copied to outdir/digits-stylegan2.png."""
+    runs' final samples (compare.py's samples.png) copied to outdir/digits-stylegan2.png. Rehearsed: on the CPU, runs of
+    a few steps of narrow networks (SG2_DIGITS_REHEARSAL), each scored on a few images."""
     out = os.path.join(ctx.workdir, 'compare-stylegan2')
-    command = [sys.executable, *SG2_DIGITS_COMPARE, f'--out={out}', f'--extra={SG2_DIGITS_EXTRA} --device={device}']
+    device, extra = ('cpu', SG2_DIGITS_REHEARSAL_EXTRA) if ctx.rehearse else (device, SG2_DIGITS_EXTRA)
+    command = [sys.executable, *rehearsed(SG2_DIGITS_COMPARE, SG2_DIGITS_REHEARSAL, ctx), f'--out={out}',
+               f'--extra={extra} --device={device}']
     result = run_child(command, os.path.join(ctx.workdir, 'digits-stylegan2.log'), ctx.deadline - time.monotonic())
     manifest_path = os.path.join(out, 'manifest.json')
     runs = json.load(open(manifest_path))['runs'] if os.path.isfile(manifest_path) else {}
@@ -579,14 +625,44 @@ def score_digits(ctx: Context, snapshot: str, device: str, score_args: Sequence[
                        ctx.workdir, 'digits-quality', ctx.deadline - time.monotonic())
 
 
-def bench_step(module: str, args: Dict[bool, List[str]], authors: bool = False) -> Callable[[Context], dict]:
+def bench_step(module: str, args: Dict[bool, List[str]], authors: bool = False,
+               rehearsal: Optional[Dict[str, str]] = None) -> Callable[[Context], dict]:
     """A step that runs a bench program (`module`) writing --out=JSON, with args[quick] (and `authors`: the authors' code, when
-    given, as --authors-code)."""
+    given, as --authors-code). Rehearsed: with the options of `rehearsal` in place of the same ones (the smallest sizes,
+    the CPU); None: the program needs a CUDA GPU, and the rehearsal parses its command line with the program's own
+    parser without running it."""
     def run(ctx: Context) -> dict:
         extra = [f'--authors-code={ctx.authors_code}'] if authors and ctx.authors_code else []
-        return _json_bench(module, args[ctx.quick] + extra, ctx.workdir, ctx.key.replace('_', '-'),
-                           ctx.deadline - time.monotonic())
+        if ctx.rehearse and rehearsal is None:
+            return parse_only(module, args[ctx.quick] + extra)
+        return _json_bench(module, rehearsed(args[ctx.quick], rehearsal or {}, ctx) + extra, ctx.workdir,
+                           ctx.key.replace('_', '-'), ctx.deadline - time.monotonic())
     return run
+
+
+def rehearsed(args: Sequence[str], rehearsal: Dict[str, str], ctx: Context) -> List[str]:
+    """`args` as the rehearsal runs them (ctx.rehearse): each --name=value of `rehearsal` in place of the same option of
+    `args`, or added; otherwise `args` as they are."""
+    if not ctx.rehearse:
+        return list(args)
+    out, names = [], set()
+    for arg in args:
+        name = arg.split('=', 1)[0]
+        out.append(f'{name}={rehearsal[name]}' if name in rehearsal else arg)
+        names.add(name)
+    return out + [f'{name}={value}' for name, value in rehearsal.items() if name not in names]
+
+
+def parse_only(module: str, args: List[str]) -> dict:
+    """The rehearsal of a bench program that needs a CUDA GPU: `args` read by the program's own command line parser
+    (an option it does not know or a value it refuses fails the step), not run."""
+    command = importlib.import_module(module).main
+    try:
+        command.make_context(module, list(args) + ['--out=rehearsal.json'])
+    except click.ClickException as err:
+        return dict(ok=False, stopped_at_box=False, last_line=err.format_message(),
+                    note=f'{module} refused its command line `{" ".join(args)}`: {err.format_message()}')
+    return dict(ok=True, stopped_at_box=False, note=f'{module} needs a CUDA GPU: its command line parsed, not run')
 
 
 @dataclasses.dataclass
@@ -596,60 +672,86 @@ class Step:
     run: Callable[[Context], dict]  # -> its result: 'ok', 'stopped_at_box' and what it measured
     seconds: Dict[bool, Optional[float]]  # planned seconds by --quick; None: not part of that run
     needs: Sequence[str] = ()  # what must hold: 'cuda' (a CUDA build of torch), 'gpu', 'built' (both plugins)
+    cuda_only: str = ''  # What of the step only CUDA does, which the rehearsal skips (all of it: needs 'cuda' or 'built').
+
+
+# The rehearsal (--rehearse): the options that give each command its smallest size on a CPU.
+REHEARSAL_BUDGET = {True: 1200, False: 6000}  # Seconds, by --quick: more than the plans; boxes only a hung step reaches.
+REHEARSAL_TESTS = 3  # Tests a test step runs: the first of a file each (rehearsal_tests).
+TRAIN_SPEED_REHEARSAL = {'--rounds': '1', '--warmup': '0', '--cuda-graphs': 'off', '--device': 'cpu'}
+TRAIN_SPEED_CUDA = 'the CUDA-graph rows (--cuda-graphs=off here), the device time from CUDA events, the peak GPU memory'
+SNGAN_REHEARSAL = dict(TRAIN_SPEED_REHEARSAL, **{'--batch': '2', '--ch': '2'})
+STYLEGAN_REHEARSAL = dict(TRAIN_SPEED_REHEARSAL, **{'--resolution': '32', '--cmax': '4', '--batch': '4'})
+DIGITS_REHEARSAL = {'--cmax': '4', '--map-dim': '16', '--batch': '4', '--lod-kimg': '0.008', '--kimg': '0.016',
+                    '--tick': '0.004', '--snap': '1', '--workers': '0'}
+SCORE_REHEARSAL = ('--num=20', '--epochs=1')  # The scoring of the digits: a few images, a judge trained for one epoch.
+SG2_DIGITS_REHEARSAL = {'--kimg': '0.008', '--snaps': '1', '--num': '20'}
+SG2_DIGITS_REHEARSAL_EXTRA = '--cmax=4 --map-dim=8 --batch=4 --workers=0'
+TESTS_CUDA = 'the tests marked gpu (pytest skips them without a GPU)'
 
 
 SNGAN_PRESETS = 'cifar10-cnn,cifar10-resnet,stl10-cnn,stl10-resnet,cifar10-biggan,celebahq128-resnet,celebahq256-resnet'
 # In order of value, with their planned seconds: the module docstring's table.
 STEPS = [
     Step('environment', 'Environment', environment, {True: 5, False: 5}),
-    Step('build', 'Build (torch_utils/custom_ops.py)', build, {True: 60, False: 300}, ('cuda',)),
+    Step('build', 'Build (torch_utils/custom_ops.py)', build, {True: 60, False: 300}, ('cuda',),
+         'the plugins\' build needs a CUDA build of torch and the CUDA toolkit'),
     Step('first_tests', 'Tests marked gpu and the CUDA-graph checks (python -m pytest, GPU visible)', run_first_tests,
-         {True: 70, False: None}, ('gpu',)),
+         {True: 70, False: None}, ('gpu',), TESTS_CUDA),
     Step('self_check', 'Self-check (first use of each configuration)', self_check, {True: 10, False: 30},
-         ('gpu', 'built')),
+         ('gpu', 'built'), 'the kernels\' self-check runs the built plugins on the GPU'),
     Step('choices', 'Kernel or reference (the chooser, first use of each shape)', op_choices, {True: 10, False: 60},
-         ('gpu', 'built')),
-    Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: None, False: 900}, ('gpu',)),
+         ('gpu', 'built'), 'the chooser times the built plugins on the GPU'),
+    Step('test_suite', 'Test suite (python -m pytest, GPU visible)', run_test_suite, {True: None, False: 900}, ('gpu',),
+         TESTS_CUDA),
     Step('test_sample', 'A sample of the other tests (python -m pytest, GPU visible)', run_test_sample,
-         {True: 50, False: None}, ('gpu',)),
+         {True: 50, False: None}, ('gpu',), TESTS_CUDA),
     Step('bench_ops', 'Ops (bench/ops.py)', bench_step('bench.ops', {
-        True: ['--repeats=5', '--warmup=2', '--sizes=8,32'], False: []}), {True: 15, False: 300}, ('gpu',)),
+        True: ['--repeats=5', '--warmup=2', '--sizes=8,32'], False: []}), {True: 15, False: 300}, ('gpu',),
+         'bench/ops.py times the CUDA kernels: its command line is parsed, not run'),
     Step('train_speed', 'Training speed, cifar10-resnet, CUDA graphs and eager (bench/train_speed.py)',
          bench_step('bench.train_speed', {
              True: ['--norms=gn,none', '--precisions=tf32,bf16', '--cuda-graphs=both', '--rounds=3'],
              False: ['--norms=gn,none', '--linear-d=both', '--fuse-d=both', '--precisions=fp32,tf32,bf16',
-                     '--cuda-graphs=both']}, authors=True),
-         {True: 30, False: 400}, ('gpu',)),
+                     '--cuda-graphs=both']}, authors=True, rehearsal=SNGAN_REHEARSAL),
+         {True: 30, False: 400}, ('gpu',), TRAIN_SPEED_CUDA),
     Step('train_speed_deterministic', 'Training speed, cifar10-resnet with --deterministic (bench/train_speed.py)',
-         bench_step('bench.train_speed', {False: ['--norms=gn,none', '--precisions=tf32', '--deterministic']}),
-         {True: None, False: 120}, ('gpu',)),
+         bench_step('bench.train_speed', {False: ['--norms=gn,none', '--precisions=tf32', '--deterministic']},
+                    rehearsal=SNGAN_REHEARSAL),
+         {True: None, False: 120}, ('gpu',), TRAIN_SPEED_CUDA),
     Step('train_speed_digits', 'Training speed, gn-stylegan on the digits at --cmax=32, batch 32, CUDA graphs and eager '
          '(bench/train_speed.py)', bench_step('bench.train_speed', {
              quick: ['--cfg=gn-stylegan', '--resolution=32', '--cmax=32', '--batch=32', '--norms=gn', '--precisions=tf32',
-                     '--cuda-graphs=both', f'--rounds={3 if quick else 10}'] for quick in (True, False)}),
-         {True: 15, False: 60}, ('gpu',)),
+                     '--cuda-graphs=both', f'--rounds={3 if quick else 10}'] for quick in (True, False)},
+                                                   rehearsal=STYLEGAN_REHEARSAL),
+         {True: 15, False: 60}, ('gpu',), TRAIN_SPEED_CUDA),
     Step('train_speed_presets', 'Training speed of the paper\'s SN-GAN and BigGAN presets with GN, tf32 and bf16, as train.py '
          'runs them: the time column of docs/reproduce.md (bench/train_speed.py)', bench_step('bench.train_speed', {
              quick: [f'--cfg={SNGAN_PRESETS}', '--norms=gn', '--fast-g=default', '--precisions=tf32,bf16']
-             + (['--rounds=1'] if quick else []) for quick in (True, False)}),
-         {True: 45, False: 300}, ('gpu',)),
+             + (['--rounds=1'] if quick else []) for quick in (True, False)},
+             rehearsal=SNGAN_REHEARSAL),
+         {True: 45, False: 300}, ('gpu',), TRAIN_SPEED_CUDA),
     Step('stylegan', 'GN-StyleGAN steps at 256x256 and 1024x1024, batch 4, kernels against reference ops '
          '(bench/stylegan.py)', bench_step('bench.stylegan', {
              quick: ['--resolutions=256,1024', '--max-resolution=1024', '--impl=both']
              + (['--steps=5', '--warmup=2'] if quick else []) for quick in (True, False)}),
-         {True: 25, False: 300}, ('gpu',)),
+         {True: 25, False: 300}, ('gpu',), 'bench/stylegan.py needs a CUDA GPU: its command line is parsed, not run'),
     Step('train_speed_stylegan', 'Training speed, gn-stylegan at 256x256 by precision (bench/train_speed.py)',
          bench_step('bench.train_speed', {False: ['--cfg=gn-stylegan', '--resolution=256', '--batch=16',
-                                                     '--norms=gn,none', '--precisions=fp32,tf32,bf16,fp16']}),
-         {True: None, False: 600}, ('gpu',)),
+                                                     '--norms=gn,none', '--precisions=fp32,tf32,bf16,fp16']},
+                    rehearsal=STYLEGAN_REHEARSAL),
+         {True: None, False: 600}, ('gpu',), TRAIN_SPEED_CUDA),
     Step('train_speed_stylegan_1024', 'Training speed, gn-stylegan at 1024x1024, batch 4 (bench/train_speed.py)',
          bench_step('bench.train_speed', {False: ['--cfg=gn-stylegan', '--resolution=1024', '--batch=4',
-                                                     '--norms=gn,none', '--precisions=tf32,bf16']}),
-         {True: None, False: 300}, ('gpu',)),
+                                                     '--norms=gn,none', '--precisions=tf32,bf16']},
+                    rehearsal=STYLEGAN_REHEARSAL),
+         {True: None, False: 300}, ('gpu',), TRAIN_SPEED_CUDA),
     Step('stylegan2', 'gn-stylegan2 iterations at 256x256 and 1024x1024, tf32/bf16/fp16, kernels against reference ops '
          '(bench/stylegan2.py)', bench_step('bench.stylegan2', {False: ['--resolutions=256,1024',
-                                                                          '--precisions=tf32,bf16,fp16', '--impl=both']}),
-         {True: None, False: 300}, ('gpu',)),
+                                                                          '--precisions=tf32,bf16,fp16', '--impl=both']},
+                                            rehearsal={'--resolutions': '32', '--cmax': '4', '--steps': '1',
+                                                       '--warmup': '0', '--device': 'cpu'}),
+         {True: None, False: 300}, ('gpu',), 'the CUDA kernels (impl cuda runs the reference ops), the peak GPU memory'),
     Step('digits', 'GN-StyleGAN on the embedded digits, time-boxed, scored (bench/quickstart_quality.py)', digits_run,
          {True: 25, False: 750}, ('gpu',)),
     Step('digits_stylegan2', 'gn-stylegan2 on the digits: GN, R1 and no constraint at equal kimg, docs/results.md\'s '
@@ -669,12 +771,14 @@ class Report:
     """report.json, report.md and logs.tar.gz in `outdir`, rewritten whole (atomically) whenever a step starts or
     ends, so that at any moment they hold everything finished."""
 
-    def __init__(self, outdir: str, workdir: str, quick: bool, budget: float, steps: List[Step], start: float) -> None:
+    def __init__(self, outdir: str, workdir: str, quick: bool, budget: float, steps: List[Step], start: float,
+                 rehearse: bool = False) -> None:
         self.outdir, self.workdir, self.start = outdir, workdir, start
-        self.data = dict(command='python -m bench.gpu_report' + (' --quick' if quick else ''), quick=quick,
-                         budget_s=budget, seconds=0.0, stopped=None,
+        self.data = dict(command='python -m bench.gpu_report' + (' --quick' if quick else '') + (' --rehearse' if rehearse
+                         else ''), quick=quick, rehearsal=rehearse, budget_s=budget, seconds=0.0, stopped=None,
                          steps=[dict(key=s.key, title=s.title, planned_s=s.seconds[quick], status='not run',
-                                     why='not reached yet', box_s=None, seconds=None, result=None) for s in steps])
+                                     why='not reached yet', box_s=None, seconds=None, result=None,
+                                     **(dict(cuda_only=s.cuda_only) if rehearse else {})) for s in steps])
 
     def step(self, key: str) -> dict:
         return next(entry for entry in self.data['steps'] if entry['key'] == key)
@@ -710,11 +814,14 @@ def _why_not(step: Step, report: Report, gpu: bool) -> Optional[str]:
 def run_steps(report: Report, steps: List[Step], ctx: Context) -> None:
     """Each step in order, in its box; the report written as each starts and ends. A step that raises ends the
     run (the rest not run, because it crashed); Stopped (a signal) propagates once the report says so."""
-    gpu = _has_gpu()
+    gpu = _has_gpu() or ctx.rehearse  # The rehearsal runs the GPU's steps on the CPU.
     running = None  # (step, its entry, its start) while a step runs
     try:
         for i, step in enumerate(steps):
             entry = report.step(step.key)
+            if ctx.rehearse and {'cuda', 'built'} & set(step.needs):
+                entry.update(status='skipped', why=f'CUDA only: {step.cuda_only}')
+                continue
             why = _why_not(step, report, gpu)
             left = report.start + report.data['budget_s'] - REPORT_RESERVE - time.monotonic()
             later = sum(s.seconds[ctx.quick] for s in steps[i + 1:] if _why_not(s, None, gpu) is None)
@@ -745,7 +852,8 @@ def run_steps(report: Report, steps: List[Step], ctx: Context) -> None:
             entry.update(status=status, seconds=time.monotonic() - running[2], result=result)
             running = None
             report.write()
-            click.echo(f'[{time.monotonic() - report.start:4.0f} s] {step.title}: {status} in {entry["seconds"]:.0f} s')
+            last = f': {result["last_line"]}' if result.get('last_line') else ''
+            click.echo(f'[{time.monotonic() - report.start:4.0f} s] {step.title}: {status} in {entry["seconds"]:.0f} s{last}')
     except Stopped as stop:
         if running is not None:
             step, entry, start = running
@@ -816,7 +924,7 @@ def _suite_lines(result: dict) -> List[str]:
 
 
 def _ops_lines(result: dict) -> List[str]:
-    lines = [_subprocess_line(result)]
+    lines = [_subprocess_line(result)] if 'command' in result else []  # None: parsed only (the rehearsal).
     data = result.get('data')
     if data:
         lines += [''] + _table(data['results'], ['op', 'shape', 'dtype', 'pass_name', 'ref_ms', 'cuda_ms', 'speedup',
@@ -900,6 +1008,8 @@ RENDER = dict(build=_build_lines, self_check=_self_check_lines, choices=_choices
 def _status_line(entry: dict) -> str:
     if entry['status'] == 'not run':
         return f'Not run: {entry["why"]}.'
+    if entry['status'] == 'skipped':
+        return f'Skipped in the rehearsal: {entry["why"]}.'
     if entry['status'] == 'running':
         return f'Running when this report was written (box {entry["box_s"]:.0f} s).'
     took = '' if entry['seconds'] is None else f' after {entry["seconds"]:.0f} s'
@@ -909,19 +1019,21 @@ def _status_line(entry: dict) -> str:
 
 def markdown(data: dict) -> str:
     env = next((e['result'] for e in data['steps'] if e['key'] == 'environment'), None)
-    lines = [f'## GPU report, {env["date"] if env else "environment not recorded"}', '']
+    title = 'The GPU check rehearsed on the CPU' if data.get('rehearsal') else 'GPU report'
+    lines = [f'## {title}, {env["date"] if env else "environment not recorded"}', '']
     if env:
         gpus = ', '.join(f'{g["name"]} (sm {g["capability"]}, {g["memory_gib"]} GiB)' for g in env['gpus']) or 'no GPU'
         lines += [f'- Device: {gpus}; {env["cpus"]} CPU cores',
                   f'- torch {env["torch"]} (CUDA {env["torch_cuda"]}), Python {env["python"]}, {env["platform"]}',
-                  f'- CUDA toolkit found by custom_ops: {env["cuda_home"]}; TORCH_CUDA_ARCH_LIST {env["arch_list"]}']
+                  f'- CUDA toolkit found by custom_ops: {env["cuda_home"]}; TORCH_CUDA_ARCH_LIST {env["arch_list"]}',
+                  f'- Commit: {env.get("commit", "not recorded")}']
     ended = f'stopped: {data["stopped"]}' if data['stopped'] else 'in all'
     lines += [f'- Command: `{data["command"]}`, budget {data["budget_s"]:.0f} s; {data["seconds"]:.0f} s {ended}', '',
               '| step | planned s | box s | took s | status |', '|---|---|---|---|---|']
     for entry in data['steps']:
         box = '' if entry['box_s'] is None else f'{entry["box_s"]:.0f}'
         took = '' if entry['seconds'] is None else f'{entry["seconds"]:.0f}'
-        status = entry['status'] + (f': {entry["why"]}' if entry['status'] == 'not run' else '')
+        status = entry['status'] + (f': {entry["why"]}' if entry['status'] in ('not run', 'skipped') else '')
         lines.append(f'| {entry["title"]} | {entry["planned_s"]:.0f} | {box} | {took} | {status} |')
     for entry in data['steps']:
         if entry['key'] == 'environment':
@@ -931,8 +1043,40 @@ def markdown(data: dict) -> str:
             lines += [''] + RENDER.get(entry['key'], _bench_lines)(entry['result'])
             if entry['result'].get('note'):
                 lines += ['', entry['result']['note'] + '.']
-    lines += _target_lines(data)
+            if entry.get('cuda_only'):
+                lines += ['', f'Not rehearsed (CUDA only): {entry["cuda_only"]}.']
+    lines += ([] if data.get('rehearsal') else _target_lines(data)) + _verified_lines(data)  # A CPU meets no target.
     return '\n'.join(lines) + '\n'
+
+
+def graphs_verified_entry(data: dict) -> Optional[str]:
+    """The line to add to torch_utils/compat.py's CUDA_GRAPHS_VERIFIED where this run's CUDA-graph tests passed on a GPU:
+    the step that ran tests/test_graphs.py and tests/test_training_step.py with the GPU visible (--quick: the first
+    tests; the full run: the whole suite) ended ok, with tests run and none failed; None otherwise (and in a
+    rehearsal)."""
+    env = next((e['result'] for e in data['steps'] if e['key'] == 'environment'), None)
+    tests = next((e for e in data['steps'] if e['key'] in ('first_tests', 'test_suite')), None)
+    if data.get('rehearsal') or not env or not env['gpus'] or tests is None or tests['status'] != 'ok':
+        return None
+    counts = tests['result']
+    if not counts.get('tests') or counts.get('failures') or counts.get('errors'):
+        return None
+    gpu = env['gpus'][0]
+    return (f"    {compat.release(env['torch'])}: '{gpu['name']} (sm {gpu['capability']}), torch {env['torch']}, "
+            f"{env['date'][:10]}, commit {env.get('commit', 'unknown')}',")
+
+
+def _verified_lines(data: dict) -> List[str]:
+    if data.get('rehearsal'):
+        return []
+    entry = graphs_verified_entry(data)
+    lines = ['', '### CUDA graphs on this torch', '']
+    if entry is None:
+        return lines + ['The CUDA-graph tests did not pass here (or did not run): --cuda-graphs=auto stays eager on this '
+                        'torch release.']
+    return lines + ['The CUDA-graph tests passed on this GPU. The line to add to `CUDA_GRAPHS_VERIFIED` in '
+                    'torch_utils/compat.py, so that --cuda-graphs=auto captures on this torch release:', '',
+                    entry]
 
 
 # ----------------------------------------------------------------------------
@@ -972,20 +1116,24 @@ def _signals_stop() -> Iterator[None]:
 @click.option('--authors-code', type=click.Path(exists=True, file_okay=False), metavar='DIR',
               help='A checkout of the GN-GAN authors\' code (github.com/basiclab/GNGAN-PyTorch): their cifar10-resnet '
               'steps timed beside ours, for the targets against it (bench/authors.py)')
-def main(outdir: str, quick: bool, budget: Optional[float], authors_code: Optional[str]) -> None:
+@click.option('--rehearse', is_flag=True, help='Every step of the plan (with --quick: the quick one) on this CPU at the '
+              'smallest size its command takes, the CUDA-only parts named as skipped: what a GPU would meet before '
+              f'any timing  [default budget: {REHEARSAL_BUDGET[True]} s with --quick, {REHEARSAL_BUDGET[False]} without]')
+def main(outdir: str, quick: bool, budget: Optional[float], authors_code: Optional[str], rehearse: bool) -> None:
     """Build, self-check, test and benchmark on this GPU within a time budget; a Markdown + JSON report, written
     as each step ends."""
     if os.path.exists(outdir) and not os.path.isdir(outdir):
         raise click.ClickException(f'--outdir: {outdir} exists and is not a directory')
     steps = planned_steps(quick)
-    budget = budget if budget is not None else sum(step.seconds[quick] for step in steps)
+    if budget is None:
+        budget = REHEARSAL_BUDGET[quick] if rehearse else sum(step.seconds[quick] for step in steps)
     os.makedirs(outdir, exist_ok=True)
     for name in OUTPUTS:  # An earlier run's: none of them may pass for this run's.
         with contextlib.suppress(FileNotFoundError):
             os.remove(os.path.join(outdir, name))
     workdir = tempfile.mkdtemp(prefix='gpu-report-')
-    report = Report(outdir, workdir, quick, budget, steps, process_start())
-    ctx = Context(workdir=workdir, outdir=outdir, quick=quick,
+    report = Report(outdir, workdir, quick, budget, steps, process_start(), rehearse)
+    ctx = Context(workdir=workdir, outdir=outdir, quick=quick, rehearse=rehearse,
                   authors_code=None if authors_code is None else os.path.abspath(authors_code))
     try:
         with _signals_stop():

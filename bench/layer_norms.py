@@ -22,6 +22,7 @@ import os
 import click
 
 import legacy
+from bench.common import no_figure, pyplot
 from metrics import layer_norms
 from torch_utils import persistence
 
@@ -69,10 +70,10 @@ def main(networks: tuple[str, ...], labels: tuple[str, ...], out: str | None, to
         product = math.prod(n.operator_norm for n in norms)
         print(f'{label}: {len(norms)} layers, product of the operator norms {product:.4g}')
         print(layer_norms.format_table(norms))
-    if out is not None:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
+    plt = None if out is None else pyplot()
+    if out is not None and plt is None:
+        print(no_figure(out))
+    elif out is not None:
         fig, ax = plt.subplots(figsize=(6, 4))
         draw_panel(ax, series)
         fig.tight_layout()

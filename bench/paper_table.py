@@ -101,7 +101,8 @@ def best_snapshot(run_dir: str, scores: dict[str, dict[str, float]], best_metric
     if not scored:
         recorded = sorted({key for values in scores.values() for key in values})
         raise click.ClickException(f'{run_dir}: no snapshot has a recorded {best_metric} '
-                                   f'(recorded: {", ".join(recorded) or "nothing"}); score them with calc_metrics.py')
+                                   f'(recorded: {", ".join(recorded) or "nothing"}); score them with calc_metrics.py, or, for runs '
+                                   f'on the embedded digits, add --digits (the digit classifier scores every snapshot)')
     _, name = min(scored)
     return name, scores[name]
 
@@ -191,7 +192,7 @@ def main(run_dirs_: tuple[str, ...], out: str, best_metric: str | None, digits: 
         candidates = ['digits_fd'] if digits else [r for _, r in paper.COLUMNS.get(dataset, []) if r.startswith('fid')]
         recorded = {key for run_scores in scores for values in run_scores.values() for key in values}
         candidates += sorted(key for key in recorded if key.startswith('fid'))
-        best_metric = next((key for key in candidates if key in recorded), candidates[0] if candidates else 'a FID')
+        best_metric = next((key for key in candidates if key in recorded), candidates[0] if candidates else 'FID')
 
     runs = []
     for run_dir, run_setting, run_scores in zip(run_dirs_, settings, scores):

@@ -5,7 +5,8 @@
     python -m bench.train_speed --cfg=gn-stylegan --resolution=64 --cmax=64 --batch=8 --norms=gn,r1 --precisions=fp32,bf16 --rounds=3
 
 For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; only meaningful for
-the GN variants), GN's D step in affine form or plain (--linear-d; GN only, see training/step/gradnorm.py),
+the GN variants, and only where D is piecewise linear: for gn-stylegan and gn-stylegan2 the default, both,
+times their exact G step alone), GN's D step in affine form or plain (--linear-d; GN only, see training/step/gradnorm.py),
 one or separate D calls per D step (--fuse-d) and precision (--precisions), it builds G, D, the
 optimizers and GANLoss with an Experiment (training/experiment.py), as train.py does, and times the
 training loop's own D step and G step (NetworkUpdater.run of training/step/updater.py: zero_grad,
@@ -71,22 +72,26 @@ def _blank(value: object) -> str:
 
 
 def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution: int | None, cmax: int | None,
-                 device: torch.device) -> dict:
+                 device: torch.device, ch: int | None = None) -> dict:
     """The networks and optimizers of one preset (an Experiment (training/experiment.py)), shared by all of its configurations.
 
     Every norm except 'sn' uses the same D (sn builds D with spectral normalization), so one D
     (two with sn) and one G serve every configuration; their weights drift as the benchmark
-    trains them, which changes nothing in the arithmetic being timed.
+    trains them, which changes nothing in the arithmetic being timed. `ch`: the SN-GAN and BigGAN networks' base width
+    instead of the preset's.
     """
     opts = {norm: preset_experiment(cfg_name, norm=norm, resolution=resolution, batch=batch, cmax=cmax) for norm in norms}
     any_opts = next(iter(opts.values()))
-    G = build_network(any_opts.G_kwargs, device)
+    if ch is not None and configs.get_config(cfg_name).arch.startswith('stylegan'):
+        raise click.ClickException(f'--ch: {cfg_name} is narrowed by --cmax')
+    width = {} if ch is None else dict(ch=ch)
+    G = build_network(dict(any_opts.G_kwargs, **width), device)
     G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **any_opts.G_opt_kwargs)
     Ds, D_opts = {}, {}
     for norm in norms:
         sn = loss_lib.CONSTRAINTS[norm].spectral_norm
         if sn not in Ds:
-            Ds[sn] = build_network(opts[norm].D_kwargs, device)
+            Ds[sn] = build_network(dict(opts[norm].D_kwargs, **width), device)
             D_opts[sn] = dnnlib.util.construct_class_by_name(params=Ds[sn].parameters(), **opts[norm].D_opt_kwargs)
     plan = any_opts.schedule.plan(0, 0)
     return dict(cfg=configs.get_config(cfg_name), opts=opts, G=G, G_opt=G_opt, Ds=Ds, D_opts=D_opts, n_dis=plan.n_dis,
@@ -257,12 +262,33 @@ def print_ratios(title: str, rows: list[dict], label: Callable[[dict], str]) -> 
             print(f'{label(r)} D {r["D"]:.2f}  G {r["G"]:.2f}  iteration {r["iteration"]:.2f}')
 
 
-@click.command()
+SETTINGS = {'both': [True, False], 'on': [True], 'off': [False], 'default': [None]}  # An on/off option's variants.
+
+
+def fast_variants(cfg_name: str, D: torch.nn.Module, fast_g: str) -> list[bool | None]:
+    """The fast-G variants of --fast-g for a GN D: the fast first-order G step is exact only for a piecewise-linear D
+    (training/step/gradnorm.py), so where D is not (gn-stylegan, gn-stylegan2, a smooth --act) `both` runs the exact
+    step alone, with a note, and `on` is refused in one line."""
+    if getattr(D, 'is_piecewise_linear', False) or fast_g in ('off', 'default'):
+        return SETTINGS[fast_g]
+    if fast_g == 'on':
+        raise click.ClickException(f'--fast-g=on: {cfg_name}\'s D is not piecewise linear, so it has no fast G step; '
+                                   f'use --fast-g=default (its exact G step) or both')
+    print(f'{cfg_name}: --fast-g=both times the exact G step alone: its D is not piecewise linear (no fast G step)')
+    return [False]
+
+
+@click.command(epilog='Example, the digits\' GN-StyleGAN step on a CPU:\n\n\b\n'
+               '  python -m bench.train_speed --cfg=gn-stylegan --resolution=32 --cmax=16 --batch=8 --norms=gn,none\n\n'
+               'gn-stylegan and gn-stylegan2 need --resolution (they have none of their own); gn-stylegan also --batch '
+               '(gn-stylegan2 takes its 32). --cmax narrows them to a CPU\'s size. The other presets fix their '
+               'resolution and batch.')
 @click.option('--cfg', 'cfg_names',     help='Presets, comma-separated', default='cifar10-resnet', show_default=True,
               callback=parse_list(tuple(configs.PRESETS)))
 @click.option('--norms',                help='Discriminator constraints, comma-separated', default='gn,none,sn,gp1', show_default=True,
               callback=parse_list(loss_lib.NORMS))
-@click.option('--fast-g', 'fast_g',     help='Fast GN generator step: on, off, or both (GN norms only)',
+@click.option('--fast-g', 'fast_g',     help='Fast GN generator step: on, off, both, or GANLoss\'s default (on where D is '
+              'piecewise linear); GN norms only, and where D is not piecewise linear both is the exact step alone',
               type=click.Choice(['both', 'on', 'off', 'default']), default='both', show_default=True)
 @click.option('--linear-d', 'linear_d', help='GN D step with f in affine form: on, off, both, or GANLoss\'s default (on '
               'where D qualifies)', type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
@@ -270,9 +296,11 @@ def print_ratios(title: str, rows: list[dict], label: Callable[[dict], str]) -> 
               type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
 @click.option('--precisions',           help='Precisions, comma-separated', default='fp32', show_default=True,
               callback=parse_list(precision_lib.PRECISIONS))
-@click.option('--batch',                help='D batch M (G gets the preset\'s ratio)  [default: the preset\'s]; gn-stylegan: the minibatch', type=click.IntRange(min=2))
-@click.option('--resolution',           help='gn-stylegan: resolution of the networks (lod 0)', type=click.IntRange(min=8))
-@click.option('--cmax',                 help='gn-stylegan: maximum feature maps per layer', type=click.IntRange(min=1))
+@click.option('--batch',                help='D batch M (G gets the preset\'s ratio)  [default: the preset\'s]; gn-stylegan(2): the minibatch', type=click.IntRange(min=2))
+@click.option('--resolution',           help='gn-stylegan, gn-stylegan2: resolution of the networks (gn-stylegan: at lod 0)', type=click.IntRange(min=8))
+@click.option('--cmax',                 help='gn-stylegan, gn-stylegan2: maximum feature maps per layer', type=click.IntRange(min=1))
+@click.option('--ch',                   help='SN-GAN and BigGAN presets: the networks\' base width instead of the preset\'s (a '
+              'quick look on a CPU)', type=click.IntRange(min=1))
 @click.option('--rounds',               help='Timed rounds (one D and one G step of every configuration each)', type=click.IntRange(min=1),
               default=5, show_default=True)
 @click.option('--warmup',               help='Untimed rounds first', type=click.IntRange(min=0), default=1, show_default=True)
@@ -288,7 +316,7 @@ def print_ratios(title: str, rows: list[dict], label: Callable[[dict], str]) -> 
               metavar='DIR', type=click.Path(exists=True, file_okay=False))
 @click.option('--out',                  help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, precisions: list[str], batch: int | None,
-         resolution: int | None, cmax: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
+         resolution: int | None, cmax: int | None, ch: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
          device: str | None, deterministic: bool, cuda_graphs: str, authors_code: str | None, out: str | None) -> None:
     """Seconds per D step and per G step of the presets, for each norm, fast-G setting, precision and CUDA-graph setting."""
     try:
@@ -305,17 +333,17 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     if clock == 'process' and device.type == 'cuda':
         raise click.ClickException('--clock=process measures CPU time, which says nothing about GPU work; use --clock=wall')
     clock_fn = time.perf_counter if clock == 'wall' else time.process_time
-    settings = {'both': [True, False], 'on': [True], 'off': [False], 'default': [None]}
-    fast_settings, linear_settings, fuse_settings = settings[fast_g], settings[linear_d], settings[fuse_d]
+    linear_settings, fuse_settings = SETTINGS[linear_d], SETTINGS[fuse_d]
 
     rows, authors_rows = [], []
     gradnorm_losses = authors.import_authors_code(authors_code) if authors_code is not None else None
     for name in cfg_names:  # One preset at a time: its networks, graphs and memory are its own.
-        preset = build_preset(name, norms, batch, resolution, cmax, device)
+        preset = build_preset(name, norms, batch, resolution, cmax, device, ch)
         runs = []
         for norm in norms:
             gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
-            for fast in (fast_settings if gn else [None]):
+            for fast in (fast_variants(name, preset['Ds'][loss_lib.CONSTRAINTS[norm].spectral_norm], fast_g) if gn
+                         else [None]):
                 for linear in (linear_settings if gn else [None]):
                     for fuse in fuse_settings:
                         for precision in precisions:

@@ -8,6 +8,7 @@ update) to tell a fixed sample of --num-real points of one Gaussian N(real_mean,
 every step from another Gaussian N(fake_mean, fake_cov), with the non-saturating loss of the vanilla GAN, under each
 of the paper's constraints:
 
+\b
     vanilla   no constraint                              gp0   + 10 E[||grad f(x_mix)||^2] on interpolates
     gp1       + 10 E[(||grad f(x_mix)|| - 1)^2] (WGAN-GP)  sn    spectral normalization of both layers
     gn        the loss sees f_hat = f / (||grad_x f|| + |f|) (training/step/gradnorm.py)
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bench.common import no_figure, pyplot
 from training.step.gradnorm import normalize_gradient
 from training.step.loss import GANLoss
 
@@ -148,14 +150,8 @@ def max_slope(values: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
                float(np.abs(np.diff(values, axis=0) / np.diff(y)[:, None]).max()))
 
 
-def draw(arrays: dict[str, np.ndarray], path: str) -> None:
+def draw(plt, arrays: dict[str, np.ndarray], path: str) -> None:
     """The six panels: the optimum, then each method's surface with its own colour scale, reals and fakes on top."""
-    try:
-        import matplotlib
-        matplotlib.use('Agg')
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise click.ClickException('value_surfaces.png needs matplotlib: pip install matplotlib') from None
     fakes = np.random.default_rng(1).multivariate_normal(arrays['fake_mean'], arrays['fake_cov'], size=256)
     fig, axes = plt.subplots(1, 6, figsize=(24, 4.4))
     for ax, name in zip(axes, ('optimal',) + METHODS):
@@ -193,11 +189,13 @@ def main(outdir: str, steps: int, num_real: int, grid: int, seed: int) -> None:
     png_path = os.path.join(outdir, 'value_surfaces.png')
     np.savez(npz_path + '.tmp.npz', **arrays)
     os.replace(npz_path + '.tmp.npz', npz_path)
-    draw(arrays, png_path + '.tmp.png')
-    os.replace(png_path + '.tmp.png', png_path)
+    plt = pyplot()
+    if plt is not None:
+        draw(plt, arrays, png_path + '.tmp.png')
+        os.replace(png_path + '.tmp.png', png_path)
     for name in ('optimal',) + METHODS:
         print(f'{name:8s} max slope between neighbouring grid points {max_slope(arrays[name], arrays["x"], arrays["y"]):8.4f}')
-    print(f'wrote {npz_path} and {png_path}')
+    print(f'wrote {npz_path} and {png_path}' if plt is not None else f'wrote {npz_path}; {no_figure(png_path)}')
 
 
 if __name__ == '__main__':

@@ -1,6 +1,7 @@
 """bench/activations.py at a tiny size: each cell is a train.py run with its activation, scored; one-line errors."""
 
 import json
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -29,3 +30,14 @@ def test_tiny_grid_trains_each_activation(tmp_path):
 def test_bad_options_are_one_line(tmp_path, args, message):
     result = CliRunner().invoke(activations.main, [f'--outdir={tmp_path}', *args])
     assert result.exit_code != 0 and message in result.output and 'Traceback' not in result.output
+
+
+def test_without_matplotlib_the_numbers_are_written_and_one_line_names_what_the_chart_needs(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # `import matplotlib` raises ImportError, as where it is absent.
+    result = CliRunner().invoke(activations.main, [f'--outdir={tmp_path}', '--methods=gn', '--acts=relu', '--steps=1',
+                                                   '--num=10', '--ld-num=4', '--epochs=1'])
+    assert result.exit_code == 0, result.output
+    assert list(json.loads((tmp_path / 'activations.json').read_text())['cells']) == ['gn-relu']
+    assert not (tmp_path / 'activations.png').exists()
+    assert result.output.splitlines()[-1].endswith('s); activations.png not drawn: it needs matplotlib (pip install '
+                                                   'matplotlib); the numbers are written')

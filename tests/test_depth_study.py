@@ -1,6 +1,7 @@
 """bench/depth_study.py at a tiny size: train.py runs, L_D and panel (c) of their snapshots, one-line errors."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -34,3 +35,14 @@ def test_tiny_study_measures_its_snapshots(tmp_path):
 def test_bad_options_are_one_line(tmp_path, args, message):
     result = CliRunner().invoke(depth_study.main, [f'--outdir={tmp_path}', *args])
     assert result.exit_code != 0 and message in result.output and 'Traceback' not in result.output
+
+
+def test_without_matplotlib_the_numbers_are_written_and_one_line_names_what_the_figure_needs(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # `import matplotlib` raises ImportError, as where it is absent.
+    result = CliRunner().invoke(depth_study.main, [f'--outdir={tmp_path}', '--depths=3', '--norms=gn', '--steps=1',
+                                                   '--snapshots=1', '--num=10', '--ld-num=4', '--epochs=1'])
+    assert result.exit_code == 0, result.output
+    assert list(json.loads((tmp_path / 'depth_study.json').read_text())['runs']) == ['gn-3L']
+    assert not (tmp_path / 'depth_study.png').exists()
+    assert result.output.splitlines()[-1].endswith('s); depth_study.png not drawn: it needs matplotlib (pip install '
+                                                   'matplotlib); the numbers are written')

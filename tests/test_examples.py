@@ -43,6 +43,7 @@ import click
 import numpy as np
 import PIL.Image
 import pytest
+from click.testing import CliRunner
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = ('train.py', 'generate.py', 'calc_metrics.py', 'dataset_tool.py')
@@ -432,3 +433,13 @@ def test_help_lists_stay_lists():
     assert folded == []
     command = click.Command('x', help='Items:\n\n* one\n* two\n\n\b\n* three\n* four')
     assert help_lists_folded(command.help, command.get_help(click.Context(command))) == ['* two']
+
+
+@pytest.mark.parametrize('module, row', [
+    ('depth_study', '    (b) L_D over training: metrics/lipschitz.py on --ld-num real and --ld-num generated images (1000: the'),
+    ('activations', '      sn      --norm=sn   --loss=ns            gn       --norm=gn  --loss=ns'),
+    ('value_surfaces', '      gn        the loss sees f_hat = f / (||grad_x f|| + |f|) (training/step/gradnorm.py)')])
+def test_the_tables_of_the_bench_help_texts_keep_their_rows(module, row):
+    """click reflows a --help paragraph unless it follows a \\b line: each table row stays a line of its own."""
+    output = CliRunner().invoke(importlib.import_module(f'bench.{module}').main, ['--help'], terminal_width=80).output
+    assert row in output.splitlines()

@@ -3,6 +3,7 @@ exits 0; the budget and the time boxes; a run stopped by SIGTERM or SIGINT in th
 that raises, leaves a valid report of the steps that finished; the test-suite and digits steps, run here."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -384,8 +385,9 @@ def test_digits_run_is_stopped_by_its_time_box_and_its_last_snapshot_scored(tmp_
         '--lod-kimg=0.02', '--kimg=4', '--xflip=0', '--tick=0.004', '--snap=1', '--workers=0'])  # Ends by itself if orphaned.
     scored = []
 
-    def score_digits(ctx, snapshot, device):
+    def score_digits(ctx, snapshot, device, score_args):
         scored.append((snapshot, device, ctx.deadline - time.monotonic()))
+        assert score_args == ()  # The GPU's scoring: the default number of images and epochs.
         open(os.path.join(ctx.workdir, 'digits-quality.log'), 'w').close()
         return dict(ok=True, stopped_at_box=False)
     monkeypatch.setattr(gpu_report, 'score_digits', score_digits)
@@ -496,3 +498,62 @@ def test_targets_read_what_the_steps_measured_and_say_what_was_not():
     lines = gpu_report._target_lines(dict(data, steps=data['steps']))
     assert any('no constraint' in line and 'not measured' in line for line in lines)
     assert any('cifar10-resnet iteration: bf16 / tf32' in line and '**no**' in line for line in lines)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='with a GPU the check itself runs (and its test sample must not '
+                    'draw minutes of its rehearsal)')
+def test_the_quick_plan_rehearsed_on_the_cpu_runs_every_step(tmp_path):
+    """`--quick --rehearse`: every step of the quick plan on this CPU with the GPU's command lines at their smallest
+    sizes, the CUDA-only steps named as skipped; a step that fails (a bench program that stops with a traceback on
+    the command line the GPU would run) fails this test with the last line of its log."""
+    outdir = tmp_path / 'rehearsal'
+    result = subprocess.run([sys.executable, '-m', 'bench.gpu_report', '--quick', '--rehearse', f'--outdir={outdir}'],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=1500)
+    steps, data, text = _report(outdir)
+    not_ok = {key: (entry['status'], entry['why'], (entry['result'] or {}).get('last_line'))
+              for key, entry in steps.items() if entry['status'] not in ('ok', 'skipped')}
+    assert not_ok == {} and result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert list(steps) == [step.key for step in gpu_report.planned_steps(True)] and data['rehearsal']
+    assert {key for key, entry in steps.items() if entry['status'] == 'skipped'} == {'build', 'self_check', 'choices'}
+    assert '| Build (torch_utils/custom_ops.py) | 60 |  |  | skipped: CUDA only: the plugins\' build needs a CUDA' in text
+    # The GPU's command lines at their smallest sizes: one timed round of each configuration, eager, on the CPU.
+    digits = steps['train_speed_digits']['result']['data']['results']
+    assert [(r['cfg'], r['norm'], r['fast_g'], r['batch_D'], r['rounds'], r['cuda_graphs']) for r in digits] == [
+        ('gn-stylegan', 'gn', False, 4, 1, 'off')]
+    presets = steps['train_speed_presets']['result']['data']['results']
+    assert sorted({r['cfg'] for r in presets}) == sorted(gpu_report.SNGAN_PRESETS.split(','))
+    assert steps['first_tests']['result']['tests'] == steps['test_sample']['result']['tests'] == gpu_report.REHEARSAL_TESTS
+    assert steps['stylegan']['result']['note'] == 'bench.stylegan needs a CUDA GPU: its command line parsed, not run'
+    assert 'Not rehearsed (CUDA only): the CUDA-graph rows (--cuda-graphs=off here)' in text
+    assert steps['digits']['result']['score']['ok'] and (outdir / 'digits-fakes.png').stat().st_size > 0
+    assert '### CUDA graphs on this torch' not in text and '### Targets' not in text  # A CPU verifies and meets nothing.
+
+
+def test_the_rehearsal_replaces_the_sizes_and_parses_what_needs_cuda():
+    ctx = gpu_report.Context(workdir='.', outdir='.', quick=True, rehearse=True)
+    assert gpu_report.rehearsed(['--cfg=gn-stylegan', '--cmax=32', '--rounds=3', '--cuda-graphs=both'],
+                                {'--cmax': '4', '--rounds': '1', '--cuda-graphs': 'off', '--device': 'cpu'}, ctx) == [
+        '--cfg=gn-stylegan', '--cmax=4', '--rounds=1', '--cuda-graphs=off', '--device=cpu']
+    assert gpu_report.rehearsed(['--cmax=32'], {'--cmax': '4'}, dataclasses.replace(ctx, rehearse=False)) == ['--cmax=32']
+    assert gpu_report.parse_only('bench.ops', ['--repeats=5', '--sizes=8,32'])['ok']
+    refused = gpu_report.parse_only('bench.stylegan', ['--resolutions=256', '--max-resolution=2048'])
+    assert not refused['ok'] and "'--max-resolution': '2048' is not one of" in refused['last_line']
+
+
+def _gpu_data(first_tests, gpus=({'name': 'NVIDIA H200', 'capability': '9.0', 'memory_gib': 139.8},)):
+    env = dict(date='2026-12-06T15:00:00+00:00', torch='2.11.0+cu130', gpus=list(gpus), commit='0123456789ab')
+    return dict(rehearsal=False, steps=[dict(key='environment', status='ok', result=env), first_tests])
+
+
+def test_a_report_whose_graph_tests_passed_ends_with_the_line_that_verifies_its_release():
+    passed = dict(key='first_tests', status='ok', result=dict(tests=347, failures=0, errors=0))
+    assert gpu_report.graphs_verified_entry(_gpu_data(passed)) == (
+        "    (2, 11): 'NVIDIA H200 (sm 9.0), torch 2.11.0+cu130, 2026-12-06, commit 0123456789ab',")
+    lines = gpu_report._verified_lines(_gpu_data(passed))
+    assert lines[-1] == gpu_report.graphs_verified_entry(_gpu_data(passed)) and '`CUDA_GRAPHS_VERIFIED`' in lines[-3]
+    failed = dict(passed, status='failed', result=dict(tests=347, failures=1, errors=0))
+    for data in (_gpu_data(failed), _gpu_data(dict(passed, result=dict(tests=0, failures=0, errors=0))),
+                 _gpu_data(passed, gpus=()), dict(_gpu_data(passed), rehearsal=True),
+                 _gpu_data(dict(passed, status='not run', result=None))):
+        assert gpu_report.graphs_verified_entry(data) is None
+    assert gpu_report._verified_lines(_gpu_data(failed))[-1].startswith('The CUDA-graph tests did not pass here')

@@ -55,8 +55,14 @@ def test_best_snapshots_mean_and_std_against_numpy_beside_the_papers_figures(tmp
 def test_refusals_are_one_line(tmp_path):
     run_a = write_run(tmp_path, 0, SCORES[0])
     run_b = write_run(tmp_path, 1, SCORES[1], norm='sn')
+    digits_run = tmp_path / 'digits' / '00000-digits32-quickstart-gn'  # Scored by the digit classifier only (--digits).
+    digits_run.mkdir(parents=True)
+    (digits_run / 'training_options.json').write_text(json.dumps(dict(cfg='quickstart', norm='gn', loss='hinge', cr=0.0,
+                                                                      seed=0, metrics=[])))
     for args, expected in [([run_a, run_b], 'norm sn (not gn)'),
                            ([run_a, '--best-metric=fid3k'], 'no snapshot has a recorded fid3k'),
+                           ([str(digits_run)], 'no snapshot has a recorded FID (recorded: nothing); score them with '
+                            'calc_metrics.py, or, for runs on the embedded digits, add --digits'),
                            ([str(tmp_path)], 'not a run directory')]:
         result = CliRunner().invoke(paper_table.main, [*args, f'--out={tmp_path / "out"}'])
         assert result.exit_code == 1 and expected in result.output and result.output.count('\n') == 1, result.output

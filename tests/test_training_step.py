@@ -205,7 +205,14 @@ def test_replays_follow_a_learning_rate_that_moves_by_a_millionth_per_step(monke
     training_stats._pending.clear()
 
 
-def test_graphs_are_used_where_they_pay_and_pass():
+@pytest.fixture
+def verified_release(monkeypatch):
+    """The running torch's release listed as verified by a GPU run of bench/gpu_report.py (torch_utils/compat.py)."""
+    from torch_utils import compat
+    monkeypatch.setitem(compat.CUDA_GRAPHS_VERIFIED, compat.release(torch.__version__), 'a passing GPU report')
+
+
+def test_graphs_are_used_where_they_pay_and_pass(verified_release):
     cuda, cpu = torch.device('cuda'), torch.device('cpu')
     use = training_step.use_cuda_graphs
     auto_off = 'CUDA graphs off (--cuda-graphs=auto): '
@@ -239,7 +246,7 @@ REPAIR_CASES = [
                                                                '2.12-no-generator-repair', '2.11-no-pool-end',
                                                                '2.12-no-pool-end'])
 def test_auto_captures_only_where_a_failed_capture_can_be_repaired_and_on_refuses_where_not(monkeypatch, release,
-                                                                                             missing):
+                                                                                             missing, verified_release):
     """--cuda-graphs=auto turns graphs on only where the torch running has what puts CUDA back after a capture that
     failed inside it (one line naming what lacks, else), and =on refuses to start there (CudaGraphsBroken, one line)."""
     from torch_utils import compat
@@ -263,6 +270,39 @@ def test_auto_captures_only_where_a_failed_capture_can_be_repaired_and_on_refuse
     assert str(refused.value) == (f'--cuda-graphs=on: torch {torch.__version__} lacks {missing}, which puts CUDA back '
                                   f'after a capture that fails inside it; use --cuda-graphs=auto or off')
     assert training_step.use_cuda_graphs('off', cuda, 1, 'tf32') == (False, None)
+
+@pytest.mark.parametrize('listed', [True, False], ids=['verified-release', 'unverified-release'])
+def test_auto_captures_only_on_a_release_a_gpu_run_verified_and_on_captures_anywhere(monkeypatch, listed):
+    """Under the CPU emulation of CUDA graphs (the decision taking the CPU for CUDA, the emulation for CUDA's graphs):
+    --cuda-graphs=auto captures and replays the steps on a torch release that CUDA_GRAPHS_VERIFIED lists, and elsewhere
+    runs them eagerly with one line that says how to try graphs and how to add the release; =on captures on both."""
+    from torch_utils import compat
+    running = tuple(int(part) for part in torch.__version__.split('.')[:2])
+    monkeypatch.setattr(compat, 'CUDA_GRAPHS_VERIFIED', {(2, 4): 'another release', **({running: 'a GPU run'} if listed else {})})
+    decide = training_step.use_cuda_graphs
+    monkeypatch.setattr(training_step, 'use_cuda_graphs', lambda mode, device, *args: decide(mode, torch.device('cuda'), *args))
+    engines = []
+    monkeypatch.setattr(training_step, 'CudaGraphs', lambda device: engines.append(EmulatedGraphs()) or engines[-1])
+    capturable_on_cpu(monkeypatch)
+    for mode in ('auto', 'on'):
+        engines.clear()
+        run, lines = Run('cifar10-resnet', 'gn'), []  # 5 D steps a G step: D's graph replays.
+        steps = training_step.TrainingStep(run.G, run.D, run.G_opt, run.D_opt, run.loss, G_ema=run.G_ema,
+                                           group_size=run.experiment.schedule.group_size, cuda_graphs=mode, log=lines.append)
+        for index, plan in enumerate(run.plans):
+            d_batches, g_labels = run.batches(plan, seed=index)
+            steps.set_plan(plan)
+            for real_img, real_c, gen_c in d_batches:
+                steps.discriminator(real_img, real_c, gen_c, plan.rounds_D, index)
+            steps.generator(g_labels, plan.rounds_G, index, plan.ema_beta)
+        captured = listed or mode == 'on'
+        assert len(engines) == captured and not (captured and steps.captured['D'].graphs == {})
+        assert captured == bool(engines and any(graph.replays >= 1 for graph in engines[0].captures))
+        assert lines == ([] if captured else [
+            f'CUDA graphs off (--cuda-graphs=auto): no GPU run has verified them on torch {running[0]}.{running[1]} '
+            '(--cuda-graphs=on tries them; a passing python -m bench.gpu_report --quick ends with the line that adds the '
+            "release to torch_utils/compat.py's CUDA_GRAPHS_VERIFIED); the steps run eagerly"])
+    training_stats._pending.clear()
 
 #----------------------------------------------------------------------------
 # On a GPU.

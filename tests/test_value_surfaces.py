@@ -1,6 +1,7 @@
 """bench/value_surfaces.py: the appendix's value surfaces, their arrays checked against independent computations."""
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -87,3 +88,13 @@ def test_bad_outdir_is_one_line(tmp_path):
     blocker.write_text('x')
     result = CliRunner().invoke(value_surfaces.main, [f'--outdir={blocker}/sub', '--steps=1', '--num-real=4', '--grid=3'])
     assert result.exit_code != 0 and 'Traceback' not in result.output and '--outdir' in result.output
+
+
+def test_without_matplotlib_the_arrays_are_written_and_one_line_names_what_the_figure_needs(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'matplotlib', None)  # `import matplotlib` raises ImportError, as where it is absent.
+    result = CliRunner().invoke(value_surfaces.main, [f'--outdir={tmp_path}', '--steps=2', '--num-real=4', '--grid=3'])
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(tmp_path)) == ['value_surfaces.npz']
+    assert np.load(tmp_path / 'value_surfaces.npz')['optimal'].shape == (3, 3)
+    assert result.output.splitlines()[-1] == (f'wrote {tmp_path}/value_surfaces.npz; {tmp_path}/value_surfaces.png not drawn: it '
+                                              'needs matplotlib (pip install matplotlib); the numbers are written')

@@ -19,7 +19,8 @@ What a supported release lacks and how the code gets by:
                       workspace of its capture stream              freed beside live ones until the last is freed
                                                                    (FREEING_A_GRAPH_CLEARS_STREAM_WORKSPACE)
 cuda_graph_repair_missing says what of the repair of a failed capture the running torch lacks (--cuda-graphs=auto then
-stays off, and =on is refused).
+stays off, and =on is refused). CUDA_GRAPHS_VERIFIED lists the releases on which a GPU passed the CUDA-graph tests
+(cuda_graphs_unverified: --cuda-graphs=auto captures on those alone).
 """
 
 from __future__ import annotations
@@ -166,3 +167,22 @@ def cuda_graph_repair_missing() -> str | None:
         missing += [f'torch.Generator.{name}' for name in ('clone_state', 'graphsafe_set_state')
                     if not hasattr(torch.Generator, name)]
     return ', '.join(missing) or None
+
+
+# The torch releases on which `python -m bench.gpu_report --quick` passed the CUDA-graph tests on a GPU (tests/test_graphs.py
+# and tests/test_training_step.py with the GPU visible): (major, minor) -> the GPU, the torch build, the date and the
+# commit of that run. --cuda-graphs=auto captures only on these; a passing report ends with the line to add here. One
+# GPU's run stands for its release on every architecture (nothing in the graphs' code differs by architecture).
+CUDA_GRAPHS_VERIFIED: dict[tuple[int, int], str] = {
+}
+
+
+def cuda_graphs_unverified(version: str | None = None) -> str | None:
+    """Why --cuda-graphs=auto leaves torch `version` (None: the running one) eager because no GPU run has verified its
+    graphs, as one phrase; None where CUDA_GRAPHS_VERIFIED lists its release."""
+    major, minor = release(torch.__version__ if version is None else version)
+    if (major, minor) in CUDA_GRAPHS_VERIFIED:
+        return None
+    return (f'no GPU run has verified them on torch {major}.{minor} (--cuda-graphs=on tries them; a passing python -m '
+            f'bench.gpu_report --quick ends with the line that adds the release to torch_utils/compat.py\'s '
+            f'CUDA_GRAPHS_VERIFIED)')

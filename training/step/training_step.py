@@ -46,8 +46,9 @@ def use_cuda_graphs(mode: str, device: torch.device, num_gpus: int, precision_na
                           fp16, whose dynamic loss scaling reads the scaler's overflow flag on the host at every step
                           (ValueError), and on a torch that lacks what repairs a capture failed inside CUDA
                           (compat.cuda_graph_repair_missing; CudaGraphsBroken, which train.py reports in one line)
-        'auto':           captured where everything graphs rely on holds: not fp16, the repair there, one process
-                          (several have not run on several GPUs); else the reason, first of these that fails
+        'auto':           captured where everything graphs rely on holds: not fp16, the repair there, a torch release on
+                          which a GPU passed the graph tests (compat.CUDA_GRAPHS_VERIFIED), one process (several have
+                          not run on several GPUs); else the reason, first of these that fails
 
     What each torch release needs besides (the generator's repair on 2.5 to 2.11, the capture stream's cuBLAS
     workspace kept on 2.12 and newer) CudaGraphs does on every release: docs/ops.md's table."""
@@ -62,8 +63,10 @@ def use_cuda_graphs(mode: str, device: torch.device, num_gpus: int, precision_na
             raise CudaGraphsBroken(f'--cuda-graphs=on: torch {torch.__version__} lacks {missing}, which puts CUDA back '
                                    f'after a capture that fails inside it; use --cuda-graphs=auto or off')
         return True, None
+    unverified = compat.cuda_graphs_unverified()
     why = ('--precision=fp16 reads its loss scaler\'s overflow flag on the host at every step' if precision_name == 'fp16'
            else f'torch {torch.__version__} lacks {missing}, which puts CUDA back after a failed capture' if missing
+           else unverified if unverified
            else f'{num_gpus} processes (graphs have not run on several GPUs; --cuda-graphs=on captures them)'
            if num_gpus > 1 else None)
     if why is not None:
