@@ -32,6 +32,7 @@ import torch.utils.cpp_extension
 from ops import bias_act, upfirdn2d
 from tests.support import host_plugin as host_build
 from tests.support.host_plugin import NVCC, OPS_DIR, TORCH_INCLUDES, HostPlugin, input_in_layout
+from tests.support.kernel_cases import SPECIALISATIONS, UPFIRDN2D_CASES
 from torch_utils import custom_ops
 
 CUDA_SOURCES = sorted(glob.glob(os.path.join(OPS_DIR, '*.cu')))
@@ -164,16 +165,9 @@ def test_host_bias_act_every_kernel(host_plugin, act, mode, dtype):
     assert host_plugin.launches['scalar'] > 0 and host_plugin.launches['vectorised'] > 0
 
 
-_UPFIRDN2D_CASES = [  # (filter taps or 2-D shape, up, down, padding, flip_filter, gain)
-    ([1, 3, 3, 1], 2, 1, [2, 1, 2, 1], False, 4.0),
-    ([1, 3, 3, 1], 1, 2, [1, 1, 1, 1], False, 1.0),
-    ([1, 2, 5, 2, 1, 3, 1, 1], [2, 1], [1, 3], [3, -1, 0, 2], True, 1.0),  # separable: two kernel passes
-    ((3, 2), [1, 2], [4, 1], [-1, 2, 2, 0], False, -2.0),  # non-separable random 2-D filter
-    ((5, 5), 4, 2, [0, 3, 4, -2], True, 0.5),
-]
 
 
-@pytest.mark.parametrize('case', _UPFIRDN2D_CASES, ids=str)
+@pytest.mark.parametrize('case', UPFIRDN2D_CASES, ids=str)
 def test_host_upfirdn2d_kernel_matches_reference(host_plugin, case):
     taps, up, down, padding, flip_filter, gain = case
     torch.manual_seed(0)
@@ -189,11 +183,9 @@ def test_host_upfirdn2d_kernel_matches_reference(host_plugin, case):
     _assert_all_close(kernel, reference, rtol=1e-9, atol=1e-9)
 
 
-# Every compile-time specialisation: (up, down) on both axes and a square filter of 1-4 taps.
-_SPECIALISATIONS = [(up, down, taps) for up, down in [(1, 1), (2, 1), (1, 2)] for taps in (1, 2, 3, 4)]
 
 
-@pytest.mark.parametrize('up, down, taps', _SPECIALISATIONS, ids=str)
+@pytest.mark.parametrize('up, down, taps', SPECIALISATIONS, ids=str)
 @pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
 def test_host_upfirdn2d_every_specialisation(host_plugin, up, down, taps, layout):
     """Values and gradients of both orders against the reference; the specialised kernel serves every pass.

@@ -22,8 +22,7 @@ from click.testing import CliRunner
 
 from bench import gpu_report
 from ops import bias_act
-from tests.support.host_plugin import HostPlugin
-from tests.test_kernel_choice import _UpsamplingOnePercentOff
+from tests.support.host_plugin import HostPlugin, UpsamplingOnePercentOff
 from torch_utils import kernel_choice
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -307,7 +306,7 @@ def test_build_step_reports_each_plugins_cause(tmp_path):
     assert all(p.module is None for p in gpu_report.PLUGINS.values())
 
 
-@pytest.mark.parametrize('plugin_class, failing', [(HostPlugin, set()), (_UpsamplingOnePercentOff, {'upsample2d', 'downsample2d'})],
+@pytest.mark.parametrize('plugin_class, failing', [(HostPlugin, set()), (UpsamplingOnePercentOff, {'upsample2d', 'downsample2d'})],
                          ids=['right', 'upsampling-off'])
 def test_self_check_step_measures_every_configuration(tmp_path, host_kernels, cpu_kernel_path, plugin_class, failing):
     """The self-check step on the CPU route through the kernels (tests/support/host_plugin.py): a row per op and dtype with the

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from ops import bias_act, upfirdn2d
-from tests.support.host_plugin import OPS_DIR, HostPlugin, input_in_layout
+from tests.support.host_plugin import OPS_DIR, HostPlugin, UpsamplingOnePercentOff, input_in_layout
+from tests.support.kernel_cases import two_deterministic_runs
 from torch_utils import custom_ops, devices, kernel_choice
 
 
@@ -139,13 +140,6 @@ class _WithoutSecondDerivative(HostPlugin):
         return torch.zeros_like(out) if args[5] == 2 else out
 
 
-class _UpsamplingOnePercentOff(HostPlugin):
-    """upfirdn2d whose upsampling passes are 1% too large; everything else is right."""
-
-    def upfirdn2d(self, x, f, taps, up_x, *args):
-        return super().upfirdn2d(x, f, taps, up_x, *args) * (1.01 if up_x > 1 else 1)
-
-
 class _UpsamplingCannotLaunch(HostPlugin):
     """upfirdn2d whose upsampling kernel fails to launch, as one built for another GPU would."""
 
@@ -205,7 +199,7 @@ def _reference_pair(pair, x):
 
 @pytest.mark.parametrize('plugin_class, pair, cause', [
     (_WithoutSecondDerivative, _bias_act_pair, 'second-order gradient w.r.t. x off by'),
-    (_UpsamplingOnePercentOff, _upfirdn2d_pair, 'off by'),
+    (UpsamplingOnePercentOff, _upfirdn2d_pair, 'off by'),
     (_UpsamplingCannotLaunch, _upfirdn2d_pair, 'RuntimeError: CUDA error: no kernel image is available'),
 ], ids=lambda value: getattr(value, '__name__', None))
 def test_self_check_failure_stays_with_its_config(host_kernels, cpu_kernel_path, plugin_class, pair, cause):
@@ -225,7 +219,7 @@ def test_self_check_failure_stays_with_its_config(host_kernels, cpu_kernel_path,
     assert cause in message and 'uses the reference implementation from now on, others keep the kernel' in message
     if 'off by' in cause:
         error = float(re.search(r'off by ([0-9.e+-]+)', message).group(1))
-        if plugin_class is _UpsamplingOnePercentOff:
+        if plugin_class is UpsamplingOnePercentOff:
             # Each quantity passes through the broken upsampling once or twice (the adjoint, a downsampling, is
             # right): it is 1.01 or 1.0201 times the reference's. Per element against |q_i| + rms(q), the worst
             # element is off by e * max|q| / (max|q| + rms(q)) with e = 0.01 or 0.0201: between 0.005 and 0.0201.
@@ -255,7 +249,7 @@ def test_self_check_reaches_beyond_the_first_grid(host_kernels, cpu_kernel_path,
 
 
 def test_self_check_can_be_switched_off(host_kernels, cpu_kernel_path, monkeypatch):
-    cpu_kernel_path(_UpsamplingOnePercentOff(host_kernels))
+    cpu_kernel_path(UpsamplingOnePercentOff(host_kernels))
     monkeypatch.setenv(kernel_choice.SELF_CHECK_ENV, '0')
     x = input_in_layout('contiguous')
     f = upfirdn2d.setup_filter([1, 2, 1])
@@ -414,34 +408,6 @@ def test_deterministic_runs_choose_the_kernel_without_timing(fake_clock):
     with devices.run_switches(torch.device('cpu'), allow_tf32=False, deterministic=True):
         upfirdn2d.upsample2d(input_in_layout('contiguous'), upfirdn2d.setup_filter([1, 2, 1]))
     assert timings == [] and upfirdn2d._plugin.choices == {} and plugin.served[3] > 0
-
-
-def two_deterministic_runs(device: torch.device, monkeypatch) -> tuple[list, list, list]:
-    """Two runs of the same resampling and activations, forward and backward, under --deterministic's switches, with the
-    chooser switched on and each op's choices made afresh per run, timed by a clock on which the reference is five
-    times faster in the first run and the kernel in the second (a timing that changes between runs, as a GPU's does).
-    Returns (the paths the clock was asked to time, the first run's results, the second's). The caller has made the
-    kernel path serve `device`'s tensors."""
-    monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '1')
-    timed, runs = [], []
-    for faster in ('reference', 'kernel'):
-        def timer(fn, timer_device, faster=faster):  # faster() times the kernel first, then the reference.
-            path = 'kernel' if len(timed) % 2 == 0 else 'reference'
-            timed.append(path)
-            fn()
-            return 1.0 if path == faster else 5.0
-        for plugin in (upfirdn2d._plugin, bias_act._plugin):
-            monkeypatch.setattr(plugin, 'timer', timer)
-            plugin.choices = {}
-        generator = torch.Generator().manual_seed(0)
-        x = torch.randn([2, 4, 16, 16], generator=generator).to(device).requires_grad_()
-        b = torch.randn([4], generator=generator).to(device).requires_grad_()
-        f = upfirdn2d.setup_filter([1, 3, 3, 1], device=device)
-        with devices.run_switches(device, allow_tf32=False, deterministic=True):
-            y = upfirdn2d.downsample2d(bias_act.bias_act(upfirdn2d.upsample2d(x, f), b, act='lrelu'), f)
-            gx, gb = torch.autograd.grad(y.square().sum(), [x, b])
-        runs.append([y.detach(), gx, gb])
-    return timed, runs[0], runs[1]
 
 
 def test_two_deterministic_runs_make_the_same_choices_whatever_the_clock_says(host_kernels, cpu_kernel_path,

@@ -17,9 +17,8 @@ import pytest
 import torch
 
 from ops import bias_act, conv2d_resample, upfirdn2d
-from tests.test_custom_ops import _SPECIALISATIONS, _UPFIRDN2D_CASES
-from tests.test_kernel_choice import two_deterministic_runs
-from tests.test_upfirdn2d import training_filter_among_other_filters
+from tests.support.kernel_cases import (SPECIALISATIONS, UPFIRDN2D_CASES, training_filter_among_other_filters,
+                                        two_deterministic_runs)
 from torch_utils import custom_ops, kernel_choice
 from training.networks import biggan, sngan, stylegan
 from training.step.loss import GANLoss
@@ -233,7 +232,7 @@ def test_bias_act_beyond_2_to_the_31_elements(kernel_calls, numel):
 
 
 @pytest.mark.parametrize('dtype', DTYPES, ids=str)
-@pytest.mark.parametrize('case', _UPFIRDN2D_CASES, ids=str)
+@pytest.mark.parametrize('case', UPFIRDN2D_CASES, ids=str)
 def test_upfirdn2d(kernel_calls, case, dtype):
     taps, up, down, padding, flip_filter, gain = case
     torch.manual_seed(0)
@@ -247,7 +246,7 @@ def test_upfirdn2d(kernel_calls, case, dtype):
 
 @pytest.mark.parametrize('dtype', DTYPES, ids=str)
 @pytest.mark.parametrize('layout', ['contiguous', 'channels_last'])
-@pytest.mark.parametrize('up, down, taps', _SPECIALISATIONS, ids=str)
+@pytest.mark.parametrize('up, down, taps', SPECIALISATIONS, ids=str)
 def test_upfirdn2d_specialisations(kernel_calls, up, down, taps, layout, dtype):
     """Each compile-time specialisation on images spanning several thread blocks, in both layouts."""
     torch.manual_seed(taps)

@@ -1,43 +1,21 @@
 """upfirdn2d against scipy.signal.upfirdn and a direct numpy evaluation, plus its gradients."""
 
-import contextlib
 import itertools
-import sys
 
 import numpy as np
 import pytest
-import scipy.signal
 import torch
 
 from ops import upfirdn2d
-
-
-def _upfirdn_1d(x, h, up, down, pad0, pad1):
-    """Our 1-D semantics along the last axis of x, from scipy's upfirdn.
-
-    scipy convolves the zero-inserted x, (len(x) - 1) * up + 1 samples, with h
-    in 'full' mode, so its output n sees the input padded by len(h) - 1 in
-    front. Ours pads by pad0 instead, so our sample k (before decimation) is
-    scipy's sample k + len(h) - 1 - pad0; delaying h by zeros realizes a
-    negative shift within scipy itself, decimation included.
-    """
-    length = x.shape[-1]
-    out_len = (length * up + pad0 + pad1 - len(h)) // down + 1
-    shift = len(h) - 1 - pad0
-    if shift <= 0:
-        y = scipy.signal.upfirdn(np.concatenate([np.zeros(-shift), h]), x, up=up, down=down, axis=-1)
-    else:
-        y = scipy.signal.upfirdn(h, x, up=up, axis=-1)[..., shift::down]
-    y = y[..., :out_len]
-    return np.concatenate([y, np.zeros(y.shape[:-1] + (out_len - y.shape[-1],))], axis=-1)
+from tests.support.kernel_cases import training_filter_among_other_filters, upfirdn_1d
 
 
 def _scipy_separable(x, h, up, down, padding, flip_filter, gain):
     (upx, upy), (downx, downy), (px0, px1, py0, py1) = up, down, padding
     if flip_filter:  # correlation with h = convolution with h reversed
         h = h[::-1]
-    y = _upfirdn_1d(x, h, upx, downx, px0, px1)
-    y = np.swapaxes(_upfirdn_1d(np.swapaxes(y, -1, -2), h, upy, downy, py0, py1), -1, -2)
+    y = upfirdn_1d(x, h, upx, downx, px0, px1)
+    y = np.swapaxes(upfirdn_1d(np.swapaxes(y, -1, -2), h, upy, downy, py0, py1), -1, -2)
     return y * gain
 
 
@@ -217,7 +195,7 @@ def test_plans_keep_the_most_recently_used_signatures(monkeypatch):
     f = upfirdn2d.setup_filter([1, 3, 3, 1])
     for width in (5, 6, 7, 5, 8, 6):
         x = torch.randn([1, 1, 4, width], dtype=torch.float64)
-        expected = _upfirdn_1d(_upfirdn_1d(x.numpy(), np.array([1., 3., 3., 1.]) / 8, 2, 1, 2, 1).swapaxes(-1, -2),
+        expected = upfirdn_1d(upfirdn_1d(x.numpy(), np.array([1., 3., 3., 1.]) / 8, 2, 1, 2, 1).swapaxes(-1, -2),
                                np.array([1., 3., 3., 1.]) / 8, 2, 1, 2, 1).swapaxes(-1, -2) * 4
         np.testing.assert_allclose(upfirdn2d.upsample2d(x, f).numpy(), expected, rtol=1e-12, atol=1e-12)
         assert len(upfirdn2d._plugin.plans) <= 3
@@ -254,47 +232,6 @@ def test_filter_taps_cache_drops_the_least_recently_used_filter():
         filters['d'].mul_(0.5)      # As G_ema's buffers are written after every G step.
     assert get('d') and len(cache.entries) == 3
 
-
-
-@contextlib.contextmanager
-def _sync_debug_mode(mode: str):
-    """CUDA's synchronisation watch at `mode` ('error': a host synchronisation raises) inside, as it was after."""
-    saved = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode(mode)
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(saved)
-
-
-def training_filter_among_other_filters(device: torch.device, monkeypatch, others: int = 300) -> int:
-    """A training step's filter used between `others` (more than the cache's 256) new filter buffers, as grids and
-    metric evaluations of other networks bring them: how many times the training filter's taps were built again, each
-    a copy to the host that makes the host wait for the GPU. Every call is checked against scipy's upfirdn. The caller
-    has made the kernel path serve `device`'s tensors; on CUDA the training filter's calls run under
-    torch.cuda.set_sync_debug_mode('error'), so that a host synchronisation among them raises."""
-    taps = np.array([1., 3., 3., 1.]) / 8
-    f = upfirdn2d.setup_filter([1, 3, 3, 1], device=device)
-    x = torch.randn([2, 3, 6, 7], generator=torch.Generator().manual_seed(0)).to(device)
-    expected = _upfirdn_1d(_upfirdn_1d(x.double().cpu().numpy(), taps, 2, 1, 2, 1).swapaxes(-1, -2),
-                           taps, 2, 1, 2, 1).swapaxes(-1, -2) * 4
-    upfirdn2d.upsample2d(x, f)  # Its taps built and its call planned before the count.
-    copies_to_host = [0]
-    tolist = torch.Tensor.tolist
-
-    def counted_tolist(self):  # Those of upfirdn2d itself (the host build of the kernels checks its taps with one too).
-        copies_to_host[0] += sys._getframe(1).f_globals.get('__name__') == upfirdn2d.__name__
-        return tolist(self)
-    rebuilds = 0
-    for index in range(others):
-        upfirdn2d.upsample2d(x, upfirdn2d.setup_filter([1, 2 + index % 3, 1], device=device))  # A new buffer each time.
-        monkeypatch.setattr(torch.Tensor, 'tolist', counted_tolist)
-        with _sync_debug_mode('error') if device.type == 'cuda' else contextlib.nullcontext():
-            y = upfirdn2d.upsample2d(x, f)
-        monkeypatch.setattr(torch.Tensor, 'tolist', tolist)
-        rebuilds, copies_to_host[0] = rebuilds + copies_to_host[0], 0
-        np.testing.assert_allclose(y.double().cpu().numpy(), expected, rtol=1e-5, atol=1e-6)
-    return rebuilds
 
 
 def test_a_training_filter_stays_cached_among_more_new_filters_than_the_cache_holds(host_kernels, cpu_kernel_path,

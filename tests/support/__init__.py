@@ -5,7 +5,8 @@
     images          PNG files as bytes (8-bit through PIL, 16-bit by hand)
     stand_ins       a TorchScript detector with random weights, a dataset zip of random images
     gradfix         the fixture of the tests of ops that record their autograd Functions
-    host_plugin     the kernels' arithmetic built for the host, called through ctypes
+    host_plugin     the kernels' arithmetic built for the host, called through ctypes (and one deliberately off)
+    kernel_cases    the kernels' cases and runs that their CPU and GPU tests share
     watchdog        a test still running after its limit is reported with its stacks and ended
     full_disk       train.py on a disk that fills up (run as a script)
     signal_at_step  train.py with a signal sent during a chosen G step (run as a script)

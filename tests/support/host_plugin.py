@@ -312,3 +312,10 @@ def input_in_layout(layout):
     if layout == 'channels_last':
         x = x.contiguous(memory_format=torch.channels_last)
     return x
+
+
+class UpsamplingOnePercentOff(HostPlugin):
+    """upfirdn2d whose upsampling passes are 1% too large; everything else is right."""
+
+    def upfirdn2d(self, x, f, taps, up_x, *args):
+        return super().upfirdn2d(x, f, taps, up_x, *args) * (1.01 if up_x > 1 else 1)
