@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ops import bias_act, conv2d_gradfix, upfirdn2d
-from tests.support import host_plugin, watchdog
+from tests.support import host_plugin, tiny_runs, watchdog
 from torch_utils import devices, kernel_choice
 
 # Read once, before any test hides the GPUs: CUDA is initialized here so that torch's device count no longer
@@ -115,3 +115,9 @@ def cpu_kernel_path(monkeypatch):
     monkeypatch.delenv(kernel_choice.SELF_CHECK_ENV, raising=False)
     monkeypatch.setenv(kernel_choice.AUTOTUNE_ENV, '0')  # the host build is no GPU: timing it would say nothing
     return install
+
+
+@pytest.fixture
+def tiny_preset(monkeypatch):
+    """--cfg=tiny, the quick start's networks at width 2 for images of any resolution (tests/support/tiny_runs.py)."""
+    tiny_runs.add_tiny_preset(monkeypatch)

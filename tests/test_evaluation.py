@@ -8,7 +8,6 @@ import dnnlib
 from metrics import detectors, metric_main
 from training.run.evaluation import MetricEvaluator
 from training.run.run_state import RunState
-from tests.test_training_loop import tiny_preset  # noqa: F401 (a fixture: the --cfg=tiny of the loop's tests)
 
 
 def _evaluator(tmp_path, monkeypatch, values, lines):
@@ -63,7 +62,7 @@ def test_metrics_of_a_tf32_training_run_run_at_full_precision(tmp_path, monkeypa
     import functools
     from tests.test_detectors import assert_full_precision, spy_on_detectors
     from tests.support.stand_ins import make_detector, write_dataset_zip
-    from tests.test_training_loop import _tiny_experiment
+    from tests.support.tiny_runs import tiny_experiment
     from torch_utils import devices
     from training import training_loop
     from training.step.updater import NetworkUpdater
@@ -77,7 +76,7 @@ def test_metrics_of_a_tf32_training_run_run_at_full_precision(tmp_path, monkeypa
                                                                       run(self, *a, **kw))[1])
     seen_by_detectors = spy_on_detectors(monkeypatch)
     before = devices.read_switches()
-    experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=2, batch=2, tick=0.002, snap=1, precision='tf32',
+    experiment = tiny_experiment(str(tmp_path / 'data.zip'), steps=2, batch=2, tick=0.002, snap=1, precision='tf32',
                                   metrics=('fid50k_full', 'is50k'), detector=str(tmp_path / 'detector.pt'))
     (tmp_path / 'run').mkdir()
     training_loop.training_loop(experiment, run_dir=str(tmp_path / 'run'))

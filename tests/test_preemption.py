@@ -21,44 +21,21 @@ import sys
 import time
 
 import pytest
-import torch
 
 from tests.support import runs
 from tests.support.runs import only_run_dir, snapshots
 from tests.support.stand_ins import make_detector, write_dataset_zip
-from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
+from tests.support.tiny_runs import assert_same_snapshot, tiny_experiment
 from torch_utils import persistence
 from training import training_loop
 from training.run.stop_signal import RunStopped
 from training.step.updater import NetworkUpdater
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures('tiny_preset')  # --cfg=tiny (tests/support/tiny_runs.py)
 REQUEUE_STATUS = 75  # The documented status of a stopped run, a literal: the README's requeue recipe tests `$? -eq 75`.
 
 #----------------------------------------------------------------------------
-
-
-def tensors(value, prefix=''):
-    """Every tensor in a snapshot (networks' state dicts, optimizer states, random states), by its path in it."""
-    if isinstance(value, torch.nn.Module):
-        value = value.state_dict()
-    if isinstance(value, torch.Tensor):
-        yield prefix, value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from tensors(item, f'{prefix}.{key}')
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from tensors(item, f'{prefix}[{i}]')
-
-
-def assert_same_snapshot(path_a, path_b):
-    a, b = persistence.load_snapshot(str(path_a)), persistence.load_snapshot(str(path_b))
-    ta, tb = dict(tensors(dict(a))), dict(tensors(dict(b)))
-    assert ta.keys() == tb.keys() and len(ta) > 10
-    for key in ta:
-        assert ta[key].dtype == tb[key].dtype and torch.equal(ta[key], tb[key]), key
-    assert a.progress == b.progress
 
 
 def signal_at_call(monkeypatch, cls, name, call, signum):
@@ -81,7 +58,7 @@ def test_stop_between_ticks_continues_bit_for_bit(tmp_path, monkeypatch):
     taken mid-tick; the continued run still ticks at steps 4, 6, 8 and writes the snapshots of steps 4 and 8 equal
     to those of the run that never stopped."""
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=12, resolution=8)
-    experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=2)
+    experiment = tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=2)
     full, stopped = tmp_path / 'full', tmp_path / 'stopped'
     full.mkdir()
     stopped.mkdir()
@@ -130,7 +107,7 @@ def test_stop_abandons_the_metric_evaluation_in_progress(tmp_path, monkeypatch, 
     signal_at_call(monkeypatch, metric_main, 'calc_metric', 2, signal.SIGTERM)
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
-    experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=4, batch=2, tick=0.002, snap=1, metrics=('fid50k_full',),
+    experiment = tiny_experiment(str(tmp_path / 'data.zip'), steps=4, batch=2, tick=0.002, snap=1, metrics=('fid50k_full',),
                                   detector=str(tmp_path / 'detector.pt'))
     with pytest.raises(RunStopped) as stop:
         training_loop.training_loop(experiment, run_dir=str(run_dir))

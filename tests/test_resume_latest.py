@@ -11,17 +11,19 @@ import sys
 import pytest
 
 from tests.support.stand_ins import write_dataset_zip
-from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
+from tests.support.tiny_runs import tiny_experiment
 from torch_utils import persistence
 from training import training_loop
 from training.run import run_dirs
+
+pytestmark = pytest.mark.usefixtures('tiny_preset')  # --cfg=tiny (tests/support/tiny_runs.py)
 
 
 @pytest.fixture
 def one_run(tmp_path):
     """A width-2 run of 3 G steps with a snapshot at each ('000000.002', '.004', '.006'): its experiment and folder."""
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
-    experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=3, batch=2, tick=0.002, snap=1)
+    experiment = tiny_experiment(str(tmp_path / 'data.zip'), steps=3, batch=2, tick=0.002, snap=1)
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
     training_loop.training_loop(experiment, run_dir=str(run_dir))

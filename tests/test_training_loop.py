@@ -7,31 +7,16 @@ import numpy as np
 import pytest
 import torch
 
+from tests.support.tiny_runs import tiny_experiment
 from training import training_loop
 from training.data.data_stream import RealImageStream
 from training.experiment import Experiment
 from training.run.reporter import TrainingDiverged
 
+pytestmark = pytest.mark.usefixtures('tiny_preset')  # --cfg=tiny (tests/support/tiny_runs.py)
 
 #----------------------------------------------------------------------------
 # Metrics during training, with the tiny TorchScript detector of the metric tests.
-
-
-@pytest.fixture(autouse=True)
-def tiny_preset(monkeypatch):
-    """--cfg=tiny: the quick start's networks at width 2, for images of any resolution."""
-    from training.recipes import sngan
-    preset = dict(sngan.PRESETS['quickstart'], G_args=dict(ch=2), D_args=dict(ch=2))
-    del preset['resolution']
-    monkeypatch.setitem(sngan.PRESETS, 'tiny', preset)
-
-
-def _tiny_experiment(data: str, steps: int, batch: int, **options) -> Experiment:
-    """A width-2 quickstart run on `data`."""
-    from training.data.dataset import ImageFolderDataset
-    dataset = ImageFolderDataset(path=data)
-    return Experiment.build(cfg='tiny', data=data, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
-                            batch=batch, steps=steps, **options)
 
 
 def _stylegan_experiment(**options) -> Experiment:
@@ -50,7 +35,7 @@ def _run_with_metrics(tmp_path, monkeypatch, detector_url):
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
-    training_loop.training_loop(_tiny_experiment(
+    training_loop.training_loop(tiny_experiment(
         str(tmp_path / 'data.zip'), steps=4, batch=2, tick=0.002, snap=1, metrics=('fid50k_full',),
         best_metric='fid50k_full', detector=detector_url), run_dir=str(run_dir))
     return run_dir
@@ -129,7 +114,7 @@ def test_nonfinite_gradient_stops_the_run_naming_step_and_network(tmp_path, monk
     run_dir = tmp_path / 'run'
     run_dir.mkdir()
     with pytest.raises(TrainingDiverged, match=r'G step 4: non-finite gradient of D \(loss terms: .*Loss/D/real'):
-        training_loop.training_loop(_tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1),
+        training_loop.training_loop(tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1),
                                     run_dir=str(run_dir))
     names = sorted(f for f in os.listdir(run_dir) if f.startswith('network-snapshot-'))
     assert names == ['network-snapshot-000000.004.pkl']  # Written at step 2; the tick after the NaN wrote nothing.
@@ -150,7 +135,7 @@ def test_resume_continues_bit_for_bit(tmp_path, device):
     def run(name, **kw):
         run_dir = tmp_path / name
         run_dir.mkdir()
-        experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1, device=device,
+        experiment = tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1, device=device,
                                       deterministic=True)
         training_loop.training_loop(experiment, run_dir=str(run_dir), device=device, **kw)
         losses = [(s['Loss/D/loss']['mean'], s['Loss/G/loss']['mean']) for s in map(json.loads, open(run_dir / 'stats.jsonl'))]
@@ -204,7 +189,7 @@ def test_switches_hold_for_the_run_and_are_restored(tmp_path, monkeypatch, switc
                                                                       run(self, *a, **kw))[1])
     switches(matmul_tf32=True, cudnn_tf32=True, cudnn_benchmark=True)
     before = devices.read_switches()
-    experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=1, batch=2, tick=1, precision='fp32',
+    experiment = tiny_experiment(str(tmp_path / 'data.zip'), steps=1, batch=2, tick=1, precision='fp32',
                                   deterministic=True)
     training_loop.training_loop(experiment, run_dir=str(tmp_path))
     assert len(seen) == 2 and seen[0] == seen[1]
@@ -219,7 +204,7 @@ def test_fp16_run_with_loss_scaling(tmp_path):
     from tests.support.stand_ins import write_dataset_zip
     from torch_utils import persistence
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=8, resolution=8)
-    training_loop.training_loop(_tiny_experiment(str(tmp_path / 'data.zip'), steps=3, batch=2, tick=1, precision='fp16'),
+    training_loop.training_loop(tiny_experiment(str(tmp_path / 'data.zip'), steps=3, batch=2, tick=1, precision='fp16'),
                                 run_dir=str(tmp_path))
     snap = persistence.load_snapshot(str(tmp_path / 'network-snapshot-000000.006.pkl'))
     # The first steps of a GradScaler (scale 65536) overflow and are skipped; Adam's state then holds

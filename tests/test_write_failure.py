@@ -20,13 +20,13 @@ from dnnlib.util import WriteError
 from tests.support import full_disk, runs
 from tests.support.runs import snapshots
 from tests.support.stand_ins import make_detector, write_dataset_zip
-from tests.test_preemption import assert_same_snapshot
-from tests.test_training_loop import _tiny_experiment, tiny_preset  # noqa: F401 (the --cfg=tiny fixture)
+from tests.support.tiny_runs import assert_same_snapshot, tiny_experiment
 from torch_utils import persistence
 from training import training_loop
 from training.run import run_dirs
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures('tiny_preset')  # --cfg=tiny (tests/support/tiny_runs.py)
 
 #----------------------------------------------------------------------------
 # In-process: ticks of 2 G steps, snapshots every 2 ticks (steps 4, 8, 12: kimg .008, .016, .024).
@@ -45,11 +45,11 @@ WITH_METRICS = ('best snapshot', 'metric result')
 def _experiment(tmp_path, monkeypatch, metrics: bool):
     write_dataset_zip(str(tmp_path / 'data.zip'), num_images=12, resolution=8)
     if not metrics:
-        return _tiny_experiment(str(tmp_path / 'data.zip'), steps=12, batch=2, tick=0.004, snap=2)
+        return tiny_experiment(str(tmp_path / 'data.zip'), steps=12, batch=2, tick=0.004, snap=2)
     from metrics import metric_main
     monkeypatch.setattr(metric_main, 'calc_metric', functools.partial(metric_main.calc_metric, num_gen=16, max_real=12))
     make_detector(str(tmp_path / 'detector.pt'))
-    return _tiny_experiment(str(tmp_path / 'data.zip'), steps=12, batch=2, tick=0.004, snap=2, metrics=('fid50k_full',),
+    return tiny_experiment(str(tmp_path / 'data.zip'), steps=12, batch=2, tick=0.004, snap=2, metrics=('fid50k_full',),
                             best_metric='fid50k_full', detector=str(tmp_path / 'detector.pt'))
 
 

@@ -4,6 +4,7 @@
     runs            the programs run as a user runs them (run_cli, run_clis, run_train), and the run directory
     images          PNG files as bytes (8-bit through PIL, 16-bit by hand)
     stand_ins       a TorchScript detector with random weights, a dataset zip of random images
+    tiny_runs       --cfg=tiny (the fixture tiny_preset of tests/conftest.py), its Experiment, snapshots compared
     gradfix         the fixture of the tests of ops that record their autograd Functions
     host_plugin     the kernels' arithmetic built for the host, called through ctypes (and one deliberately off)
     kernel_cases    the kernels' cases and runs that their CPU and GPU tests share
