@@ -20,6 +20,15 @@ of the comparison. Reported per precision, relative to float64:
 
 --norms=gn,none also measures the unnormalized baseline, to tell GN's sensitivity from the
 precision's own.
+
+The low-precision convolutions run on oneDNN's kernels for the best instruction set the CPU has
+(AMX tiles, AVX-512 BF16, ...), and the kernel set changes the rounding (docs/precision.md). Every row
+names it: `isa`, the ONEDNN_MAX_CPU_ISA it ran under ('default': none set, the CPU's best), and
+`kernels`, the implementation oneDNN picks for a bf16 convolution there ('aten': not oneDNN's).
+--isa=all runs every ISA this CPU offers (each in a process of its own, since oneDNN reads the variable
+once), --isa=AVX512_CORE,AVX2 the ones named:
+
+    python -m bench.precision --cfg=cifar10-resnet --batch=4 --seeds=1 --precisions=bf16 --isa=all
 'tf32' only differs from 'fp32' on a CUDA GPU with TF32 tensor cores (elsewhere its row repeats
 fp32's); fp16 rounds to the same 10-bit mantissa as TF32 and more (activations too), so on a CPU it
 bounds TF32's error from above. fp16 gradients are loss-scaled as a GradScaler would (2^16,
@@ -32,7 +41,11 @@ import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch che
 
 import copy
 import datetime
+import json
 import os
+import subprocess
+import sys
+import tempfile
 
 import click
 
@@ -47,6 +60,46 @@ from training.step.precision import PRECISIONS
 #----------------------------------------------------------------------------
 
 NOT_COMPARED = 'noise_strength'  # StyleGAN's noise strengths: their gradients depend on the random noise of each call.
+ISA_VARIABLE = 'ONEDNN_MAX_CPU_ISA'
+# oneDNN's x86 instruction-set caps, best first, each with the /proc/cpuinfo flags it needs.
+ISAS = {
+    'AVX512_CORE_AMX': ('amx_tile', 'amx_bf16', 'avx512_bf16'),
+    'AVX512_CORE_BF16': ('avx512_bf16', 'avx512_vnni'),
+    'AVX512_CORE_VNNI': ('avx512_vnni', 'avx512f', 'avx512bw', 'avx512vl', 'avx512dq'),
+    'AVX512_CORE': ('avx512f', 'avx512bw', 'avx512vl', 'avx512dq'),
+    'AVX2': ('avx2', 'fma'),
+}
+
+
+def cpu_isas() -> list[str]:
+    """The ISAS this CPU offers, best first (Linux on x86: /proc/cpuinfo's flags; elsewhere none)."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            flags = set(next(line for line in f if line.startswith('flags')).split(':', 1)[1].split())
+    except (OSError, StopIteration):
+        return []
+    return [isa for isa, needs in ISAS.items() if flags.issuperset(needs)]
+
+
+def kernel_set() -> str:
+    """The implementation oneDNN runs a bf16 convolution on in this process (e.g. 'brg_conv_fwd:avx512_core_amx',
+    'jit_bf16:avx512_core_bf16'), read from its verbose log; 'aten' where PyTorch computes it without oneDNN."""
+    x, w = torch.randn(1, 32, 8, 8), torch.randn(32, 32, 3, 3)
+    sys.stdout.flush()
+    with tempfile.TemporaryFile('w+') as log:
+        saved = os.dup(1)  # oneDNN writes to the process's stdout, below Python.
+        os.dup2(log.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON), torch.autocast('cpu', dtype=torch.bfloat16):
+                torch.nn.functional.conv2d(x, w)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        for fields in (line.split(',') for line in log):
+            if 'exec' in fields and 'convolution' in fields:
+                return fields[fields.index('convolution') + 1]
+    return 'aten'
 
 
 def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precision: str, batch: dict) -> dict[str, torch.Tensor]:
@@ -100,16 +153,47 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, se
     batch = dict(real=real, real_c=real_c, z_D=z_D, z_G=z_G, c_G=c_G)
     reference = gradients(copy.deepcopy(G).double(), copy.deepcopy(D).double(), opts.loss_kwargs, 'fp32', batch)
     rows = []
+    isa, kernels = os.environ.get(ISA_VARIABLE, 'default'), kernel_set()
     for precision in precisions:
         got = gradients(copy.deepcopy(G), copy.deepcopy(D), opts.loss_kwargs, precision, batch)
         rel = lambda key: ((got[key] - reference[key]).norm() / reference[key].norm()).item()
         norm_err = (None if reference['norm'] is None
                     else ((got['norm'] - reference['norm']).abs() / reference['norm']).max().item())
         rows.append(dict(cfg=cfg_name, norm=norm, resolution=G.img_resolution, batch=batch_size, seed=seed,
-                         precision=precision, D_grad_rel_err=rel('D'), G_grad_rel_err=rel('G'),
+                         precision=precision, isa=isa, kernels=kernels, D_grad_rel_err=rel('D'), G_grad_rel_err=rel('G'),
                          score_max_abs_err=(got['f_hat'] - reference['f_hat']).abs().max().item(),
                          grad_norm_max_rel_err=norm_err))
     return rows
+
+
+def measure(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, seeds: int, resolution: int,
+            cmax: int, lod: float) -> list[dict]:
+    """Every (preset, norm, seed)'s rows in this process, each printed as it comes."""
+    rows = []
+    print(f'{"cfg":<20} {"norm":<5} {"seed":>4} {"prec":<5} {"D grad":>9} {"G grad":>9} {"score":>9} {"||grad||":>9}  '
+          f'kernels ({ISA_VARIABLE})', flush=True)
+    for name in cfg_names:
+        for norm in norms:
+            for seed in range(seeds):
+                for r in compare(name, norm, precisions, batch, seed, resolution, cmax, lod):
+                    rows.append(r)
+                    norm_err = '' if r['grad_norm_max_rel_err'] is None else f'{r["grad_norm_max_rel_err"]:.2e}'
+                    print(f'{r["cfg"]:<20} {norm:<5} {seed:>4} {r["precision"]:<5} {r["D_grad_rel_err"]:>9.2e} '
+                          f'{r["G_grad_rel_err"]:>9.2e} {r["score_max_abs_err"]:>9.2e} {norm_err:>9}  '
+                          f'{r["kernels"]} ({r["isa"]})', flush=True)
+    return rows
+
+
+def measure_under_isa(isa: str, options: list[str]) -> list[dict]:
+    """This program's rows with `options`, run in a process of its own under ONEDNN_MAX_CPU_ISA=isa."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, 'rows.json')
+        env = dict(os.environ, **{ISA_VARIABLE: isa})
+        result = subprocess.run([sys.executable, '-m', 'bench.precision', *options, f'--out={out}'], env=env, check=False)
+        if result.returncode != 0:
+            raise click.ClickException(f'the run under {ISA_VARIABLE}={isa} failed (exit status {result.returncode})')
+        with open(out) as f:
+            return json.load(f)['results']
 
 
 @click.command()
@@ -125,21 +209,24 @@ def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, se
 @click.option('--resolution',       help='gn-stylegan: resolution the networks are built for', type=click.IntRange(min=8), default=32, show_default=True)
 @click.option('--cmax',             help='gn-stylegan: maximum feature maps per layer', type=click.IntRange(min=1), default=128, show_default=True)
 @click.option('--lod',              help='gn-stylegan: level of detail (0: full resolution; 0.5: half-way through a fade-in)', type=click.FloatRange(min=0), default=0.5, show_default=True)
+@click.option('--isa',              help=f'oneDNN ISAs ({ISA_VARIABLE}), comma-separated, or all: every one this CPU offers, '
+                                         f'each in a process of its own  [default: this process\'s]', metavar='LIST')
 @click.option('--out',              help='JSON file for the results', metavar='PATH')
 def main(cfg_names: list[str], norms: list[str], precisions: list[str], batch: int, seeds: int, resolution: int, cmax: int,
-         lod: float, out: str | None) -> None:
+         lod: float, isa: str | None, out: str | None) -> None:
     """Relative error of GN training gradients against float64, per preset and precision."""
-    rows = []
-    print(f'{"cfg":<20} {"norm":<5} {"seed":>4} {"prec":<5} {"D grad":>9} {"G grad":>9} {"score":>9} {"||grad||":>9}',
-          flush=True)
-    for name in cfg_names:
-        for norm in norms:
-            for seed in range(seeds):
-                for r in compare(name, norm, precisions, batch, seed, resolution, cmax, lod):
-                    rows.append(r)
-                    norm_err = '' if r['grad_norm_max_rel_err'] is None else f'{r["grad_norm_max_rel_err"]:.2e}'
-                    print(f'{r["cfg"]:<20} {norm:<5} {seed:>4} {r["precision"]:<5} {r["D_grad_rel_err"]:>9.2e} '
-                          f'{r["G_grad_rel_err"]:>9.2e} {r["score_max_abs_err"]:>9.2e} {norm_err:>9}', flush=True)
+    if isa is None:
+        rows = measure(cfg_names, norms, precisions, batch, seeds, resolution, cmax, lod)
+    else:
+        offered = cpu_isas()
+        isas = offered if isa == 'all' else [v for v in isa.split(',') if v]
+        missing = [v for v in isas if v not in offered]
+        if missing or not isas:
+            raise click.BadParameter(f'this CPU offers {", ".join(offered) or "no oneDNN x86 ISA"}; got "{isa}"',
+                                     param_hint='--isa')
+        options = [f'--cfg={",".join(cfg_names)}', f'--norms={",".join(norms)}', f'--precisions={",".join(precisions)}',
+                   f'--batch={batch}', f'--seeds={seeds}', f'--resolution={resolution}', f'--cmax={cmax}', f'--lod={lod}']
+        rows = [row for value in isas for row in measure_under_isa(value, options)]
     if out is not None:
         write_json_atomic(out, dict(
             benchmark='relative error of GN training gradients against float64 (GANLoss, one D and one G step)',
