@@ -74,6 +74,37 @@ def test_linear_discriminator_gives_the_norm_of_its_weights():
     assert l_d(G, D, 'sn') == pytest.approx(expected, rel=1e-5)  # SN lives inside D; the loss sees f.
 
 
+class QuadraticDiscriminator(torch.nn.Module):
+    """f(x) = a / 2 * ||x||^2, declaring `input_grad_scale` s (a progressive D's factor): ||grad f|| = a * ||x|| * s."""
+
+    def __init__(self, a: float, input_grad_scale: float) -> None:
+        super().__init__()
+        self.c_dim, self.img_resolution, self.img_channels = 0, 32, 1
+        self.a, self.input_grad_scale = a, input_grad_scale
+        self.unused = torch.nn.Parameter(torch.zeros([]))
+
+    def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return self.a / 2 * img.square().sum(dim=[1, 2, 3])[:, None] + 0 * self.unused
+
+
+class ConstantGenerator(torch.nn.Module):
+    """Every image 1.5 everywhere (outside [-1, 1], as a float G output may be): ||x|| = 1.5 * 32."""
+    z_dim, c_dim, img_resolution, img_channels = 4, 0, 32, 1
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return torch.full([z.shape[0], 1, 32, 32], 1.5)
+
+
+def test_the_maximum_over_reals_and_fakes_where_it_lies_on_a_fake_with_the_input_scale():
+    """L_D = max over reals and fakes of a * ||x|| * s: here the fakes' a * 48 * s, larger than any real's (a real digit
+    in [-1, 1] has ||x|| <= 32, its largest computed here in float64 from the images)."""
+    a, scale = 0.7, 2.0
+    largest_real = float(reals(0, 60).flatten(1).norm(dim=1).max()) * a * scale
+    value = l_d(ConstantGenerator(), QuadraticDiscriminator(a, scale), 'none', num=60)
+    assert largest_real < 0.7 * value
+    assert value == pytest.approx(a * 1.5 * 32 * scale, rel=1e-6)
+
+
 def test_a_discriminator_scaled_by_a_constant_scales_l_d():
     """k * f has k times f's gradient norms everywhere, so k times its L_D; under GN, f_hat does not change."""
     G, D = small_nets()
