@@ -157,6 +157,23 @@ def test_calc_metrics_reads_d_and_norm_from_a_snapshot(tmp_path):
     assert line['norm'] == 'none' and line['num_real'] == 20 and line['num_gen'] == 20
 
 
+def test_two_gloo_processes_reduce_to_the_largest_norm(tmp_path):
+    """100 reals and 100 fakes are two batches each, one per process: the result of two gloo processes is the largest
+    norm of either, the one process's L_D over all of them (a CNN D: every sample's norm differs)."""
+    G, D = small_nets(seed=2)
+    snapshot = str(tmp_path / 'network-snapshot-000001.pkl')
+    persistence.save_snapshot(snapshot, dict(G=G, G_ema=G, D=D, training_set_kwargs=DATA, experiment=dict(norm='none')))
+    for gpus in ('1', '2'):
+        result = CliRunner().invoke(calc_metrics.main, [f'--network={snapshot}', '--metrics=lipschitz1k', '--num-gen=100',
+                                                        '--max-real=100', f'--gpus={gpus}', '--workers=0', '--verbose=false'])
+        assert result.exit_code == 0, result.output
+    with open(tmp_path / 'metric-lipschitz1k.jsonl') as f:
+        lines = [json.loads(line) for line in f]
+    assert [line['num_gpus'] for line in lines] == [1, 2]
+    one, two = (line['results']['lipschitz1k'] for line in lines)
+    assert one > 0 and two == pytest.approx(one, rel=1e-5)
+
+
 def test_training_evaluator_passes_d_and_the_runs_norm(tmp_path):
     G, _ = small_nets()
     D = LinearDiscriminator(seed=2)
