@@ -180,8 +180,15 @@ def test_training_evaluator_passes_d_and_the_runs_norm(tmp_path):
     evaluator = MetricEvaluator(['lipschitz1k'], dict(norm='gn', num_gen=10, max_real=10), DATA, str(tmp_path), 1, 0,
                                 torch.device('cpu'), log=lambda message: None)
     _, results = evaluator.evaluate(G, str(tmp_path / 'snap.pkl'), D=D)
-    # Linear f: n = ||w|| everywhere, and ||grad f_hat|| = (n / (n + |f|))^2 <= 1, largest where |f| is smallest.
-    assert 0 < results['lipschitz1k'] <= 1
+    # Linear f: n = ||w|| everywhere, and ||grad f_hat|| = (n / (n + |f|))^2 <= 1, largest where |f| is smallest: over
+    # the first 10 reals and the fakes of the metric's first block of latents (seed 0, block 0), in float64.
+    z = torch.from_numpy(np.random.default_rng([0, 0]).standard_normal([10, 16], dtype=np.float32))
+    with torch.no_grad():
+        fakes = G(z, torch.zeros([10, 0])).double()
+    x = torch.cat([reals(0, 10), fakes])
+    w, b = D.w.detach().double(), D.b.detach().double()
+    f, n = (x * w).sum(dim=[1, 2, 3]) + b, w.norm()
+    assert results['lipschitz1k'] == pytest.approx(float(((n / (n + f.abs())) ** 2).max()), rel=1e-5)
     assert os.path.isfile(tmp_path / 'metric-lipschitz1k.jsonl')
 
 
