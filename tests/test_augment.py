@@ -91,8 +91,9 @@ def _decode_flips_and_shifts(out: torch.Tensor, width: int) -> tuple[np.ndarray,
 
 @pytest.mark.parametrize('height,width', [(32, 32), (48, 48), (32, 48)])
 def test_the_losss_draw_flips_half_and_shifts_each_axis_within_a_fifth_of_its_size(height, width):
-    """consistency_augment, the call the loss makes: flips with probability 1/2, and shifts dy by round(U[-0.2 H, 0.2 H])
-    and dx by round(U[-0.2 W, 0.2 W]) (non-square: each axis its own size), decoded from the augmented images."""
+    """consistency_augment, the call the loss makes: flips with probability 1/2, and shifts dy by
+    round(U[-0.2 H, 0.2 H]) and dx by round(U[-0.2 W, 0.2 W]) (non-square: each axis its own size), decoded
+    from the augmented images."""
     n = 6000
     image = (torch.arange(height * width, dtype=torch.float32) + 1).reshape(1, 1, height, width)
     torch.manual_seed(0)

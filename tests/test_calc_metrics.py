@@ -320,9 +320,9 @@ def test_l_d_scores_a_batchnorm_generator_in_training_mode_on_bn_batch_images(ru
     1e-5) everywhere, and L_D = max ||x|| over the 20 reals and 8 fakes, computed here in numpy."""
     snapshot = str(run['tmp_path'] / 'bn' / 'network-snapshot-000001.pkl')
     os.makedirs(os.path.dirname(snapshot))
-    persistence.save_snapshot(snapshot, dict(G=BatchNormGenerator(), G_ema=BatchNormGenerator(), D=HalfSquaredNormDiscriminator(),
-                                             training_set_kwargs=dataset_kwargs_of(run['data_path']),
-                                             experiment=dict(norm='none')))
+    persistence.save_snapshot(snapshot, dict(G=BatchNormGenerator(), G_ema=BatchNormGenerator(),
+                                             D=HalfSquaredNormDiscriminator(), experiment=dict(norm='none'),
+                                             training_set_kwargs=dataset_kwargs_of(run['data_path'])))
     result = CliRunner().invoke(calc_metrics.main, [f'--network={snapshot}', '--metrics=lipschitz1k', '--num-gen=8',
                                                     '--bn-batch=4', '--verbose=false'])
     assert result.exit_code == 0, result.output

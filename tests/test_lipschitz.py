@@ -169,8 +169,10 @@ def test_two_gloo_processes_reduce_to_the_largest_norm(tmp_path):
     snapshot = str(tmp_path / 'network-snapshot-000001.pkl')
     persistence.save_snapshot(snapshot, dict(G=G, G_ema=G, D=D, training_set_kwargs=DATA, experiment=dict(norm='none')))
     for gpus in ('1', '2'):
-        result = CliRunner().invoke(calc_metrics.main, [f'--network={snapshot}', '--metrics=lipschitz1k', '--num-gen=100',
-                                                        '--max-real=100', f'--gpus={gpus}', '--workers=0', '--verbose=false'])
+        result = CliRunner().invoke(calc_metrics.main, [f'--network={snapshot}', '--metrics=lipschitz1k',
+                                                        f'--gpus={gpus}',
+                                                        '--num-gen=100', '--max-real=100', '--workers=0',
+                                                        '--verbose=false'])
         assert result.exit_code == 0, result.output
     with open(tmp_path / 'metric-lipschitz1k.jsonl') as f:
         lines = [json.loads(line) for line in f]

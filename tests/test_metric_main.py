@@ -114,7 +114,8 @@ PROTOCOLS = {
 def test_registry_holds_each_protocols_sizes_and_reference_set(monkeypatch):
     """Each registered metric calls its computation with the protocol's image counts and reference set (the
     computations replaced by recorders: nothing is generated)."""
-    from metrics import frechet_inception_distance, inception_score, kernel_inception_distance, lipschitz, precision_recall
+    from metrics import (frechet_inception_distance, inception_score, kernel_inception_distance, lipschitz,
+                         precision_recall)
     calls = []
     for module in [frechet_inception_distance, inception_score, kernel_inception_distance, lipschitz, precision_recall]:
         for name in ['compute_fid', 'compute_is', 'compute_kid', 'compute_pr', 'compute_lipschitz']:

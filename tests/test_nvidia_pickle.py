@@ -501,7 +501,7 @@ def test_each_input_dimension_is_bounded_by_the_elements_of_the_networks_tensors
                   synthesis_kwargs={'channel_base': 128, 'channel_max': 16})
     for value, refused in [(elements + 1, True), (elements, False)]:
         object.__setattr__(G, 'init_kwargs', dict(kwargs, **{key: value}))
-        with pytest.raises(nvidia_pickle.NvidiaPickleError) as error:  # At `elements` the network's own shapes refuse it.
+        with pytest.raises(nvidia_pickle.NvidiaPickleError) as error:  # At `elements` G's own shapes refuse it.
             load(hostile_cases.nvidia_pickle({'G': G}, hostile_cases.nvidia_source()))
         message = f'asks for a {what} ({key}) of {value:,}, more than the {elements:,} elements its tensors hold'
         assert (message in str(error.value)) == refused, str(error.value)

@@ -216,7 +216,7 @@ class GANLoss:
         cr: float = 0.0,                    # Consistency regularization weight (paper: 5), 0 = off.
         fast_g: bool | None = None,         # GN generator step by one first-order backward; None = iff D.is_piecewise_linear.
         fuse_d_calls: bool | None = None,   # Reals, fakes (and CR's copies) in one D call; None = iff D.is_sample_independent, on CUDA.
-        linear_d: bool | None = None,       # GN D step with f in its affine form; None = iff D qualifies, without autocast (above).
+        linear_d: bool | None = None,       # GN D step, f in affine form; None = iff D qualifies and no autocast runs.
         precision: str | Precision = 'fp32', # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
         channels_last: bool | None = None,  # Convert G's and D's weights to channels-last; None = on a CPU, or with bf16/fp16.
         style_mixing_prob: float = 0.0,     # StyleGAN2 G (mapping + synthesis): probability of mixing two latents' styles.
@@ -245,8 +245,8 @@ class GANLoss:
         if fuse_d_calls is None:  # One call halves a GPU D step's kernel launches; on a CPU it gains nothing.
             fuse_d_calls = bool(getattr(D, 'is_sample_independent', False)) and device_type == 'cuda'
         self.fuse_d_calls = bool(fuse_d_calls)
-        # The affine form by default without autocast only: under bf16/fp16 autocast all of its D gradient comes from the
-        # second backward through the first backward's rounded graph (docs/precision.md: far from float64 with AMX).
+        # The affine form by default without autocast only: under bf16/fp16 autocast all of its D gradient comes
+        # from the second backward through the first backward's rounded graph (docs/precision.md: far off with AMX).
         affine = self.precision.autocast_dtype is None if linear_d is None else bool(linear_d)
         self.bias_layers = linearizable_layers(D) if affine and self.constraint.gn_zeta is not None else None
         if linear_d and self.bias_layers is None:
