@@ -73,6 +73,42 @@ def test_shifts_follow_the_authors_rounding_of_a_uniform_draw(size):
         for k, count in zip(values.tolist(), counts):
             assert abs(count / len(shifts) - expected[k]) < 5 * np.sqrt(expected[k] / len(shifts)) + 1e-4, (axis, k)
 
+
+def _decode_flips_and_shifts(out: torch.Tensor, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(flip [N], shift [N, 2]) of consistency_augment's outputs of an image whose pixel (r, c) holds r * W + c + 1
+    (the fill is -1): the brightest visible pixel (y, x) is some (r, c) of the source, the sign of the values' step
+    along x tells the flip, and then dy = y - r, dx = x - c (c = W - 1 - (x - dx) when flipped)."""
+    values = out[:, 0]
+    inside = values >= 1
+    steps = (values[:, :, 1:] - values[:, :, :-1]) * (inside[:, :, 1:] & inside[:, :, :-1])
+    flip = steps.sum(dim=(1, 2)) < 0
+    best, index = values.flatten(1).max(dim=1)
+    y, x = index // width, index % width
+    r, c = (best.long() - 1) // width, (best.long() - 1) % width
+    dx = torch.where(flip, c - (width - 1 - x), x - c)
+    return flip.numpy(), torch.stack([y - r, dx], dim=1).numpy()
+
+
+@pytest.mark.parametrize('height,width', [(32, 32), (48, 48), (32, 48)])
+def test_the_losss_draw_flips_half_and_shifts_each_axis_within_a_fifth_of_its_size(height, width):
+    """consistency_augment, the call the loss makes: flips with probability 1/2, and shifts dy by
+    round(U[-0.2 H, 0.2 H]) and dx by round(U[-0.2 W, 0.2 W]) (non-square: each axis its own size), decoded
+    from the augmented images."""
+    n = 6000
+    image = (torch.arange(height * width, dtype=torch.float32) + 1).reshape(1, 1, height, width)
+    torch.manual_seed(0)
+    flip, shift = _decode_flips_and_shifts(consistency_augment(image.expand(n, 1, height, width)), width)
+    assert abs(flip.mean() - 0.5) < 5 * np.sqrt(0.25 / n)
+    for axis, size in enumerate((height, width)):
+        m = 0.2 * size
+        top = int(np.floor(m + 0.5))
+        expected = {k: (min(k + 0.5, m) - max(k - 0.5, -m)) / (2 * m) for k in range(-top, top + 1)}
+        values, counts = np.unique(shift[:, axis], return_counts=True)
+        assert set(values.tolist()) == set(expected), (axis, values)
+        for k, count in zip(values.tolist(), counts):
+            assert abs(count / n - expected[k]) < 5 * np.sqrt(expected[k] / n) + 1e-4, (axis, k)
+
+
 #----------------------------------------------------------------------------
 # NVIDIA's AugmentPipe and DiffAugment: hand-derived values from the same draws, replayed here from the seed.
 

@@ -285,3 +285,55 @@ def test_generator_option_scores_the_snapshots_G(run):
         assert line['generator'] == name
     result = CliRunner().invoke(calc_metrics.main, [f'--images={run["data_path"]}', '--generator=G'])
     assert result.exit_code == 1 and result.output.count('\n') == 1 and '--generator' in result.output
+
+
+@persistence.persistent_class
+class BatchNormGenerator(torch.nn.Module):
+    """Every pixel of image i is 1.5 * BatchNorm(z_i[0]) (no affine; running mean 0.5, variance 4 in eval mode)."""
+    z_dim, c_dim, img_resolution, img_channels = 2, 0, 8, 3
+
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(1, affine=False)
+        self.bn.running_mean.fill_(0.5)
+        self.bn.running_var.fill_(4.0)
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return (1.5 * self.bn(z[:, :1])).reshape(-1, 1, 1, 1).expand(-1, 3, 8, 8)
+
+
+@persistence.persistent_class
+class HalfSquaredNormDiscriminator(torch.nn.Module):
+    """f(x) = ||x||^2 / 2: ||grad_x f|| = ||x||."""
+    c_dim, img_resolution, img_channels = 0, 8, 3
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros([]))
+
+    def forward(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        return img.square().sum(dim=[1, 2, 3])[:, None] / 2 + 0 * self.unused
+
+
+def test_l_d_scores_a_batchnorm_generator_in_training_mode_on_bn_batch_images(run):
+    """calc_metrics.py --metrics=lipschitz1k --bn-batch=4: G in training mode on blocks of 4 latents (block b's from
+    the metric's RNG seeded with (0, b)), so each fake is 1.5 * its block's standardized z[0] (biased variance, eps
+    1e-5) everywhere, and L_D = max ||x|| over the 20 reals and 8 fakes, computed here in numpy."""
+    snapshot = str(run['tmp_path'] / 'bn' / 'network-snapshot-000001.pkl')
+    os.makedirs(os.path.dirname(snapshot))
+    persistence.save_snapshot(snapshot, dict(G=BatchNormGenerator(), G_ema=BatchNormGenerator(),
+                                             D=HalfSquaredNormDiscriminator(), experiment=dict(norm='none'),
+                                             training_set_kwargs=dataset_kwargs_of(run['data_path'])))
+    result = CliRunner().invoke(calc_metrics.main, [f'--network={snapshot}', '--metrics=lipschitz1k', '--num-gen=8',
+                                                    '--bn-batch=4', '--verbose=false'])
+    assert result.exit_code == 0, result.output
+    [line] = read_jsonl(run['tmp_path'] / 'bn' / 'metric-lipschitz1k.jsonl')
+    reals = run['images'].astype(np.float64) / 127.5 - 1
+    fakes = []
+    for block in range(2):
+        z0 = np.random.default_rng([0, block]).standard_normal([4, 2], dtype=np.float32)[:, 0].astype(np.float64)
+        fakes.append(1.5 * (z0 - z0.mean()) / np.sqrt(z0.var() + 1e-5))
+    fake_norms = np.abs(np.concatenate(fakes)) * np.sqrt(3 * 8 * 8)
+    expected = max(np.sqrt((reals ** 2).sum(axis=(1, 2, 3))).max(), fake_norms.max())
+    assert fake_norms.max() > np.sqrt((reals ** 2).sum(axis=(1, 2, 3))).max()  # It lies on a fake.
+    assert line['results']['lipschitz1k'] == pytest.approx(expected, rel=1e-5)

@@ -433,6 +433,16 @@ def test_resolution_resizes_mixed_sizes(tmp_path):
     np.testing.assert_array_equal(pixels[0], np.full([4, 4, 1], 40, np.uint8))
     np.testing.assert_array_equal(pixels[1], np.full([4, 4, 1], 200, np.uint8))
 
+def test_resolution_resizes_with_lanczos_by_default(tmp_path):
+    # StyleGAN2-ADA's dataset_tool: PIL's Lanczos. On random pixels every filter gives other values; equal to PIL's
+    # own Lanczos resize of the source, and not to its bicubic or bilinear one.
+    pixels = random_pixels(np.random.default_rng(11), 16, 16, 3)
+    out = convert_one(tmp_path, pixels, '--resolution=8x8')
+    image = PIL.Image.fromarray(pixels)
+    np.testing.assert_array_equal(out, np.asarray(image.resize((8, 8), PIL.Image.Resampling.LANCZOS)))
+    for other in (PIL.Image.Resampling.BICUBIC, PIL.Image.Resampling.BILINEAR):
+        assert not np.array_equal(out, np.asarray(image.resize((8, 8), other)))
+
 #----------------------------------------------------------------------------
 # Bad input: a non-zero exit, one clear line, no traceback, nothing left behind.
 

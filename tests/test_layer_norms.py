@@ -115,3 +115,26 @@ def test_a_projection_discriminators_label_embedding_is_not_a_layer_of_the_image
     torch.manual_seed(0)
     D = sngan.CNNDiscriminator(c_dim=10, img_resolution=8, img_channels=1, ch=2, depth=3)
     assert [n.name for n in layer_norms.layer_norms(D)] == ['convs.0', 'convs.1', 'convs.2', 'fc']
+
+
+def test_sigma_reshaped_of_a_stylegan_layer_carries_its_equalized_lr_gain():
+    """StyleGAN v1's layers store w and use w * sqrt(2) / sqrt(fan_in) (He gain, equalized learning rate):
+    sigma_reshaped is that of the used weight, numpy's SVD of w * sqrt(2 / (in * k * k)) reshaped to [out, -1]."""
+
+    class OneLayerD(nn.Module):
+        img_channels, img_resolution = 4, 6
+
+        def __init__(self):
+            super().__init__()
+            self.conv = stylegan.Conv2dLayer(in_channels=4, out_channels=3, kernel_size=3, activation='linear')
+
+        def forward(self, img, c):
+            return self.conv(img).sum(dim=[1, 2, 3])[:, None]
+
+    torch.manual_seed(0)
+    D = OneLayerD()
+    weight = D.conv.weight.detach().double().numpy()
+    expected = np.linalg.svd(weight.reshape(3, -1) * np.sqrt(2 / (4 * 3 * 3)), compute_uv=False)[0]
+    norms = layer_norms.layer_norms(D)
+    assert [n.name for n in norms] == ['conv']
+    assert norms[0].sigma_reshaped == pytest.approx(expected, rel=1e-9)

@@ -5,6 +5,7 @@ The tiny generators here are also used by test_calc_metrics.py (the detector and
 tests/support/stand_ins.py's).
 """
 
+import inspect
 import json
 import os
 
@@ -92,11 +93,48 @@ def setup(tmp_path, monkeypatch):
 # Registry.
 
 
-def test_registry_lists_the_protocols():
-    for name in ['fid50k_full', 'fid10k_full', 'fid50k', 'fid10k', 'fid3k', 'is50k', 'kid50k_full', 'pr50k3_full', 'fid30k_full']:
-        assert metric_main.is_valid_metric(name)
+# Every protocol's built-in sizes and reference set, as the paper (Table 2's FIDs: 50k generated against the
+# training set, 10k against the CIFAR-10 test split; IS on 50k in 10 splits) and StyleGAN2-ADA's metric_main define
+# them: (function, its arguments but `opts`, defaults filled in). max_real None = the whole set.
+PROTOCOLS = {
+    'fid50k_full': ('compute_fid', dict(num_gen=50000, max_real=None, use_ref_data=False)),
+    'fid30k_full': ('compute_fid', dict(num_gen=30000, max_real=None, use_ref_data=False)),
+    'fid10k_full': ('compute_fid', dict(num_gen=10000, max_real=None, use_ref_data=False)),
+    'fid50k':      ('compute_fid', dict(num_gen=50000, max_real=None, use_ref_data=True)),
+    'fid10k':      ('compute_fid', dict(num_gen=10000, max_real=None, use_ref_data=True)),
+    'fid3k':       ('compute_fid', dict(num_gen=3000, max_real=None, use_ref_data=True)),
+    'is50k':       ('compute_is', dict(num_gen=50000, num_splits=10)),
+    'kid50k_full': ('compute_kid', dict(max_real=1000000, num_gen=50000, num_subsets=100, max_subset_size=1000)),
+    'pr50k3_full': ('compute_pr', dict(max_real=200000, num_gen=50000, nhood_size=3, batch_size=4096)),
+    'lipschitz1k': ('compute_lipschitz', dict(num=1000)),
+    'lipschitz50k': ('compute_lipschitz', dict(num=50000)),
+}
+
+
+def test_registry_holds_each_protocols_sizes_and_reference_set(monkeypatch):
+    """Each registered metric calls its computation with the protocol's image counts and reference set (the
+    computations replaced by recorders: nothing is generated)."""
+    from metrics import (frechet_inception_distance, inception_score, kernel_inception_distance, lipschitz,
+                         precision_recall)
+    calls = []
+    for module in [frechet_inception_distance, inception_score, kernel_inception_distance, lipschitz, precision_recall]:
+        for name in ['compute_fid', 'compute_is', 'compute_kid', 'compute_pr', 'compute_lipschitz']:
+            if hasattr(module, name):
+                signature = inspect.signature(getattr(module, name))
+
+                def record(*args, name=name, signature=signature, **kwargs):
+                    bound = signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
+                    assert bound.arguments.pop('opts') == 'opts'
+                    calls.append((name, dict(bound.arguments)))
+                    return (1.0, 0.0) if name in ('compute_is', 'compute_pr') else 1.0
+                monkeypatch.setattr(module, name, record)
+    assert sorted(metric_main.list_valid_metrics()) == sorted(PROTOCOLS)
+    for metric, protocol in PROTOCOLS.items():
+        calls.clear()
+        metric_main._metric_dict[metric]('opts')  # pylint: disable=protected-access
+        assert calls == [protocol], metric
     assert not metric_main.is_valid_metric('fid5k')
-    assert set(metric_main.list_valid_metrics()) >= {'fid50k_full', 'is50k'}
 
 
 def test_unknown_metric_and_missing_reference_split(setup):

@@ -487,3 +487,21 @@ def test_sigterm_while_train_reads_the_pickle_stops_it(tmp_path, monkeypatch, ca
     assert info.value.code == 75
     assert capsys.readouterr().err == f'Stopped by SIGTERM while reading --resume={path}; nothing was started\n'
     assert len(read) == 3  # The storage in progress is read; none after it.
+
+
+@pytest.mark.parametrize('key,what', [('z_dim', 'latent dimension'), ('c_dim', 'label dimension'),
+                                      ('w_dim', 'style dimension')])
+def test_each_input_dimension_is_bounded_by_the_elements_of_the_networks_tensors(key, what):
+    """z_dim, c_dim and w_dim size what running G allocates: one more than the elements of G's tensors is refused,
+    naming the dimension; the elements are counted here from the networks written (parameters and buffers)."""
+    networks = hostile_cases.nvidia_networks(resolution=16)
+    G = networks['G']
+    elements = sum(t.numel() for t in [*G.parameters(), *G.buffers()])
+    kwargs = dict(z_dim=8, c_dim=0, w_dim=8, img_resolution=16, img_channels=3, mapping_kwargs={'num_layers': 2},
+                  synthesis_kwargs={'channel_base': 128, 'channel_max': 16})
+    for value, refused in [(elements + 1, True), (elements, False)]:
+        object.__setattr__(G, 'init_kwargs', dict(kwargs, **{key: value}))
+        with pytest.raises(nvidia_pickle.NvidiaPickleError) as error:  # At `elements` G's own shapes refuse it.
+            load(hostile_cases.nvidia_pickle({'G': G}, hostile_cases.nvidia_source()))
+        message = f'asks for a {what} ({key}) of {value:,}, more than the {elements:,} elements its tensors hold'
+        assert (message in str(error.value)) == refused, str(error.value)

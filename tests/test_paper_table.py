@@ -67,3 +67,15 @@ def test_refusals_are_one_line(tmp_path):
         result = CliRunner().invoke(paper_table.main, [*args, f'--out={tmp_path / "out"}'])
         assert result.exit_code == 1 and expected in result.output and result.output.count('\n') == 1, result.output
     assert not (tmp_path / 'out').exists()
+
+
+def test_a_later_line_of_the_same_snapshot_replaces_an_earlier_one(tmp_path):
+    """calc_metrics.py run again on a snapshot appends a second line: the later result is the one that counts."""
+    run_dir = write_run(tmp_path, 0, SCORES[0])
+    snapshot = 'network-snapshot-000100.pkl'
+    with open(os.path.join(run_dir, 'metric-fid50k_full.jsonl'), 'a') as f:
+        line = dict(results=dict(fid50k_full=9.5), metric='fid50k_full', snapshot_pkl=f'/else/{snapshot}')
+        f.write(json.dumps(line) + '\n')
+    scores = paper_table.recorded_scores(run_dir)
+    assert scores[snapshot] == dict(fid50k_full=9.5, fid10k=18.5, is50k_mean=8.1, is50k_std=0.1)
+    assert paper_table.best_snapshot(run_dir, scores, 'fid50k_full') == (snapshot, scores[snapshot])

@@ -1,8 +1,14 @@
 """training/step/precision.py: the TF32 switch, autocast and loss scaling of each --precision."""
 
+import json
+
 import pytest
 import torch
 
+from bench.precision import cpu_isas
+from tests.support.runs import run_clis
+from training.networks import sngan
+from training.step.loss import GANLoss
 from training.step.precision import PRECISIONS, Precision
 
 
@@ -41,3 +47,55 @@ def test_lay_out_makes_cpu_weights_channels_last_and_keeps_values_and_parameters
     assert net[0].weight.is_contiguous(memory_format=torch.channels_last) and not net[0].weight.is_contiguous()
     assert all(torch.equal(p, before[name]) for name, p in net.named_parameters())
     assert all(a is b for a, b in zip(params, net.parameters()))
+
+
+#----------------------------------------------------------------------------
+# GN's D step in bf16 on every oneDNN kernel set the CPU offers (docs/precision.md, "kernel sets").
+
+GN_ROUNDING_BOUND = 2.5  # GN's bf16 D gradient at most this many times as far from float64 as the unnormalized D's.
+
+# One process per ONEDNN_MAX_CPU_ISA (set before torch loads oneDNN): the relative L2 error of the bf16 D-step
+# gradients of a narrow SN-GAN ResNet D against float64, under GN (the loss's default D step) and unconstrained.
+_BF16_D_STEP = '''
+import os, sys
+if sys.argv[1] != 'default':
+    os.environ['ONEDNN_MAX_CPU_ISA'] = sys.argv[1]
+import copy, json, torch
+from bench.precision import kernel_set
+from training.networks import sngan
+from training.step.loss import GANLoss
+
+def d_gradient(G, D, norm, precision, batch):
+    D.requires_grad_(True)
+    GANLoss(G=G, D=D, norm=norm, precision=precision).accumulate_gradients('D', *batch)
+    return torch.cat([p.grad.flatten() for p in D.parameters()]).double()
+
+errors = {}
+for norm in ('gn', 'none'):
+    torch.manual_seed(0)
+    G = sngan.ResNetGenerator(z_dim=32, img_resolution=32, img_channels=3, c_dim=0, ch=8)
+    D = sngan.ResNetDiscriminator(img_resolution=32, img_channels=3, c_dim=0, ch=8)
+    batch = [torch.rand(4, 3, 32, 32) * 2 - 1, torch.zeros(4, 0), torch.randn(4, 32), torch.zeros(4, 0)]
+    ref = d_gradient(copy.deepcopy(G).double(), copy.deepcopy(D).double(), norm, 'fp32', [t.double() for t in batch])
+    got = d_gradient(G, D, norm, 'bf16', batch)
+    errors[norm] = ((got - ref).norm() / ref.norm()).item()
+print(json.dumps(dict(errors, kernels=kernel_set())))
+'''
+
+
+def test_gn_bf16_d_gradient_within_bound_on_every_kernel_set():
+    isas = cpu_isas() or ['default']  # Not an x86 Linux CPU: its one kernel set.
+    results = run_clis(*[['-c', _BF16_D_STEP, isa] for isa in isas])
+    for isa, result in zip(isas, results):
+        errors = json.loads(result.stdout.strip().splitlines()[-1])
+        assert 0 < errors['gn'] <= GN_ROUNDING_BOUND * errors['none'], (isa, errors)
+
+
+def test_gn_d_step_differentiates_plainly_under_autocast():
+    # The affine form takes all of D's gradient from the second backward through the first backward's rounded graph:
+    # in float32 by default, under bf16 and fp16 only when asked for.
+    G = sngan.ResNetGenerator(z_dim=32, img_resolution=32, img_channels=3, c_dim=0, ch=8)
+    D = sngan.ResNetDiscriminator(img_resolution=32, img_channels=3, c_dim=0, ch=8)
+    for name in PRECISIONS:
+        assert (GANLoss(G=G, D=D, precision=name).bias_layers is not None) == (name in ('fp32', 'tf32')), name
+        assert GANLoss(G=G, D=D, precision=name, linear_d=True).bias_layers is not None

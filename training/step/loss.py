@@ -48,7 +48,10 @@ f in its affine form (`linear_d`; training/step/gradnorm.py): the same gradients
 backward through the first backward's graph only (a third fewer convolutions per GN D step). The
 identity, which does not depend on the arithmetic, is measured in float32 on the first D step's
 reals (relative error below 1e-3) before it is relied on; where it fails, the loss warns once and
-differentiates plainly.
+differentiates plainly. It is the default where no autocast runs (fp32, tf32): under bf16 or fp16 the affine
+form takes all of D's gradient from the second backward through the first backward's rounded graph,
+which some kernel sets (oneDNN with AMX) round far worse than the plain double backward, so the D
+step differentiates plainly there unless `linear_d=True` asks otherwise (docs/precision.md).
 
 Gradient norms are those w.r.t. the image D is defined on: a progressive StyleGAN D works at the
 active resolution but, as in StyleGAN v1, stands for a D of the full-resolution image, and
@@ -230,7 +233,7 @@ class GANLoss:
         cr: float = 0.0,                    # Consistency regularization weight (paper: 5), 0 = off.
         fast_g: bool | None = None,         # GN generator step by one first-order backward; None = iff D.is_piecewise_linear.
         fuse_d_calls: bool | None = None,   # Reals, fakes (and CR's copies) in one D call; None = iff D.is_sample_independent, on CUDA.
-        linear_d: bool | None = None,       # GN D step with f in its affine form; None = iff D qualifies (see above).
+        linear_d: bool | None = None,       # GN D step, f in affine form; None = iff D qualifies and no autocast runs.
         precision: str | Precision = 'fp32', # Arithmetic of the networks: fp32, tf32, bf16, fp16 (see the module docstring).
         style_mixing_prob: float = 0.0,     # StyleGAN2 G (mapping + synthesis): probability of mixing two latents' styles.
         pl_weight: float = 0.0,             # StyleGAN2 G: path length regularization weight (NVIDIA: 2), 0 = off.
@@ -258,7 +261,10 @@ class GANLoss:
         if fuse_d_calls is None:  # One call halves a GPU D step's kernel launches; on a CPU it gains nothing.
             fuse_d_calls = bool(getattr(D, 'is_sample_independent', False)) and device_type == 'cuda'
         self.fuse_d_calls = bool(fuse_d_calls)
-        self.bias_layers = None if linear_d is False or self.constraint.gn_zeta is None else linearizable_layers(D)
+        # The affine form by default without autocast only: under bf16/fp16 autocast all of its D gradient comes
+        # from the second backward through the first backward's rounded graph (docs/precision.md: far off with AMX).
+        affine = self.precision.autocast_dtype is None if linear_d is None else bool(linear_d)
+        self.bias_layers = linearizable_layers(D) if affine and self.constraint.gn_zeta is not None else None
         if linear_d and self.bias_layers is None:
             raise ValueError(f'linear_d needs GN and a D that is piecewise linear, sample-independent and built of '
                              f'conv and linear layers; got norm {norm} and {type(D).__name__}')
