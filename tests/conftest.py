@@ -121,3 +121,9 @@ def cpu_kernel_path(monkeypatch):
 def tiny_preset(monkeypatch):
     """--cfg=tiny, the quick start's networks at width 2 for images of any resolution (tests/support/tiny_runs.py)."""
     tiny_runs.add_tiny_preset(monkeypatch)
+
+
+@pytest.fixture
+def tf32_on(switches):
+    """TF32 allowed for matmuls and convolutions, as PyTorch's default (convolutions) or --precision=tf32 sets it."""
+    switches(matmul_tf32=True, cudnn_tf32=True)

@@ -16,8 +16,9 @@ import calc_metrics
 import training.data.dataset
 from metrics import features
 from tests.support.stand_ins import make_detector, write_dataset_zip
-from tests.test_detectors import assert_full_precision, spy_on_detectors, tf32_on  # noqa: F401 (a fixture)
-from tests.test_metric_main import TinyGenerator, dataset_kwargs_of, features_of, fid_reference
+from tests.support.detector_spy import assert_full_precision, spy_on_detectors
+from tests.support.references import fid_reference
+from tests.support.stand_ins import TinyGenerator, dataset_kwargs_of, features_of
 from torch_utils import devices, persistence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +115,7 @@ def test_unreachable_detector_gives_clear_message_and_exit_code(run):
     url = 'http://127.0.0.1:9/x.pt'
     # A fresh interpreter, as a user runs it; it imports the test module first so that the snapshot's
     # test-only generator class is on the allow-list.
-    code = 'import tests.test_metric_main, calc_metrics; calc_metrics.main()'
+    code = 'import tests.support.stand_ins, calc_metrics; calc_metrics.main()'
     proc = subprocess.run([sys.executable, '-c', code, f'--network={run["snapshot"]}', f'--detector={url}', '--num-gen=8'],
                           cwd=REPO_ROOT, capture_output=True, text=True, env=dict(os.environ), timeout=120)
     assert proc.returncode != 0
@@ -241,7 +242,7 @@ def test_failing_process_reason_is_shown(run):
     with zipfile.ZipFile(run['data_path']) as src, zipfile.ZipFile(broken, 'w') as dst:
         for name in src.namelist():
             dst.writestr(name, b'not a png' if name == '00000/img00000015.png' else src.read(name))
-    code = 'import tests.test_metric_main, calc_metrics; calc_metrics.main()'
+    code = 'import tests.support.stand_ins, calc_metrics; calc_metrics.main()'
     proc = subprocess.run([sys.executable, '-c', code, f'--network={run["snapshot"]}', f'--data={broken}', '--gpus=2',
                            '--workers=0', '--verbose=false', f'--detector={run["detector_path"]}', '--num-gen=8'],
                           cwd=REPO_ROOT, capture_output=True, text=True, env=dict(os.environ), timeout=300)

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from bench import depth_study
 from torch_utils import persistence
-from tests.test_layer_norms import dense_norm
+from tests.support.references import dense_norm
 
 
 def test_tiny_study_measures_its_snapshots(tmp_path):

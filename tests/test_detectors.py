@@ -1,14 +1,12 @@
 """Tests of metrics/detectors.py: grayscale input, full float32 precision in every detector call (on a CPU, where
-torch's TF32 switches are plain flags, and on a GPU against float64), and the detector's failure message.
-
-`spy_on_detectors` and `tf32_on` are shared with the tests of the entry points (calc_metric, calc_metrics.py,
-the evaluation inside a training run)."""
+torch's TF32 switches are plain flags, and on a GPU against float64), and the detector's failure message."""
 
 import numpy as np
 import pytest
 import torch
 
 from metrics import detectors, features
+from tests.support.detector_spy import assert_full_precision
 from torch_utils import devices
 
 
@@ -23,35 +21,6 @@ def test_run_detector_repeats_grayscale():
     gray = torch.tensor([[[[0, 10], [20, 30]]]], dtype=torch.uint8)
     out = detectors.run_detector(detector, gray, dict(return_features=True))
     np.testing.assert_array_equal(out.numpy(), [[15.0, 15.0, 15.0]])
-
-
-@pytest.fixture
-def tf32_on(switches):
-    """TF32 allowed for matmuls and convolutions, as PyTorch's default (convolutions) or --precision=tf32 sets it."""
-    switches(matmul_tf32=True, cudnn_tf32=True)
-
-
-def spy_on_detectors(monkeypatch) -> list[dict]:
-    """Every detector loaded through metrics/detectors.py from now on records torch's process-wide switches
-    (devices.read_switches) at each of its calls, in the list returned."""
-    seen = []
-    load = detectors.get_feature_detector
-
-    def load_spying(*args, **kwargs):
-        detector = load(*args, **kwargs)
-
-        def call(*call_args, **call_kwargs):
-            seen.append(devices.read_switches())
-            return detector(*call_args, **call_kwargs)
-        return call
-    monkeypatch.setattr(detectors, 'get_feature_detector', load_spying)
-    return seen
-
-
-def assert_full_precision(seen: list[dict], num_calls: int | None = None) -> None:
-    """Every recorded call ran with TF32 off (and there were `num_calls`, or at least one)."""
-    assert len(seen) == num_calls if num_calls is not None else seen
-    assert all(not s['matmul_tf32'] and not s['cudnn_tf32'] for s in seen), seen
 
 
 def test_detector_runs_with_tf32_off_and_the_switches_come_back(tf32_on):

@@ -60,7 +60,7 @@ def test_unavailable_detector_costs_the_metrics_once(tmp_path, monkeypatch):
 def test_metrics_of_a_tf32_training_run_run_at_full_precision(tmp_path, monkeypatch, tiny_preset):
     """A --precision=tf32 run trains with TF32 on, and every detector call of its snapshot metrics sees it off."""
     import functools
-    from tests.test_detectors import assert_full_precision, spy_on_detectors
+    from tests.support.detector_spy import assert_full_precision, spy_on_detectors
     from tests.support.stand_ins import make_detector, write_dataset_zip
     from tests.support.tiny_runs import tiny_experiment
     from torch_utils import devices

@@ -6,17 +6,8 @@ import torch
 from torch import nn
 
 from metrics import layer_norms
+from tests.support.references import dense_norm
 from training.networks import sngan, stylegan
-
-
-def dense_norm(layer: nn.Module, input_shape: tuple) -> float:
-    """sigma_max of the matrix of v -> layer(v) - layer(0), built column by column from the basis vectors, by numpy's SVD."""
-    layer = layer.double().eval()
-    size = int(np.prod(input_shape))
-    with torch.no_grad():
-        basis = torch.eye(size, dtype=torch.float64).reshape((size,) + tuple(input_shape))
-        columns = (layer(basis) - layer(torch.zeros_like(basis[:1]))).reshape(size, -1)
-    return float(np.linalg.svd(columns.numpy().T, compute_uv=False)[0])
 
 
 def with_random_bias(layer: nn.Module) -> nn.Module:

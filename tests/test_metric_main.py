@@ -1,8 +1,5 @@
 """Tests of metrics/metric_main.py: the registry, calc_metric end to end on tiny data with a tiny
 TorchScript detector (against independent numpy/scipy computations), and report_metric.
-
-The tiny generators here are also used by test_calc_metrics.py (the detector and the dataset zip are
-tests/support/stand_ins.py's).
 """
 
 import inspect
@@ -12,36 +9,16 @@ import os
 import numpy as np
 import PIL.Image
 import pytest
-import scipy.linalg
 import torch
 
 from metrics import features, metric_main
-from tests.support.stand_ins import TinyDetector, make_detector, write_dataset_zip
-from tests.test_detectors import assert_full_precision, spy_on_detectors, tf32_on  # noqa: F401 (a fixture)
-from tests.test_precision_recall import fraction_in_manifold_by_loops
+from tests.support.detector_spy import assert_full_precision, spy_on_detectors
+from tests.support.references import fid_reference, fraction_in_manifold_by_loops
+from tests.support.stand_ins import TinyGenerator, dataset_kwargs_of, features_of, make_detector, write_dataset_zip
 from torch_utils import devices, persistence
 
 #----------------------------------------------------------------------------
 # Helpers.
-
-
-@persistence.persistent_class
-class TinyGenerator(torch.nn.Module):
-    """A random linear map from (z, c) to images in [-1, 1]."""
-
-    def __init__(self,
-        z_dim: int = 4,             # Latent size.
-        c_dim: int = 0,             # Number of classes, 0 = unconditional.
-        img_resolution: int = 8,    # Output resolution.
-        img_channels: int = 3,      # Output channels.
-    ):
-        super().__init__()
-        self.z_dim, self.c_dim, self.img_resolution, self.img_channels = z_dim, c_dim, img_resolution, img_channels
-        self.fc = torch.nn.Linear(z_dim + c_dim, img_channels * img_resolution ** 2)
-
-    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(self.fc(torch.cat([z, c], dim=1)))
-        return x.reshape(-1, self.img_channels, self.img_resolution, self.img_resolution)
 
 
 @persistence.persistent_class
@@ -62,22 +39,6 @@ class ConstantGenerator(torch.nn.Module):
     def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         value = self.values[c.argmax(dim=1)] if self.c_dim > 0 else self.values[0].expand(len(z))
         return value.reshape(-1, 1, 1, 1).expand(-1, self.img_channels, self.img_resolution, self.img_resolution)
-
-
-def dataset_kwargs_of(path: str) -> dict:
-    return dict(class_name='training.data.dataset.ImageFolderDataset', path=path)
-
-
-def features_of(detector: TinyDetector, images: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return detector(torch.from_numpy(images), return_features=True).double().numpy()
-
-
-def fid_reference(features_a: np.ndarray, features_b: np.ndarray) -> float:
-    """Direct FID of two feature sets with numpy's mean/cov and scipy's sqrtm."""
-    mu_a, mu_b = features_a.mean(axis=0), features_b.mean(axis=0)
-    sigma_a, sigma_b = np.cov(features_a, rowvar=False), np.cov(features_b, rowvar=False)
-    return float(np.sum((mu_a - mu_b) ** 2) + np.trace(sigma_a + sigma_b - 2 * scipy.linalg.sqrtm(sigma_a @ sigma_b).real))
 
 
 @pytest.fixture

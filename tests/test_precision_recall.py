@@ -4,12 +4,7 @@ import numpy as np
 import pytest
 
 from metrics import precision_recall
-
-
-def fraction_in_manifold_by_loops(manifold: np.ndarray, probes: np.ndarray, k: int) -> float:
-    radii = [np.sort([np.linalg.norm(a - b) for b in manifold])[k] for a in manifold]  # [0] is the point itself.
-    inside = [any(np.linalg.norm(p - c) <= r for c, r in zip(manifold, radii)) for p in probes]
-    return float(np.mean(inside))
+from tests.support.references import fraction_in_manifold_by_loops
 
 
 def test_precision_recall_match_direct_knn():

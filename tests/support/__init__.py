@@ -3,7 +3,9 @@
     programs        the repository's programs, found by their main block (for the checks of their start-up)
     runs            the programs run as a user runs them (run_cli, run_clis, run_train), and the run directory
     images          PNG files as bytes (8-bit through PIL, 16-bit by hand)
-    stand_ins       a TorchScript detector with random weights, a dataset zip of random images
+    stand_ins       a TorchScript detector with random weights, a linear generator, a dataset zip of random images
+    references      FID, precision/recall's manifold test and a layer's operator norm computed independently
+    detector_spy    the switches each detector call sees (the fixture tf32_on of tests/conftest.py sets them)
     tiny_runs       --cfg=tiny (the fixture tiny_preset of tests/conftest.py), its Experiment, snapshots compared
     gradfix         the fixture of the tests of ops that record their autograd Functions
     host_plugin     the kernels' arithmetic built for the host, called through ctypes (and one deliberately off)

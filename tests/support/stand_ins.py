@@ -1,5 +1,6 @@
-"""Small stand-ins for what the metrics and the training read: a TorchScript detector with random weights, and a
-dataset zip of random images in dataset_tool's format."""
+"""Small stand-ins for what the metrics and the training read: a TorchScript detector with random weights (and the
+features it gives), a generator that is a random linear map, and a dataset zip of random images in dataset_tool's
+format (and the dataset kwargs that read it)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from tests.support.images import png_bytes
+from torch_utils import persistence
 
 
 class TinyDetector(torch.nn.Module):
@@ -54,3 +56,31 @@ def write_dataset_zip(path: str, num_images: int = 24, resolution: int = 8, labe
         json_labels = None if labels is None else [[name, int(label)] for name, label in zip(names, labels)]
         zf.writestr('dataset.json', json.dumps(dict(labels=json_labels)))
     return images
+
+
+@persistence.persistent_class
+class TinyGenerator(torch.nn.Module):
+    """A random linear map from (z, c) to images in [-1, 1]."""
+
+    def __init__(self,
+        z_dim: int = 4,             # Latent size.
+        c_dim: int = 0,             # Number of classes, 0 = unconditional.
+        img_resolution: int = 8,    # Output resolution.
+        img_channels: int = 3,      # Output channels.
+    ):
+        super().__init__()
+        self.z_dim, self.c_dim, self.img_resolution, self.img_channels = z_dim, c_dim, img_resolution, img_channels
+        self.fc = torch.nn.Linear(z_dim + c_dim, img_channels * img_resolution ** 2)
+
+    def forward(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.fc(torch.cat([z, c], dim=1)))
+        return x.reshape(-1, self.img_channels, self.img_resolution, self.img_resolution)
+
+
+def dataset_kwargs_of(path: str) -> dict:
+    return dict(class_name='training.data.dataset.ImageFolderDataset', path=path)
+
+
+def features_of(detector: TinyDetector, images: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return detector(torch.from_numpy(images), return_features=True).double().numpy()
