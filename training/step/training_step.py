@@ -34,6 +34,8 @@ from training.step.updater import NetworkUpdater, make_capturable
 #----------------------------------------------------------------------------
 
 CUDA_GRAPHS = ('auto', 'on', 'off')
+AUGMENT_NOT_CAPTURED = ('CUDA graphs off: --aug draws its augmentations with host-side shapes and ADA adjusts p between '
+                        'steps, which a replayed graph would not see; the steps run eagerly')
 FP16_NOT_CAPTURED = ('--cuda-graphs=on cannot capture --precision=fp16: its dynamic loss scaling reads the overflow '
                      'flag on the host at every step; use --precision=bf16, or --cuda-graphs=auto (eager fp16 steps)')
 
@@ -93,6 +95,8 @@ class TrainingStep:
         precision = loss.precision
         if graph_engine is None:
             use, why = use_cuda_graphs(cuda_graphs, self.device, num_gpus, precision.name)
+            if use and getattr(loss, 'augment', None) is not None:
+                use, why = False, AUGMENT_NOT_CAPTURED
             if why is not None:
                 log(why)
             if use:
@@ -132,6 +136,8 @@ class TrainingStep:
         key = ('D', tuple(real_img.shape), tuple(real_c.shape), tuple(gen_c.shape), rounds, self._structure(), phases)
         self.captured['D'](key, functools.partial(self._discriminator_step, rounds=rounds, phases=phases),
                            dict(real_img=real_img, real_c=real_c, gen_c=gen_c))
+        if getattr(self.loss, 'augment', None) is not None:
+            self.loss.augment.d_step_done()  # ADA: p adjusted on the device after every 4th D step.
 
     def generator(self, gen_c: torch.Tensor, rounds: int, step: int, ema_beta: float = 0.0) -> None:
         """One G update of G step `step` on the fakes of `gen_c`'s labels, in `rounds` accumulation rounds; then
