@@ -87,7 +87,7 @@ def take_in(opts: dnnlib.EasyDict, gpus: int, device: torch.device, rank: int, s
                            'very experiment')
     initial = load_nvidia(opts, stop)  # NVIDIA's networks to start from, or None.
     resume = None if opts.resume is None or latest or initial is not None else load_resume(opts.resume)
-    experiment, resume_overrides = experiment_of(opts, gpus, device, resume)
+    experiment, resume_overrides = experiment_of(opts, gpus, device, resume, transfer=initial is not None)
     continuation = run_dirs.find_latest(opts.outdir, experiment, print if rank == 0 else lambda _: None) if latest else None
     resume_pkl = continuation.snapshot_pkl if continuation is not None else None if latest else opts.resume
     if continuation is not None:
@@ -157,11 +157,12 @@ def load_resume(resume: str) -> dnnlib.EasyDict:
         raise StartRefused(f'--resume: {e}')
 
 
-def experiment_of(opts: dnnlib.EasyDict, gpus: int, device: torch.device,
-                  snapshot: dnnlib.EasyDict | None) -> tuple[Experiment, list[str]]:
+def experiment_of(opts: dnnlib.EasyDict, gpus: int, device: torch.device, snapshot: dnnlib.EasyDict | None,
+                  transfer: bool = False) -> tuple[Experiment, list[str]]:
     """The run's Experiment: the command line's options, and for those of the experiment and its length (IDENTITY,
     CONTINUED) that it leaves out, the resumed snapshot's. A resumed run refuses, in one line, an experiment that
-    differs from its snapshot's, unless --resume-override; returns those changes ('--norm=gp1 (was gn)')."""
+    differs from its snapshot's, unless --resume-override; returns those changes ('--norm=gp1 (was gn)'). `transfer`:
+    a new run from another run's networks (Experiment.build)."""
     try:
         recorded = None if snapshot is None else Experiment.from_snapshot(snapshot)
     except (ValueError, TypeError) as e:
@@ -181,8 +182,10 @@ def experiment_of(opts: dnnlib.EasyDict, gpus: int, device: torch.device,
     except ValueError as e:
         raise StartRefused(str(e))
     dataset = open_dataset(options['data'], use_labels)
+    if options['subset'] is not None and not 1 <= options['subset'] <= len(dataset):  # NVIDIA's train.py's check.
+        raise StartRefused(f'--subset must be between 1 and {len(dataset)}, the images of {options["data"]}')
     try:
-        experiment = Experiment.build(**options, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
+        experiment = Experiment.build(transfer=transfer, **options, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
                                       label_dim=dataset.label_dim, gpus=gpus, device=str(device))
     except ValueError as e:
         raise StartRefused(str(e))
