@@ -30,7 +30,8 @@ from metrics import metric_main
 from training.recipes import configs
 from training.recipes.recipe import Recipe
 from training.step import CUDA_GRAPHS, FP16_NOT_CAPTURED, LOSSES, NORMS, PRECISIONS, Precision
-from training.step.ada import ADA_KIMG, ADA_KIMG_TRANSFER, ADA_TARGET, AUGMENTS, AUGPIPES, DIFFAUG_POLICIES, check_policy
+from training.step.ada import ADA_KIMG, ADA_KIMG_TRANSFER, ADA_TARGET, AUGMENTS, AUGPIPES, check_policy
+from training.step.augment import DIFFAUGMENT_POLICIES
 
 #----------------------------------------------------------------------------
 
@@ -43,7 +44,7 @@ IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', '
             'aug', 'p', 'target', 'augpipe', 'diffaug', 'ada_kimg', 'subset', 'freezed')
 # What each --aug takes (training/step/ada.py), with its default; an option of another --aug is refused.
 AUGMENT_OPTIONS = {'noaug': {}, 'ada': dict(p=0.0, target=ADA_TARGET, augpipe='bgc', ada_kimg=ADA_KIMG),
-                   'fixed': dict(p=None, augpipe='bgc'), 'diffaug': dict(diffaug=','.join(DIFFAUG_POLICIES))}
+                   'fixed': dict(p=None, augpipe='bgc'), 'diffaug': dict(diffaug=','.join(DIFFAUGMENT_POLICIES))}
 
 # How long and in which batches (batch_gpu: the cap that made a run fit in its GPU's memory): taken from the snapshot
 # on --resume when not given, and free to change.

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from training.step.augment import AUGPIPE_SPECS, AugmentPipe, DiffAugment
+from training.step.augment import AUGPIPE_SPECS, DIFFAUGMENT_POLICIES, AugmentPipe, DiffAugment
 
 #----------------------------------------------------------------------------
 
 AUGMENTS = ('noaug', 'ada', 'fixed', 'diffaug')
 AUGPIPES = tuple(AUGPIPE_SPECS)
-DIFFAUG_POLICIES = ('color', 'translation', 'cutout')
 ADA_TARGET = 0.6          # NVIDIA's default target of r_t.
 ADA_INTERVAL = 4          # D steps between adjustments.
 ADA_KIMG = 500.0          # Thousands of real images for p to move by 1.
@@ -38,10 +37,10 @@ STATE_KEYS = ('augment_p', 'ada_signs', 'ada_count', 'ada_steps')  # What state_
 
 
 def check_policy(policy: str) -> None:
-    """Refuse, in one line, a DiffAugment policy that is not a comma-separated list of DIFFAUG_POLICIES."""
-    unknown = [name for name in policy.split(',') if name not in DIFFAUG_POLICIES]
+    """Refuse, in one line, a DiffAugment policy that is not a comma-separated list of DIFFAUGMENT_POLICIES."""
+    unknown = [name for name in policy.split(',') if name not in DIFFAUGMENT_POLICIES]
     if unknown or not policy:
-        raise ValueError(f'--diffaug takes a comma-separated list of {", ".join(DIFFAUG_POLICIES)}; got "{policy}"')
+        raise ValueError(f'--diffaug takes a comma-separated list of {", ".join(DIFFAUGMENT_POLICIES)}; got "{policy}"')
 
 
 class Augmentation:
