@@ -76,7 +76,7 @@ from training.step.ada import AUGMENTS, AUGPIPES  # noqa: E402
 # The experiment: with --resume, each defaults to the snapshot's.
 @click.option('--norm',         help='Discriminator constraint  [default: gn]',                                   type=click.Choice(NORMS))
 @click.option('--loss',         help='Adversarial loss  [default: the preset\'s]',                                type=click.Choice(LOSSES))
-@click.option('--cr',           help='Consistency regularization weight (paper: 5)  [default: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
+@click.option('--cr',           help='Consistency regularization weight (paper: 5); with --aug, of the augmented reals  [default: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
 @click.option('--precision',    help='Arithmetic of the networks (docs/precision.md)  [default: tf32]',          type=click.Choice(PRECISIONS))
 @click.option('--seed',         help='Random seed  [default: 0]', metavar='INT',                                 type=click.IntRange(min=0))
 @click.option('--xflip',        help='Mirror the reals left-right at random  [default: the preset\'s]', metavar='BOOL', type=bool)
