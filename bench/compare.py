@@ -257,9 +257,11 @@ def write_samples(runs: list[dict], path: str, per_row: int = 16) -> None:
 @click.option('--num',      help='Samples per scored snapshot', type=click.IntRange(min=10), default=2000, show_default=True)
 @click.option('--augs',     help='Run every setting with each train.py --aug, comma-separated  [default: the preset\'s]', default='',
               callback=parse_augs)
+@click.option('--ada-kimg', help='train.py --ada-kimg of the --augs=ada runs (short runs: p moves at most kimg / ada-kimg)',
+              type=click.FloatRange(min=0, min_open=True))
 @click.option('--extra',    help='More train.py options for every run, e.g. "--cmax=32 --batch=16"', default='', show_default=True)
 def main(out: str, cfg: str, settings: list[tuple[str, str]], seeds: str, steps: int | None, kimg: float | None, snaps: int,
-         num: int, augs: list[str | None], extra: str) -> None:
+         num: int, augs: list[str | None], ada_kimg: float | None, extra: str) -> None:
     import dnnlib
     if (steps is None) == (kimg is None):
         raise click.ClickException('give the length of every run: --steps or --kimg (one of them)')
@@ -269,10 +271,11 @@ def main(out: str, cfg: str, settings: list[tuple[str, str]], seeds: str, steps:
         raise click.ClickException(f'--seeds: {e}')
     length = [f'--steps={steps}'] if steps is not None else [f'--kimg={kimg:g}']
     extra_args = shlex.split(extra)
-    if any(a.split('=')[0] in ('--outdir', '--norm', '--loss', '--seed', '--tick', '--snap', '--steps', '--kimg', '--aug')
+    if any(a.split('=')[0] in ('--outdir', '--norm', '--loss', '--seed', '--tick', '--snap', '--steps', '--kimg')
            for a in extra_args):
-        raise click.ClickException('--extra must not set --outdir, --norm, --loss, --seed, --tick, --snap, --steps, --kimg '
-                                   'or --aug (--augs)')
+        raise click.ClickException('--extra must not set --outdir, --norm, --loss, --seed, --tick, --snap, --steps or --kimg')
+    if augs != [None] and any(a.split('=')[0] == '--aug' for a in extra_args):
+        raise click.ClickException('--extra must not set --aug with --augs')
     os.makedirs(os.path.join(out, 'runs'), exist_ok=True)
     manifest_path = os.path.join(out, 'manifest.json')
     manifest = json.load(open(manifest_path)) if os.path.exists(manifest_path) else dict(runs={})
@@ -282,7 +285,8 @@ def main(out: str, cfg: str, settings: list[tuple[str, str]], seeds: str, steps:
     start = time.time()
     for i, (norm, loss, aug, seed) in enumerate(todo):
         setting, key = name(norm, loss, aug, '+'), f'{name(norm, loss, aug, "-")}-seed{seed}'
-        run_extra = extra_args + ([f'--aug={aug}'] if aug else [])
+        run_extra = extra_args + ([f'--aug={aug}'] if aug else []) + \
+            ([f'--ada-kimg={ada_kimg:g}'] if aug == 'ada' and ada_kimg is not None else [])
         identity = dict(cfg=cfg, length=length, extra=run_extra, snaps=snaps, num=num)
         done = manifest['runs'].get(key)
         if done is not None and done['identity'] == identity:

@@ -31,6 +31,13 @@
   * consistency regularization (cr > 0): + cr * E[(s(real) - s(aug(real)))^2], with the same
     label for both and aug a random flip + translation (training/step/augment.py); s is f_hat under GN.
 
+  * augmentation of D's inputs (`augment_kwargs`, train.py --aug; training/step/ada.py): D sees A(x), the fakes then
+    the reals of the D step and the fakes of the G step each through A with draws of its own, as NVIDIA's loss. GN
+    normalizes D at its input, the augmented image; for fixed draws A is affine in x, and GN's fast G step and affine
+    D step stay exact (docs/gradnorm.md). The penalties (R1, the GPs) differentiate D(A(x)) w.r.t. x, the image before
+    augmentation, as NVIDIA's R1; CR compares D on the augmented reals with D on CR's copy of them. The sign of the
+    score on the reals goes to ADA's statistic and to 'Loss/signs/real'.
+
 The D step uses M reals and M fakes generated from gen_z (no gradient into G); the G step
 generates from gen_z (its batch may differ, e.g. 2M). Where D treats every sample on its own
 (`D.is_sample_independent`: no batch statistics, no minibatch stddev), the reals, the fakes and

@@ -15,7 +15,8 @@ The graph key of a step is what a replay cannot change: the shapes of its inputs
 rounds, and for progressive growing the active resolution and whether a fade-in is under way (its
 progress, the lod, is a device tensor that the networks read), and the step's phases (the loss's `phases`:
 StyleGAN2's lazily scheduled path length term and R1 take an optimizer step of their own). The EMA
-decay, which gn-stylegan2's ramp-up changes at every step, is a device tensor the G step reads.
+decay, which gn-stylegan2's ramp-up changes at every step, is a device tensor the G step reads. A run with --aug
+runs eagerly (AUGMENT_NOT_CAPTURED), and after every D step ADA's p is adjusted when due (training/step/ada.py).
 """
 
 from __future__ import annotations
