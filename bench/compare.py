@@ -190,8 +190,8 @@ def score_run(run_dir: str, judge_kit: dict, num: int, seed: int) -> dict:
         images, classes = generate(path, num, seed)
         scores = judge(net, images, classes, judge_kit['ref_mu'], judge_kit['ref_sigma'], 0.9)
         feats = classify(net, images)[1]
-        scores.update(fd_all=float(fid_from_stats(feats.mean(axis=0), np.cov(feats, rowvar=False), *judge_kit['all_digits'])),
-                      leak=leak_share(net, images))
+        fd_all = fid_from_stats(feats.mean(axis=0), np.cov(feats, rowvar=False), *judge_kit['all_digits'])
+        scores.update(fd_all=float(fd_all), leak=leak_share(net, images))
         snapshots.append(dict(kimg=float(label), path=os.path.relpath(path, REPO_ROOT), **{m: scores[m] for m in MEASURES}))
     with open(os.path.join(run_dir, 'stats.jsonl')) as f:
         ticks = [json.loads(line) for line in f]
@@ -255,9 +255,9 @@ def write_samples(runs: list[dict], path: str, per_row: int = 16) -> None:
 @click.option('--kimg',     help='Length of every run in thousands of real images (any preset)', type=click.FloatRange(min=0, min_open=True))
 @click.option('--snaps',    help='Snapshots per run, spread evenly (each one is scored)', type=click.IntRange(min=1), default=5, show_default=True)
 @click.option('--num',      help='Samples per scored snapshot', type=click.IntRange(min=10), default=2000, show_default=True)
-@click.option('--augs',     help='Run every setting with each train.py --aug, comma-separated  [default: the preset\'s]', default='',
-              callback=parse_augs)
-@click.option('--ada-kimg', help='train.py --ada-kimg of the --augs=ada runs (short runs: p moves at most kimg / ada-kimg)',
+@click.option('--augs',     help='Run every setting with each train.py --aug, comma-separated  [default: the preset\'s]',
+              default='', callback=parse_augs)
+@click.option('--ada-kimg', help='train.py --ada-kimg of the --augs=ada runs (p moves at most kimg / ada-kimg)',
               type=click.FloatRange(min=0, min_open=True))
 @click.option('--extra',    help='More train.py options for every run, e.g. "--cmax=32 --batch=16"', default='', show_default=True)
 def main(out: str, cfg: str, settings: list[tuple[str, str]], seeds: str, steps: int | None, kimg: float | None, snaps: int,

@@ -115,11 +115,12 @@ def test_progressive_diagnostic_options_reach_the_networks_and_the_schedule():
     ('quickstart', dict(aug='ada', ada_kimg=0.0), r'^--ada-kimg must be positive, got 0$'),
     ('quickstart', dict(aug='fixed'), r'^--aug=fixed needs --p, the probability of each augmentation$'),
     ('quickstart', dict(aug='rotate'), r'^unknown aug "rotate"; valid: noaug, ada, fixed, diffaug$'),
-    ('quickstart', dict(aug='ada', augpipe='bgcx'), r'^unknown augpipe "bgcx"; valid: blit, geom, color, filter, noise, '
-                                                    r'cutout, bg, bgc, bgcf, bgcfn, bgcfnc$'),
+    ('quickstart', dict(aug='ada', augpipe='bgcx'),
+     r'^unknown augpipe "bgcx"; valid: blit, geom, color, filter, noise, cutout, bg, bgc, bgcf, bgcfn, bgcfnc$'),
     ('quickstart', dict(aug='diffaug', diffaug='color,zoom'),
      r'^--diffaug takes a comma-separated list of color, translation, cutout; got "color,zoom"$'),
-    ('quickstart', dict(aug='ada', cuda_graphs='on', device='cuda'), r'^--cuda-graphs=on: --aug=ada runs its steps eagerly'),
+    ('quickstart', dict(aug='ada', cuda_graphs='on', device='cuda'),
+     r'^--cuda-graphs=on: --aug=ada runs its steps eagerly'),
     ('quickstart', dict(freezed=2), r'^--freezed: gn-stylegan2 only$'),
     ('gn-stylegan2', dict(freezed=11), r'^--freezed=11: D has 10 layers to freeze at 32x32$'),
     ('gn-stylegan2', dict(sg2_cfg='cifar', freezed=8), r'^--freezed=8: D has 7 layers to freeze at 32x32$'),
@@ -210,7 +211,8 @@ def test_augmentation_defaults_and_what_reaches_the_loss():
     assert (sg2.aug, sg2.p, sg2.target, sg2.augpipe, sg2.ada_kimg, sg2.diffaug) == ('ada', 0.0, 0.6, 'bgc', 500, None)
     assert sg2.loss_kwargs.augment_kwargs == dict(aug='ada', p=0.0, target=0.6, augpipe='bgc', ada_kimg=500)
     assert Experiment.build(transfer=True, cfg='gn-stylegan2', img_resolution=32, img_channels=3).ada_kimg == 100
-    assert build('quickstart', aug='fixed', p=0.25).loss_kwargs.augment_kwargs == dict(aug='fixed', p=0.25, augpipe='bgc')
+    fixed = build('quickstart', aug='fixed', p=0.25)
+    assert fixed.loss_kwargs.augment_kwargs == dict(aug='fixed', p=0.25, augpipe='bgc')
     assert build('quickstart', aug='diffaug').loss_kwargs.augment_kwargs == dict(aug='diffaug',
                                                                                  diffaug='color,translation,cutout')
     record = sg2.record()
@@ -237,8 +239,8 @@ def test_freezed_makes_nvidias_first_layers_buffers():
     import dnnlib
     D = dnnlib.util.construct_class_by_name(**build('gn-stylegan2', cmax=8, freezed=5).D_kwargs)
     frozen = {name for name, _ in D.named_buffers() if name.endswith(('.weight', '.bias'))}
-    assert frozen == {'b32.fromrgb.weight', 'b32.fromrgb.bias', 'b32.conv0.weight', 'b32.conv0.bias', 'b32.conv1.weight',
-                      'b32.conv1.bias', 'b32.skip.weight', 'b16.conv0.weight', 'b16.conv0.bias'}
+    assert frozen == {'b32.fromrgb.weight', 'b32.fromrgb.bias', 'b32.conv0.weight', 'b32.conv0.bias',
+                      'b32.conv1.weight', 'b32.conv1.bias', 'b32.skip.weight', 'b16.conv0.weight', 'b16.conv0.bias'}
     assert not any(name.startswith(('b32.', 'b16.conv0')) for name, _ in D.named_parameters())
     x = torch.randn(4, 3, 32, 32, requires_grad=True)
     grad, = torch.autograd.grad(D(x, torch.zeros(4, 0)).sum(), x)

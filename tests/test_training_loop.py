@@ -175,8 +175,8 @@ def test_ada_resume_continues_p_bit_for_bit(tmp_path):
 
     def run(name, **kw):
         (tmp_path / name).mkdir()
-        experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1, aug='ada', p=0.5,
-                                      ada_kimg=0.1)  # p moves by 8 reals / 100 = 0.08 every 4 D steps.
+        experiment = _tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1, aug='ada',
+                                      p=0.5, ada_kimg=0.1)  # p moves by 8 reals / 100 = 0.08 every 4 D steps.
         training_loop.training_loop(experiment, run_dir=str(tmp_path / name), **kw)
         return persistence.load_snapshot(str(tmp_path / name / 'network-snapshot-000000.016.pkl'))
 

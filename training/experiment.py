@@ -258,7 +258,8 @@ class Experiment:
     def loss_kwargs(self) -> dnnlib.EasyDict:
         kwargs = self.recipe.loss_kwargs(self)
         if self.aug != 'noaug':  # What D sees (training/step/ada.py): the options of this --aug.
-            kwargs.augment_kwargs = dict(aug=self.aug, **{name: getattr(self, name) for name in AUGMENT_OPTIONS[self.aug]})
+            options = {name: getattr(self, name) for name in AUGMENT_OPTIONS[self.aug]}
+            kwargs.augment_kwargs = dict(aug=self.aug, **options)
         return kwargs
 
     @functools.cached_property
@@ -291,7 +292,8 @@ def _fill_augment(values: dict[str, Any], given: dict[str, Any], default: str, t
     aug = values.setdefault('aug', default)
     dnnlib.util.check_choice('aug', aug, AUGMENTS)
     takes = AUGMENT_OPTIONS[aug]
-    misplaced = [name for name in ('p', 'target', 'augpipe', 'diffaug', 'ada_kimg') if name in given and name not in takes]
+    misplaced = [name for name in ('p', 'target', 'augpipe', 'diffaug', 'ada_kimg')
+                 if name in given and name not in takes]
     if misplaced:
         owners = [a for a in AUGMENTS if all(name in AUGMENT_OPTIONS[a] for name in misplaced)]
         raise ValueError(f'{", ".join("--" + name.replace("_", "-") for name in misplaced)}: not with --aug={aug}'

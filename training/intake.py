@@ -185,8 +185,9 @@ def experiment_of(opts: dnnlib.EasyDict, gpus: int, device: torch.device, snapsh
     if options['subset'] is not None and not 1 <= options['subset'] <= len(dataset):  # NVIDIA's train.py's check.
         raise StartRefused(f'--subset must be between 1 and {len(dataset)}, the images of {options["data"]}')
     try:
-        experiment = Experiment.build(transfer=transfer, **options, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
-                                      label_dim=dataset.label_dim, gpus=gpus, device=str(device))
+        experiment = Experiment.build(transfer=transfer, **options, img_resolution=dataset.resolution,
+                                      img_channels=dataset.num_channels, label_dim=dataset.label_dim, gpus=gpus,
+                                      device=str(device))
     except ValueError as e:
         raise StartRefused(str(e))
     changes = [] if recorded is None else recorded.changes(experiment)

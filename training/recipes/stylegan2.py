@@ -122,7 +122,7 @@ class StyleGAN2Recipe(Recipe):
         kwargs.update(channel_max=e.d_cmax, epilogue_kwargs=dict(mbstd_group_size=self.config_of(e).mbstd), **self._precision(e))
         if e.sg2_cfg == 'cifar':
             kwargs.update(architecture='orig')
-        if e.freezed:  # NVIDIA's Freeze-D: the first layers' weights are buffers (GN still differentiates through them).
+        if e.freezed:  # NVIDIA's Freeze-D: the first layers' weights are buffers (GN differentiates through them).
             kwargs.update(block_kwargs=dict(freeze_layers=e.freezed))
         return kwargs
 

@@ -1,8 +1,8 @@
 """A run's progress as a picture: its losses and metrics against kimg, drawn from stats.jsonl with PIL.
 
 `write_progress_chart(stats_jsonl, png)` draws one panel per quantity, stacked: the D and G losses,
-with --aug the augmentation probability p and the sign of D on reals that ADA follows, then every metric the run computed ('Metrics/<name>'), each against thousands of real images
-shown ('Progress/kimg'), with its own vertical range, the range's ends and the last value written
+with --aug the augmentation probability p and the sign of D on reals that ADA follows, then every
+metric the run computed ('Metrics/<name>'), each against thousands of real images shown ('Progress/kimg'), with its own vertical range, the range's ends and the last value written
 on it. NaN or missing values leave a gap. The training loop redraws it at every snapshot
 (progress.png in the run directory). PIL only: training does not depend on a plotting library.
 """

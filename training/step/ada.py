@@ -1,4 +1,4 @@
-"""What D sees under --aug: its inputs augmented (training/step/augment.py), and ADA's p, kept as NVIDIA's loop keeps it.
+"""What D sees under --aug: its inputs augmented (training/step/augment.py), and ADA's p, kept as NVIDIA's loop does.
 
     noaug     D sees the images as they are (the loss holds no Augmentation)
     fixed     NVIDIA's AugmentPipe of the pipeline --augpipe, at the constant probability p (--p)
@@ -12,11 +12,11 @@
               from another run's networks, their transfer learning)
     diffaug   DiffAugment(images, policy) of Zhao et al. 2020, no probability
 
-Reals and fakes are augmented in the D step and fakes in the G step, each call with its own draws (training/step/loss.py).
-The sign statistic accumulates on the device (float64: sums of signs and their count, exact as integers) and is summed over
-the processes at each adjustment; the adjustment runs on the device too, so nothing of it reads the GPU back. p, the
-statistic and the count of D steps since the last adjustment are the loss's state (`state_dict`): every snapshot keeps them
-and a resumed run continues p bit for bit.
+Reals and fakes are augmented in the D step and fakes in the G step, each call with its own draws
+(training/step/loss.py). The sign statistic accumulates on the device (float64: sums of signs and their count, exact as
+integers) and is summed over the processes at each adjustment; the adjustment runs on the device too, so nothing of it
+reads the GPU back. p, the statistic and the count of D steps since the last adjustment are the loss's state
+(`state_dict`): every snapshot keeps them and a resumed run continues p bit for bit.
 """
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ class Augmentation:
     ) -> None:
         if aug not in AUGMENTS[1:]:
             raise ValueError(f'unknown aug "{aug}"; valid: {", ".join(AUGMENTS[1:])}')
-        self.aug, self.policy, self.target, self.interval, self.ada_kimg = aug, diffaug, float(target), interval, ada_kimg
+        self.aug, self.policy, self.target = aug, diffaug, float(target)
+        self.interval, self.ada_kimg = interval, ada_kimg
         self.pipe = None
         if aug == 'diffaug':
             check_policy(diffaug)
@@ -68,7 +69,7 @@ class Augmentation:
             self.pipe = AugmentPipe(**AUGPIPE_SPECS[augpipe]).train().requires_grad_(False).to(device)
             self.pipe.p.fill_(p)
         zeros = lambda: torch.zeros([], dtype=torch.float64, device=device)
-        self.signs, self.count = zeros(), zeros()  # Sum of the signs of D on reals, and their number, since the adjustment.
+        self.signs, self.count = zeros(), zeros()  # Sum of the signs of D on reals since the adjustment, their number.
         self.steps = 0  # D steps since the last adjustment (a host number: deciding when to adjust reads nothing back).
 
     @property

@@ -118,7 +118,7 @@ from training.step.precision import Precision
 
 AFFINE_CHECK_SAMPLES = 4       # Samples of the first batch on which D's affine form is checked, in float64.
 AFFINE_CHECK_TOLERANCE = 1e-9  # Largest relative error in float64 (rounding gives ~1e-15; a missed term ~1e-1).
-LOSS_STATE_KEYS = ('pl_mean',) + AUGMENT_STATE_KEYS  # What GANLoss.state_dict may hold: float scalars (ADA's with --aug).
+LOSS_STATE_KEYS = ('pl_mean',) + AUGMENT_STATE_KEYS  # What GANLoss.state_dict may hold: float scalars (--aug's too).
 PHASES = ('both', 'main', 'reg')  # A step's loss with its regularizer, without it, the regularizer alone (phases()).
 
 
@@ -172,7 +172,7 @@ def interpolate_penalty(loss: GANLoss, real_img: torch.Tensor, real_c: torch.Ten
                          f'but {gen_img.shape[0]} fakes')
     alpha = torch.rand([real_img.shape[0]] + [1] * (real_img.ndim - 1), device=real_img.device, dtype=real_img.dtype)
     mixed = alpha * real_img + (1 - alpha) * gen_img
-    grad_norm = input_gradient_norm(loss.discriminate, mixed, real_c, loss.input_grad_scale())  # Interpolates keep the real labels.
+    grad_norm = input_gradient_norm(loss.discriminate, mixed, real_c, loss.input_grad_scale())  # With the real labels.
     return loss.gp_weight * (grad_norm - center).square(), grad_norm
 
 
@@ -230,7 +230,7 @@ class GANLoss:
         pl_batch_shrink: int = 2,           # The path length term sees batch / pl_batch_shrink latents.
         G_reg_interval: int = 1,            # The path length term at every this-many-th G step, own phase (NVIDIA: 4).
         D_reg_interval: int = 1,            # The constraint's penalty (R1) at every this-many-th D step, own phase (NVIDIA: 16).
-        augment_kwargs: dict | None = None, # D's inputs augmented: training/step/ada.py's Augmentation kwargs; None: not.
+        augment_kwargs: dict | None = None, # D's inputs augmented: training/step/ada.py's Augmentation kwargs.
     ) -> None:
         self.G = G
         self.D = D
@@ -270,7 +270,7 @@ class GANLoss:
         self.pl_weight, self.pl_decay, self.pl_batch_shrink = pl_weight, pl_decay, pl_batch_shrink
         self.reg_intervals = dict(G=G_reg_interval, D=D_reg_interval)
         self.pl_mean = torch.zeros([], device=None if param is None else param.device)
-        self.augment = None if augment_kwargs is None else Augmentation(**augment_kwargs, device=None if param is None else param.device)
+        self.augment = None if augment_kwargs is None else Augmentation(**augment_kwargs, device=self.pl_mean.device)
         self._phase = dict(G='both', D='both')  # What accumulate_gradients computes (set_phase).
 
     def exact_path_note(self) -> str | None:
@@ -300,7 +300,8 @@ class GANLoss:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The state by name, on the CPU, for a snapshot: pl_mean, and with --aug the augmentation's p and statistic."""
-        return dict(pl_mean=self.pl_mean.detach().cpu().clone(), **({} if self.augment is None else self.augment.state_dict()))
+        augment = {} if self.augment is None else self.augment.state_dict()
+        return dict(pl_mean=self.pl_mean.detach().cpu().clone(), **augment)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Continue from a snapshot's state_dict (in place: captured CUDA graphs keep their tensors); a run with --aug

@@ -35,8 +35,8 @@ from training.step.updater import NetworkUpdater, make_capturable
 #----------------------------------------------------------------------------
 
 CUDA_GRAPHS = ('auto', 'on', 'off')
-AUGMENT_NOT_CAPTURED = ('CUDA graphs off: --aug draws its augmentations with host-side shapes and ADA adjusts p between '
-                        'steps, which a replayed graph would not see; the steps run eagerly')
+AUGMENT_NOT_CAPTURED = ('CUDA graphs off: steps with --aug (its draws, ADA\'s p) have not been verified under capture; '
+                        'the steps run eagerly')
 FP16_NOT_CAPTURED = ('--cuda-graphs=on cannot capture --precision=fp16: its dynamic loss scaling reads the overflow '
                      'flag on the host at every step; use --precision=bf16, or --cuda-graphs=auto (eager fp16 steps)')
 
