@@ -63,6 +63,7 @@ from training import intake, launch  # noqa: E402
 from training.recipes.stylegan2 import SPECS as SG2_SPECS  # noqa: E402
 from training.run.stop_signal import StopSignal, shared_request  # noqa: E402
 from training.step import CUDA_GRAPHS, LOSSES, NORMS, PRECISIONS  # noqa: E402
+from training.step.ada import AUGMENTS, AUGPIPES  # noqa: E402
 
 #----------------------------------------------------------------------------
 
@@ -79,7 +80,7 @@ from training.step import CUDA_GRAPHS, LOSSES, NORMS, PRECISIONS  # noqa: E402
 # The experiment: with --resume, each defaults to the snapshot's.
 @click.option('--norm',         help='Discriminator constraint  [default: gn]',                                   type=click.Choice(NORMS))
 @click.option('--loss',         help='Adversarial loss  [default: the preset\'s]',                                type=click.Choice(LOSSES))
-@click.option('--cr',           help='Consistency regularization weight (paper: 5)  [default: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
+@click.option('--cr',           help='Consistency regularization weight (paper: 5); with --aug, of the augmented reals  [default: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
 @click.option('--precision',    help='Arithmetic of the networks (docs/precision.md)  [default: tf32]',          type=click.Choice(PRECISIONS))
 @click.option('--seed',         help='Random seed  [default: 0]', metavar='INT',                                 type=click.IntRange(min=0))
 @click.option('--xflip',        help='Mirror the reals left-right at random  [default: the preset\'s]', metavar='BOOL', type=bool)
@@ -97,6 +98,14 @@ from training.step import CUDA_GRAPHS, LOSSES, NORMS, PRECISIONS  # noqa: E402
 @click.option('--pl-weight',    help='gn-stylegan2: path length regularization weight  [default: 2; sg2-cfg cifar: 0]', metavar='FLOAT', type=click.FloatRange(min=0))
 @click.option('--act',          help='Standard CNN: D\'s activation, relu, lrelu[:SLOPE], elu, softplus[:BETA]  [default: lrelu:0.1]', metavar='ACT', type=str)
 @click.option('--depth',        help='Standard CNN: number of convolutional layers of G and D, 3 to 16 (docs/results.md)  [default: G 4, D 7]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--aug',          help='Augmentation of D\'s inputs (docs/training.md)  [default: noaug; gn-stylegan2: ada]', type=click.Choice(AUGMENTS))
+@click.option('--p',            help='Augmentation probability: --aug=fixed\'s, or ADA\'s start  [default: 0]', metavar='FLOAT', type=float)
+@click.option('--target',       help='ADA\'s target of the sign of D on reals  [default: 0.6]', metavar='FLOAT', type=float)
+@click.option('--augpipe',      help='NVIDIA\'s pipeline of --aug=ada|fixed  [default: bgc]', type=click.Choice(AUGPIPES))
+@click.option('--diffaug',      help='DiffAugment\'s policy, comma-separated  [default: color,translation,cutout]', metavar='POLICY', type=str)
+@click.option('--ada-kimg',     help='ADA: kimg for p to move by 1  [default: 500; from NVIDIA\'s pickle: 100]', metavar='KIMG', type=float)
+@click.option('--subset',       help='Train on N images of the data, NVIDIA\'s for the --seed  [default: all]', metavar='INT', type=click.IntRange(min=1))
+@click.option('--freezed',      help='gn-stylegan2: freeze D\'s first N layers (Freeze-D)  [default: 0]', metavar='INT', type=click.IntRange(min=0))
 
 # Length and batches.
 @click.option('--batch',        help='Global D batch M; gn-stylegan: cap on the minibatch', metavar='INT',       type=click.IntRange(min=1))

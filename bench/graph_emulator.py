@@ -353,7 +353,8 @@ class ShortRun:
         if cfg.arch == 'stylegan2':
             options = dict(steps=9, batch=4, cmax=8, map_dim=16)
         self.experiment = e = Experiment.build(cfg=cfg_name, norm=norm, img_resolution=self.resolution, img_channels=3,
-                                               label_dim=10 if cfg.conditional else 0, precision='fp32', **options)
+                                               label_dim=10 if cfg.conditional else 0, precision='fp32', aug='noaug',
+                                               **options)  # Runs with --aug are not captured (training_step.py).
         width = {} if cfg.arch.startswith('stylegan') else dict(ch=2)
         torch.manual_seed(0)
         self.G = dnnlib.util.construct_class_by_name(**dict(e.G_kwargs, **width)).train().requires_grad_(False)

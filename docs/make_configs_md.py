@@ -131,6 +131,9 @@ Every preset takes:
   and a random shift, round(u) pixels with u uniform within 20% of the size, as the authors'
   torchvision pipeline draws it: up to 6 pixels at 32x32, 10 at 48x48; the uncovered pixels are
   filled with -1, black in the [-1, 1] range).
+- `--aug=noaug | ada | fixed | diffaug` with `--p`, `--target`, `--augpipe`, `--diffaug`, `--ada-kimg`, and
+  `--subset=N` — training on little data, NVIDIA StyleGAN2-ADA's options and DiffAugment
+  ([training.md](training.md#training-on-little-data)); no augmentation by default but for `gn-stylegan2`.
 - `--batch=M`, `--steps=N` or `--kimg=K` to change the global batch or the run length.
 - `--act=relu | lrelu[:SLOPE] | elu | softplus[:BETA]` and `--depth=N`, on the standard-CNN presets
   ({', '.join(f'`{name}`' for name, p in configs.PRESETS.items() if p['arch'] == 'cnn')}) — D's activation
@@ -196,6 +199,8 @@ resolutions of G and D in float16 on CUDA (float32 on a CPU), as NVIDIA's mixed 
 outputs are clamped at 256 in every precision, as in their configurations; `bf16` runs the blocks
 under autocast. `--cmax`, `--d-cmax` and `--map-dim` narrow the networks (channel_max, and the widths of
 z and w) for small runs. Conditional when the data has labels; no x-flips by default (theirs: `--mirror=0`).
+As NVIDIA's `train.py`, it augments D's inputs by default with ADA (`--aug=ada --augpipe=bgc --target=0.6`;
+`--aug=noaug` turns it off) and takes `--freezed=N`, NVIDIA's Freeze-D of D's first N layers.
 '''
 
 

@@ -74,8 +74,8 @@ def _run(cfg_name: str):
         options = dict(kimg=0.048, lod_kimg=0.016, cmax=4, batch=4)
     elif cfg.arch == 'stylegan2':
         options = dict(steps=9, batch=4, cmax=8, map_dim=16)
-    e = Experiment.build(cfg=cfg_name, norm='gn', img_resolution=_resolution(cfg_name), img_channels=3,
-                         label_dim=10 if cfg.conditional else 0, precision='fp32', **options)
+    e = Experiment.build(cfg=cfg_name, norm='gn', img_resolution=_resolution(cfg_name), img_channels=3, aug='noaug',
+                         label_dim=10 if cfg.conditional else 0, precision='fp32', **options)  # --aug: not captured.
     width = {} if cfg.arch.startswith('stylegan') else dict(ch=2)
     torch.manual_seed(0)
     G = dnnlib.util.construct_class_by_name(**dict(e.G_kwargs, **width)).train().requires_grad_(False)

@@ -55,3 +55,13 @@ def test_nan_leaves_a_gap_and_one_line_files_work(tmp_path):
     (tmp_path / 'cut.jsonl').write_text('{"Progress/kimg": {"mean": 1')  # Cut short by a crash: nothing to draw.
     charts.write_progress_chart(str(tmp_path / 'cut.jsonl'), str(tmp_path / 'c.png'))
     assert not (tmp_path / 'c.png').exists()
+
+
+def test_augmentation_panels_follow_the_losses(tmp_path):
+    """With --aug: p (Progress/augment) and ADA's statistic (Loss/signs/real) after the losses, before the metrics;
+    other progress values are not drawn."""
+    _write_stats(tmp_path / 'stats.jsonl', [(k, {'Loss/D/loss': 1.0, 'Metrics/fid50k_full': 9.0, 'Loss/signs/real': 0.5,
+                                                 'Progress/augment': 0.1 * k, 'Progress/step': k}) for k in range(3)])
+    series = charts.read_series(str(tmp_path / 'stats.jsonl'))
+    assert list(series) == ['Loss/D/loss', 'Loss/signs/real', 'Progress/augment', 'Metrics/fid50k_full']
+    assert series['Progress/augment'] == [(0.0, 0.0), (1.0, 0.1), (2.0, 0.2)]

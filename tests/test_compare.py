@@ -32,7 +32,26 @@ def test_summary_is_mean_and_sample_std_of_the_final_snapshots():
     assert gn['sec_per_kimg'][:2] == pytest.approx((3.0, 1.0))
     assert rows[1]['confident'] == (0.5, 0.0, 1)  # One seed: no spread.
     table = compare.markdown_table(rows).splitlines()
-    assert table[2] == '| gn+hinge | 3 | 2 | 70.0 +- 20.0% | 9.7 +- 0.6 |  | 20.0 +- 10.0 | 3.00 +- 1.00 |'
+    assert table[2] == '| gn+hinge | 3 | 2 | 70.0 +- 20.0% | 9.7 +- 0.6 |  | 20.0 +- 10.0 |  |  |  |  | 3.00 +- 1.00 |'
+
+
+def test_leak_share_counts_samples_read_only_after_undoing_a_rotation_or_mirror():
+    """A stand-in classifier confident exactly when the two top-left pixels of the first row are bright: a sample
+    bright there is read as it is; one bright at the bottom right only after a half turn, one at the top right only
+    after a mirror (leaks); others never."""
+    import torch
+
+    class TopLeftPair(torch.nn.Module):
+        def features(self, x):
+            return x[:, 0, 0, :2].sum(dim=1, keepdim=True)
+
+        def out(self, f):
+            return torch.cat([(f - 1) * 10, torch.zeros_like(f), torch.zeros_like(f)], dim=1)
+    images = -torch.ones(5, 1, 4, 4)
+    for i, pixels in enumerate([[(0, 0), (0, 1)], [(3, 3), (3, 2)], [(0, 3), (0, 2)], [(1, 1)]]):
+        for y, x in pixels:
+            images[i, 0, y, x] = 1
+    assert compare.leak_share(TopLeftPair(), images) == pytest.approx(2 / 5)
 
 
 def test_settings_are_checked():

@@ -3,7 +3,9 @@ its record in snapshots (compared by value on --resume, older records filled as 
 
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from training.experiment import Experiment
 
@@ -99,6 +101,29 @@ def test_progressive_diagnostic_options_reach_the_networks_and_the_schedule():
     ('cifar10-cnn', dict(norm='spectral'), 'gn1'),
     ('cifar10-cnn', dict(cr=-1), 'non-negative'),
     ('cifar100-resnet', dict(), 'cifar10-resnet'),
+    ('quickstart', dict(p=0.5), r'^--p: not with --aug=noaug; it goes with --aug=ada or fixed$'),
+    ('gn-stylegan2', dict(aug='noaug', p=0.5), r'^--p: not with --aug=noaug; it goes with --aug=ada or fixed$'),
+    ('quickstart', dict(aug='diffaug', target=0.5, ada_kimg=100),
+     r'^--target, --ada-kimg: not with --aug=diffaug; it goes with --aug=ada$'),
+    ('quickstart', dict(aug='ada', diffaug='color'), r'^--diffaug: not with --aug=ada; it goes with --aug=diffaug$'),
+    ('quickstart', dict(aug='fixed', p=0.5, target=0.5), r'^--target: not with --aug=fixed; it goes with --aug=ada$'),
+    ('quickstart', dict(augpipe='bgc'), r'^--augpipe: not with --aug=noaug; it goes with --aug=ada or fixed$'),
+    ('quickstart', dict(aug='ada', p=1.5), r'^--p must be between 0 and 1, got 1.5$'),
+    ('quickstart', dict(aug='fixed', p=-0.1), r'^--p must be between 0 and 1, got -0.1$'),
+    ('quickstart', dict(aug='ada', target=1.0), r'^--target must be between 0 and 1 \(exclusive\), got 1$'),
+    ('quickstart', dict(aug='ada', target=0.0), r'^--target must be between 0 and 1 \(exclusive\), got 0$'),
+    ('quickstart', dict(aug='ada', ada_kimg=0.0), r'^--ada-kimg must be positive, got 0$'),
+    ('quickstart', dict(aug='fixed'), r'^--aug=fixed needs --p, the probability of each augmentation$'),
+    ('quickstart', dict(aug='rotate'), r'^unknown aug "rotate"; valid: noaug, ada, fixed, diffaug$'),
+    ('quickstart', dict(aug='ada', augpipe='bgcx'),
+     r'^unknown augpipe "bgcx"; valid: blit, geom, color, filter, noise, cutout, bg, bgc, bgcf, bgcfn, bgcfnc$'),
+    ('quickstart', dict(aug='diffaug', diffaug='color,zoom'),
+     r'^--diffaug takes a comma-separated list of color, translation, cutout; got "color,zoom"$'),
+    ('quickstart', dict(aug='ada', cuda_graphs='on', device='cuda'),
+     r'^--cuda-graphs=on: --aug=ada runs its steps eagerly'),
+    ('quickstart', dict(freezed=2), r'^--freezed: gn-stylegan2 only$'),
+    ('gn-stylegan2', dict(freezed=11), r'^--freezed=11: D has 10 layers to freeze at 32x32$'),
+    ('gn-stylegan2', dict(sg2_cfg='cifar', freezed=8), r'^--freezed=8: D has 7 layers to freeze at 32x32$'),
 ])
 def test_bad_combinations_are_refused(name, options, message):
     with pytest.raises(ValueError, match=message):
@@ -190,3 +215,60 @@ def test_stylegan2_schedule_says_why_its_lr_is_not_the_option():
         assert len(plain.schedule.describe()) == 4 and not any('lazy' in line for line in plain.schedule.describe())
     plain_lr = build('gn-stylegan2', glr=0.003, pl_weight=0).schedule.describe()[3]
     assert plain_lr.startswith('learning rate G 0.003, D 0.0025,')
+
+
+#----------------------------------------------------------------------------
+# Little data: --aug, --subset, --freezed.
+
+
+def test_augmentation_defaults_and_what_reaches_the_loss():
+    """The paper's presets see no augmentation (their loss kwargs as before); gn-stylegan2 NVIDIA's ada, bgc, 0.6,
+    500 kimg (100 from another run's networks); each --aug passes its own options to the loss."""
+    assert build('cifar10-resnet').aug == 'noaug' and 'augment_kwargs' not in build('cifar10-resnet').loss_kwargs
+    sg2 = build('gn-stylegan2')
+    assert (sg2.aug, sg2.p, sg2.target, sg2.augpipe, sg2.ada_kimg, sg2.diffaug) == ('ada', 0.0, 0.6, 'bgc', 500, None)
+    assert sg2.loss_kwargs.augment_kwargs == dict(aug='ada', p=0.0, target=0.6, augpipe='bgc', ada_kimg=500)
+    assert Experiment.build(transfer=True, cfg='gn-stylegan2', img_resolution=32, img_channels=3).ada_kimg == 100
+    fixed = build('quickstart', aug='fixed', p=0.25)
+    assert fixed.loss_kwargs.augment_kwargs == dict(aug='fixed', p=0.25, augpipe='bgc')
+    assert build('quickstart', aug='diffaug').loss_kwargs.augment_kwargs == dict(aug='diffaug',
+                                                                                 diffaug='color,translation,cutout')
+    record = sg2.record()
+    for name in ('aug', 'p', 'target', 'augpipe', 'diffaug', 'ada_kimg', 'subset', 'freezed'):
+        del record[name]  # A snapshot written before --aug: its run saw no augmentation.
+    assert Experiment.from_snapshot(dict(experiment=record)).aug == 'noaug'
+
+
+def test_subset_takes_nvidias_images_for_the_seed():
+    """--subset=N --seed=S: NVIDIA's dataset rule, written out with numpy: shuffle 0..n-1 with RandomState(S), keep the
+    first N, sorted."""
+    import dnnlib
+    experiment = Experiment.build(cfg='quickstart', img_resolution=32, img_channels=1, label_dim=10, subset=200, seed=7)
+    dataset = dnnlib.util.construct_class_by_name(**experiment.training_set_kwargs)
+    order = np.arange(1797)
+    np.random.RandomState(7).shuffle(order)
+    assert len(dataset) == 200
+    np.testing.assert_array_equal(dataset._raw_idx, np.sort(order[:200]))
+
+
+def test_freezed_makes_nvidias_first_layers_buffers():
+    """--freezed=N: the first N layers of the StyleGAN2 D (fromRGB, then each block's convs and skip, in NVIDIA's
+    order) hold buffers, the others parameters; GN still differentiates through the frozen ones (the input gradient)."""
+    import dnnlib
+    D = dnnlib.util.construct_class_by_name(**build('gn-stylegan2', cmax=8, freezed=5).D_kwargs)
+    frozen = {name for name, _ in D.named_buffers() if name.endswith(('.weight', '.bias'))}
+    assert frozen == {'b32.fromrgb.weight', 'b32.fromrgb.bias', 'b32.conv0.weight', 'b32.conv0.bias',
+                      'b32.conv1.weight', 'b32.conv1.bias', 'b32.skip.weight', 'b16.conv0.weight', 'b16.conv0.bias'}
+    assert not any(name.startswith(('b32.', 'b16.conv0')) for name, _ in D.named_parameters())
+    x = torch.randn(4, 3, 32, 32, requires_grad=True)
+    grad, = torch.autograd.grad(D(x, torch.zeros(4, 0)).sum(), x)
+    assert grad.abs().sum() > 0
+    from training.step.loss import GANLoss
+    before = {name: t.clone() for name, t in D.state_dict().items()}
+    optimizer = torch.optim.Adam(D.parameters(), lr=0.1)
+    G = lambda z, c: z.reshape(-1, 3, 32, 32)
+    GANLoss(G=G, D=D.requires_grad_(True), channels_last=False).accumulate_gradients(
+        'D', torch.randn(4, 3, 32, 32), torch.zeros(4, 0), torch.randn(4, 3 * 32 * 32), torch.zeros(4, 0))
+    optimizer.step()
+    changed = {name for name, t in D.state_dict().items() if not torch.equal(t, before[name])}
+    assert not changed & frozen and {name for name, _ in D.named_parameters()} <= changed

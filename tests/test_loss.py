@@ -107,6 +107,30 @@ def test_gradient_penalties_match_direct_computation(norm):
     np.testing.assert_allclose(D.b.grad.item(), 0.0, atol=1e-12)
 
 
+def test_r1_with_augmentation_differentiates_w_r_t_the_image_before_it():
+    """--aug with R1 (NVIDIA's): the penalty's gradient is that of D(A(x)) w.r.t. x, by central differences in x with
+    A's draws fixed (DiffAugment is affine in x for fixed draws, D quadratic: the differences are exact)."""
+    from training.step.loss import r1_penalty
+    real, c, z = _batch(0)
+    D = QuadraticD()
+    loss = GANLoss(G=ReshapeG(), D=D, norm='r1', r1_gamma=3.0, augment_kwargs=dict(aug='diffaug'))
+
+    def f(x):
+        torch.manual_seed(5)
+        return D(loss.augment(x), c)[:, 0]
+    torch.manual_seed(5)
+    penalty, norm = r1_penalty(loss, real, c, None)
+    grad, h = torch.zeros_like(real), 1e-3
+    for j in range(real[0].numel()):
+        e = torch.zeros_like(real[0]).flatten()
+        e[j] = h
+        grad.flatten(1)[:, j] = (f(real + e.reshape(real[0].shape)) - f(real - e.reshape(real[0].shape))) / (2 * h)
+    expected = grad.flatten(1).norm(dim=1)
+    torch.testing.assert_close(norm.flatten(), expected, rtol=1e-9, atol=0)
+    torch.testing.assert_close(penalty.flatten(), 1.5 * expected ** 2, rtol=1e-9, atol=0)
+    assert not torch.allclose(expected, (D.w * real).flatten(1).norm(dim=1))  # Not the gradient at x unaugmented.
+
+
 class LinearConditionalD(nn.Module):
     """f(x, c) = <w, x> + <u, c>: the CR term cancels the label part only if both copies get the same label."""
 
@@ -190,7 +214,10 @@ def test_gn_loss_uses_normalized_scores(monkeypatch):
     ('cnn', [('ns', 'gn'), ('wasserstein', 'gn0')]),
     ('biggan', [('hinge', 'gn')]),
 ])
-def test_fast_generator_path_matches_exact_on_networks(nets, pairs):
+@pytest.mark.parametrize('augment', [None, dict(aug='fixed', p=0.8, augpipe='bgcfnc'), dict(aug='diffaug')])
+def test_fast_generator_path_matches_exact_on_networks(nets, pairs, augment):
+    """With --aug too: GN normalizes D at the augmented fakes, and the fast path rescales the gradient there, before
+    it flows back through the augmentation (the same draws in both)."""
     torch.manual_seed(0)
     G_class, D_class, kwargs = {
         'resnet': (ResNetGenerator, ResNetDiscriminator, dict(ch=2)),
@@ -206,7 +233,9 @@ def test_fast_generator_path_matches_exact_on_networks(nets, pairs):
         grads = []
         for fast in [False, True]:
             G_copy = copy.deepcopy(G)  # G's spectral-norm power iteration (BigGAN) advances on each call.
-            GANLoss(G=G_copy, D=D, loss=loss, norm=norm, fast_g=fast).accumulate_gradients('G', None, None, z, c)
+            torch.manual_seed(1)  # The same augmentation.
+            GANLoss(G=G_copy, D=D, loss=loss, norm=norm, fast_g=fast, augment_kwargs=augment).accumulate_gradients(
+                'G', None, None, z, c)
             grads.append(torch.cat([p.grad.flatten() for p in G_copy.parameters()]))
         exact, fast = grads
         assert exact.norm() > 0
@@ -327,8 +356,10 @@ def test_one_d_call_matches_separate_calls(class_name, resolution, loss):
 
 @pytest.mark.parametrize('norm', ['gn', 'gn1', 'gn0'])
 @pytest.mark.parametrize('fuse', [False, True])
-def test_affine_d_step_matches_the_plain_one(norm, fuse):
-    """GANLoss's default D step (f in affine form) leaves the plain double backward's gradients, CR included."""
+@pytest.mark.parametrize('augment', [None, dict(aug='ada', p=0.8, augpipe='bgcfnc'), dict(aug='diffaug')])
+def test_affine_d_step_matches_the_plain_one(norm, fuse, augment):
+    """GANLoss's default D step (f in affine form) leaves the plain double backward's gradients, CR included, and with
+    --aug (D's input is the augmented image, for fixed draws an affine image of x)."""
     resolution, c_dim = 32, 4
     D = ResNetDiscriminator(c_dim=c_dim, img_resolution=resolution, img_channels=3, ch=4).double()
     with torch.no_grad():
@@ -342,9 +373,10 @@ def test_affine_d_step_matches_the_plain_one(norm, fuse):
     grads = []
     for linear_d in (None, False):
         D_copy = copy.deepcopy(D)
-        gan_loss = GANLoss(G=ImageG(resolution), D=D_copy, norm=norm, cr=5.0, fuse_d_calls=fuse, linear_d=linear_d)
+        gan_loss = GANLoss(G=ImageG(resolution), D=D_copy, norm=norm, cr=5.0, fuse_d_calls=fuse, linear_d=linear_d,
+                           augment_kwargs=augment)
         assert (gan_loss.bias_layers is not None) == (linear_d is None)
-        torch.manual_seed(1)  # Same CR augmentation.
+        torch.manual_seed(1)  # Same CR augmentation (and --aug's).
         gan_loss.accumulate_gradients('D', real, real_c, z, gen_c)
         grads.append(torch.cat([p.grad.flatten() for p in D_copy.parameters()]))
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12 * grads[1].abs().max().item())
@@ -581,12 +613,14 @@ def test_affine_check_keeps_the_affine_path_on_a_gpu_with_tf32(recwarn):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize('norm', ['gn', 'gp1', 'r1'])
-def test_steps_never_sync_the_gpu(norm):
+@pytest.mark.parametrize('augment', [None, dict(aug='ada', p=0.5, augpipe='bgcfnc'), dict(aug='diffaug')])
+def test_steps_never_sync_the_gpu(norm, augment):
+    """Neither the steps nor --aug's augmentations and ADA's adjustment of p read the GPU back."""
     device = torch.device('cuda')
     torch.manual_seed(0)
     G = CNNGenerator(c_dim=3, img_resolution=8, img_channels=3, z_dim=8, ch=2).to(device)
     D = CNNDiscriminator(c_dim=3, img_resolution=8, img_channels=3, ch=2).to(device)
-    gan_loss = GANLoss(G=G, D=D, norm=norm, cr=1.0, precision='bf16')
+    gan_loss = GANLoss(G=G, D=D, norm=norm, cr=1.0, precision='bf16', augment_kwargs=augment)
     real, z = torch.rand(4, 3, 8, 8, device=device) * 2 - 1, torch.randn(4, 8, device=device)
     c = torch.eye(3, device=device)[torch.tensor([0, 1, 2, 0], device=device)]
     gan_loss.accumulate_gradients('D', real, c, z, c)  # First calls may initialize CUDA libraries.
@@ -595,6 +629,8 @@ def test_steps_never_sync_the_gpu(norm):
     try:
         for phase in ['D', 'G']:
             gan_loss.accumulate_gradients(phase, real, c, z, c, gain=torch.ones([], device=device))
+        if gan_loss.augment is not None:
+            gan_loss.augment.adjust()
     finally:
         torch.cuda.set_sync_debug_mode('default')
 

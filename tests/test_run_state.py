@@ -108,7 +108,8 @@ def test_malformed_loss_states_are_refused_in_one_line(monkeypatch, loss_states)
     nets, optimizers = _nets_and_optimizers()
     snapshot = state.snapshot(nets, optimizers, _loss(nets), 0, {})
     monkeypatch.setattr(persistence, 'load_snapshot', lambda path: dnnlib.EasyDict(snapshot, loss_states=loss_states))
-    with pytest.raises(ValueError, match=r'^snap.pkl: loss_states must be a list of \{pl_mean\} scalars, one per process$'):
+    with pytest.raises(ValueError, match=r'^snap.pkl: loss_states must be a list of \{pl_mean, augment_p, ada_signs, '
+                                         r'ada_count, ada_steps\} scalars \(pl_mean and those of --aug\), one per process$'):
         load_resumable('snap.pkl')
     monkeypatch.setattr(persistence, 'load_snapshot', lambda path: dnnlib.EasyDict(snapshot))
     assert load_resumable('snap.pkl').loss_states[0]['pl_mean'].item() == 0.0

@@ -243,6 +243,9 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     (['--metrics=kid50k_full', '--best-metric=kid50k_full'], 'best'),
     (['--device=cuda:7'], '--device: cuda:7 is not visible: torch sees 0 CUDA GPU(s)'),  # Subprocesses see no GPU.
     (['--device=mps'], '--device: use cpu, cuda or cuda:N, not mps'),
+    # Little data: --subset against the data (as NVIDIA's train.py), the augmentation's options (test_experiment.py).
+    (['--subset=1798'], 'Error: --subset must be between 1 and 1797, the images of'),
+    (['--aug=fixed', '--p=1.5'], 'Error: --p must be between 0 and 1, got 1.5'),
 ])
 def test_user_errors_are_one_line(tmp_path, args, message):
     digits = os.path.join(REPO_ROOT, 'data', 'digits32.zip')

@@ -151,6 +151,32 @@ def test_resume_continues_bit_for_bit(tmp_path, device):
             assert torch.equal(x, y), f'{name}.{key}'
 
 
+def test_ada_resume_continues_p_bit_for_bit(tmp_path):
+    """--aug=ada: 8 G steps in one go, and the same run stopped after step 6 (2 D steps into ADA's interval of 4) and
+    resumed: the same p, statistic and weights."""
+    from tests.support.stand_ins import write_dataset_zip
+    from torch_utils import persistence
+    write_dataset_zip(str(tmp_path / 'data.zip'), num_images=12, resolution=8)
+
+    def run(name, **kw):
+        (tmp_path / name).mkdir()
+        experiment = tiny_experiment(str(tmp_path / 'data.zip'), steps=8, batch=2, tick=0.004, snap=1, aug='ada',
+                                      p=0.5, ada_kimg=0.1)  # p moves by 8 reals / 100 = 0.08 every 4 D steps.
+        training_loop.training_loop(experiment, run_dir=str(tmp_path / name), **kw)
+        return persistence.load_snapshot(str(tmp_path / name / 'network-snapshot-000000.016.pkl'))
+
+    full = run('full')
+    stopped = persistence.load_snapshot(str(tmp_path / 'full' / 'network-snapshot-000000.012.pkl'))
+    assert stopped.loss_states[0]['ada_count'].item() == 4 and stopped.loss_states[0]['ada_steps'].item() == 2
+    resumed = run('resumed', resume=stopped)
+    assert full.loss_states[0]['augment_p'].item() != np.float32(0.5)  # p moved.
+    for key in full.loss_states[0]:
+        assert torch.equal(full.loss_states[0][key], resumed.loss_states[0][key]), key
+    for name in ('G', 'D', 'G_ema'):
+        for (key, x), y in zip(full[name].state_dict().items(), resumed[name].state_dict().values()):
+            assert torch.equal(x, y), f'{name}.{key}'
+
+
 def test_stylegan2_resume_continues_bit_for_bit(tmp_path):
     """gn-stylegan2 with path length regularization (at every 4th G step) and style mixing: 6 G steps in one go, and
     the same run stopped after step 3 and resumed (the path length average goes on from the snapshot)."""

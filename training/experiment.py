@@ -30,6 +30,8 @@ from metrics import metric_main
 from training.recipes import configs
 from training.recipes.recipe import DataMismatch, Recipe
 from training.step import CUDA_GRAPHS, FP16_NOT_CAPTURED, LOSSES, NORMS, PRECISIONS, LossScore, Precision
+from training.step.ada import ADA_KIMG, ADA_KIMG_TRANSFER, ADA_TARGET, AUGMENTS, AUGPIPES, check_policy
+from training.step.augment import DIFFAUGMENT_POLICIES
 
 #----------------------------------------------------------------------------
 
@@ -38,7 +40,11 @@ DATASET_CLASS = 'training.data.dataset.ImageFolderDataset'
 
 # What the experiment is: compared with the snapshot's on --resume, and taken from it when not given.
 IDENTITY = ('cfg', 'data', 'norm', 'loss', 'cr', 'precision', 'seed', 'xflip', 'glr', 'dlr', 'gamma', 'resolution',
-            'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'sg2_cfg', 'pl_weight', 'act', 'depth')
+            'cmax', 'd_cmax', 'tanh', 'map_dim', 'map_lrmul', 'style_mixing', 'sg2_cfg', 'pl_weight', 'act', 'depth',
+            'aug', 'p', 'target', 'augpipe', 'diffaug', 'ada_kimg', 'subset', 'freezed')
+# What each --aug takes (training/step/ada.py), with its default; an option of another --aug is refused.
+AUGMENT_OPTIONS = {'noaug': {}, 'ada': dict(p=0.0, target=ADA_TARGET, augpipe='bgc', ada_kimg=ADA_KIMG),
+                   'fixed': dict(p=None, augpipe='bgc'), 'diffaug': dict(diffaug=','.join(DIFFAUGMENT_POLICIES))}
 
 # How long and in which batches (batch_gpu: the cap that made a run fit in its GPU's memory): taken from the snapshot
 # on --resume when not given, and free to change.
@@ -82,6 +88,15 @@ class Experiment:
     pl_weight: float | None = None      # Path length regularization weight.
     act: str | None = None              # D's activation: relu, lrelu[:SLOPE], elu, softplus[:BETA].
     depth: int | None = None            # Convolutional layers of G and D.
+    # What D sees (training/step/ada.py); the options of another --aug are None.
+    aug: str = 'noaug'                  # noaug, ada, fixed, diffaug (gn-stylegan2: ada).
+    p: float | None = None              # The augmentation probability (fixed), or ADA's starting p.
+    target: float | None = None         # ADA's target of the sign statistic r_t.
+    augpipe: str | None = None          # NVIDIA's pipeline (ada, fixed).
+    diffaug: str | None = None          # DiffAugment's policy.
+    ada_kimg: float | None = None       # ADA's speed: kimg per unit of p (500; 100 from another run's networks).
+    subset: int | None = None           # Train on this many images of the data, NVIDIA's choice for the seed.
+    freezed: int | None = None          # D's first layers frozen (Freeze-D).
 
     # The data the networks are built for.
     img_resolution: int = 32            # Resolution of the training images.
@@ -118,10 +133,11 @@ class Experiment:
     # Building and checking.
 
     @classmethod
-    def build(cls, **options: Any) -> Experiment:
+    def build(cls, transfer: bool = False, **options: Any) -> Experiment:
         """The Experiment of a preset (`cfg`) with `options` (fields; None = not given: the preset's value or the
         default), every value filled in and checked, here only; a bad value or combination raises ValueError in one
-        line."""
+        line. `transfer`: the run starts from another run's networks (ADA then moves p five times faster, NVIDIA's
+        transfer learning)."""
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise TypeError(f'Experiment has no option {", ".join(unknown)}')
@@ -144,6 +160,7 @@ class Experiment:
             raise ValueError(FP16_NOT_CAPTURED)
         if values['cr'] < 0:
             raise ValueError(f'cr must be non-negative, got {values["cr"]}')
+        _fill_augment(values, given, preset.get('aug', 'noaug'), transfer)
         if 'steps' in given and 'kimg' in given:
             raise ValueError('give --kimg or --steps, not both')
         if preset.conditional is True and values['label_dim'] == 0:
@@ -173,6 +190,7 @@ class Experiment:
             record.update(img_resolution=G['img_resolution'], resolution=G['img_resolution'], img_channels=G['img_channels'],
                           label_dim=G.get('c_dim', 0))
             configs.recipe_for(record.get('cfg', cls.cfg)).old_record(record, snapshot)
+        record.setdefault('aug', 'noaug')  # Written before --aug: D saw the images as they were.
         if isinstance(record.get('metrics'), list):
             record['metrics'] = tuple(record['metrics'])
         return cls.build(**record)
@@ -224,7 +242,8 @@ class Experiment:
     @property
     def training_set_kwargs(self) -> dnnlib.EasyDict:
         return dnnlib.EasyDict(class_name=DATASET_CLASS, path=self.data, resolution=self.img_resolution,
-                               use_labels=self.reads_labels(self.cfg), max_size=None, xflip=False, random_seed=0)
+                               use_labels=self.reads_labels(self.cfg), max_size=self.subset, xflip=False,
+                               random_seed=0 if self.subset is None else self.seed)  # --subset: NVIDIA's, for the seed.
 
     @property
     def G_kwargs(self) -> dnnlib.EasyDict:
@@ -244,7 +263,11 @@ class Experiment:
 
     @property
     def loss_kwargs(self) -> dnnlib.EasyDict:
-        return self.recipe.loss_kwargs(self)
+        kwargs = self.recipe.loss_kwargs(self)
+        if self.aug != 'noaug':  # What D sees (training/step/ada.py): the options of this --aug.
+            options = {name: getattr(self, name) for name in AUGMENT_OPTIONS[self.aug]}
+            kwargs.augment_kwargs = dict(aug=self.aug, **options)
+        return kwargs
 
     @functools.cached_property
     def arithmetic(self) -> Precision:
@@ -270,3 +293,33 @@ class Experiment:
         if self.ref_stats is not None:
             kwargs.ref_stats = self.ref_stats
         return kwargs
+
+
+def _fill_augment(values: dict[str, Any], given: dict[str, Any], default: str, transfer: bool) -> None:
+    """The augmentation's options (AUGMENT_OPTIONS; --aug defaults to the preset's), each checked, in one line."""
+    aug = values.setdefault('aug', default)
+    dnnlib.util.check_choice('aug', aug, AUGMENTS)
+    takes = AUGMENT_OPTIONS[aug]
+    misplaced = [name for name in ('p', 'target', 'augpipe', 'diffaug', 'ada_kimg')
+                 if name in given and name not in takes]
+    if misplaced:
+        owners = [a for a in AUGMENTS if all(name in AUGMENT_OPTIONS[a] for name in misplaced)]
+        raise ValueError(f'{", ".join("--" + name.replace("_", "-") for name in misplaced)}: not with --aug={aug}'
+                         f'{"; it goes with --aug=" + " or ".join(owners) if owners else ""}')
+    for name, default_value in takes.items():
+        values.setdefault(name, ADA_KIMG_TRANSFER if name == 'ada_kimg' and transfer else default_value)
+    if aug == 'fixed' and values['p'] is None:
+        raise ValueError('--aug=fixed needs --p, the probability of each augmentation')
+    if values.get('p') is not None and not 0 <= values['p'] <= 1:
+        raise ValueError(f'--p must be between 0 and 1, got {values["p"]:g}')
+    if values.get('target') is not None and not 0 < values['target'] < 1:
+        raise ValueError(f'--target must be between 0 and 1 (exclusive), got {values["target"]:g}')
+    if values.get('ada_kimg') is not None and not values['ada_kimg'] > 0:
+        raise ValueError(f'--ada-kimg must be positive, got {values["ada_kimg"]:g}')
+    if values.get('augpipe') is not None:
+        dnnlib.util.check_choice('augpipe', values['augpipe'], AUGPIPES)
+    if values.get('diffaug') is not None:
+        check_policy(values['diffaug'])
+    if aug != 'noaug' and values['cuda_graphs'] == 'on':
+        raise ValueError(f'--cuda-graphs=on: --aug={aug} runs its steps eagerly (its augmentations and ADA\'s p change '
+                         f'between steps outside a graph); use --cuda-graphs=auto or off')

@@ -116,7 +116,7 @@ def take_in(opts: dnnlib.EasyDict, gpus: int, device: torch.device, rank: int, s
     initial = load_nvidia(opts, stop)  # NVIDIA's networks to start from, or None.
     resume = None if opts.resume is None or latest or initial is not None else load_resume(opts.resume)
     fresh_d = resume is not None and opts.resume_fresh_d
-    experiment, resume_overrides = experiment_of(opts, gpus, device, resume, fresh_d)
+    experiment, resume_overrides = experiment_of(opts, gpus, device, resume, fresh_d, transfer=initial is not None or fresh_d)
     if fresh_d:  # A new run from the snapshot's G and G_ema, D from scratch.
         initial, resume = dnnlib.EasyDict(G=resume.G, G_ema=resume.G_ema), None
     continuation = run_dirs.find_latest(opts.outdir, experiment, print if rank == 0 else lambda _: None) if latest else None
@@ -218,12 +218,13 @@ def load_resume(resume: str) -> dnnlib.EasyDict:
 
 
 def experiment_of(opts: dnnlib.EasyDict, gpus: int, device: torch.device, snapshot: dnnlib.EasyDict | None,
-                  fresh_d: bool = False) -> tuple[Experiment, list[str]]:
+                  fresh_d: bool = False, transfer: bool = False) -> tuple[Experiment, list[str]]:
     """The run's Experiment: the command line's options, and for those of the experiment and its length (IDENTITY,
     CONTINUED) that it leaves out, the resumed snapshot's. A resumed run refuses, in one line, an experiment that
     differs from its snapshot's: up front where the snapshot's networks are not the changed experiment's (naming
     --resume-fresh-d where only D differs), else unless --resume-override. fresh_d: a new run from the snapshot's G,
-    free to change the experiment. Returns the changes ('--norm=gp1 (was gn)')."""
+    free to change the experiment. `transfer`: a new run from another run's networks (Experiment.build). Returns the
+    changes ('--norm=gp1 (was gn)')."""
     try:
         recorded = None if snapshot is None else Experiment.from_snapshot(snapshot)
     except (ValueError, TypeError) as e:
@@ -244,9 +245,12 @@ def experiment_of(opts: dnnlib.EasyDict, gpus: int, device: torch.device, snapsh
     except ValueError as e:
         raise StartRefused(str(e))
     dataset = open_dataset(options['data'], use_labels)
+    if options['subset'] is not None and not 1 <= options['subset'] <= len(dataset):  # NVIDIA's train.py's check.
+        raise StartRefused(f'--subset must be between 1 and {len(dataset)}, the images of {options["data"]}')
     try:
-        experiment = Experiment.build(**options, img_resolution=dataset.resolution, img_channels=dataset.num_channels,
-                                      label_dim=dataset.label_dim, gpus=gpus, device=str(device))
+        experiment = Experiment.build(transfer=transfer, **options, img_resolution=dataset.resolution,
+                                      img_channels=dataset.num_channels, label_dim=dataset.label_dim, gpus=gpus,
+                                      device=str(device))
     except DataMismatch as e:  # Say which data: the one given, or the digits that stood in.
         note = data_stand_in(options['cfg'] or Experiment.cfg) if stand_in else None
         raise StartRefused(f'{e}; {note}' if note else f'{e} (--data={options["data"]})')

@@ -145,7 +145,8 @@ def training_loop(
             done = schedule.done(state.step, state.cur_nimg)
             if not done and not reporter.tick_due(state):
                 continue
-            stats = reporter.tick([steps.updaters['D'], steps.updaters['G']], state, done)
+            stats = reporter.tick([steps.updaters['D'], steps.updaters['G']], state, done,
+                                  augment_p=None if loss.augment is None else loss.augment.p)
             state.cur_tick += 1
             label = snapshot_label(state.cur_nimg)
             snapshot_due = done or (experiment.snap is not None and state.cur_tick % experiment.snap == 0)

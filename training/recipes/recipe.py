@@ -56,7 +56,7 @@ class Recipe(abc.ABC):
         cfg.G_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_G'], betas=preset['betas'], eps=1e-8)
         cfg.D_opt_kwargs = dnnlib.EasyDict(class_name='torch.optim.Adam', lr=preset['lr_D'], betas=preset['betas'], eps=1e-8)
         for key in ['n_dis', 'batch_D', 'batch_G', 'total_steps', 'lr_decay', 'ema_beta', 'ema_start', 'z_dim',
-                    'conditional', 'resolution']:
+                    'conditional', 'resolution', 'aug']:
             if key in preset:  # A family whose schedule sets batches, length, EMA and resolution by itself leaves them out.
                 cfg[key] = preset[key]
         cfg.xflip = preset.get('xflip', True)  # Random horizontal flips of the reals (the paper's, for every dataset).

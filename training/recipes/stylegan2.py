@@ -16,7 +16,7 @@ from training.step import CONSTRAINTS
 PRESETS = {
     # StyleGAN2 as NVIDIA's StyleGAN2-ADA trains it (--sg2-cfg picks its configuration: batch, lr, EMA, ...), GN + hinge for R1.
     'gn-stylegan2': dict(arch='stylegan2', z_dim=512, loss='hinge', lr_G=0.0025, lr_D=0.0025, betas=[0.0, 0.99], n_dis=1,
-                         lr_decay='none', conditional='if-labels', xflip=False,
+                         lr_decay='none', conditional='if-labels', xflip=False, aug='ada',
                          description='StyleGAN2 (NVIDIA StyleGAN2-ADA\'s networks and configurations, --sg2-cfg), '
                                      'hinge loss, GN instead of R1, path length regularization and style mixing; '
                                      'class-conditional when the data has labels'),
@@ -56,12 +56,19 @@ def sg2_config(name: str, resolution: int, gpus: int) -> dnnlib.EasyDict:
     return config
 
 
+def d_layers(resolution: int, architecture: str) -> int:
+    """The layers of NVIDIA's D that --freezed counts (its blocks', from the input): per block above 4x4 two 3x3 convs,
+    and a 1x1 skip ('resnet') or fromRGB ('skip'); the first block's fromRGB."""
+    blocks = resolution.bit_length() - 3
+    return blocks * (2 + (architecture in ('resnet', 'skip'))) + (architecture != 'skip')
+
+
 class StyleGAN2Recipe(Recipe):
     """NVIDIA's StyleGAN2 with one of its configurations (--sg2-cfg), filled in for the data's resolution and --gpus."""
 
     presets = PRESETS
     archs = {'stylegan2': ('training.networks.stylegan2.Generator', 'training.networks.stylegan2.Discriminator')}
-    options = ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight')
+    options = ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight', 'freezed')
     owner = 'gn-stylegan2'
     datasets = {'gn-stylegan2': 'images of a power-of-two size such as FFHQ, MetFaces or AFHQ (python dataset_tool.py '
                                 '--source=DIR --dest=data.zip)'}
@@ -87,6 +94,10 @@ class StyleGAN2Recipe(Recipe):
         values.setdefault('map_dim', 512)
         values.setdefault('style_mixing', 0.0 if name == 'cifar' else LOSS['style_mixing_prob'])
         values.setdefault('pl_weight', 0.0 if name == 'cifar' else LOSS['pl_weight'])
+        layers = d_layers(img_resolution, 'orig' if name == 'cifar' else 'resnet')
+        if values.get('freezed') is not None and values['freezed'] > layers:
+            raise ValueError(f'--freezed={values["freezed"]}: D has {layers} layers to freeze at '
+                             f'{img_resolution}x{img_resolution}')
         if 'steps' not in values:
             values.setdefault('kimg', float(config.kimg))
         self.fill_fixed(values, preset)
@@ -113,6 +124,8 @@ class StyleGAN2Recipe(Recipe):
         kwargs.update(channel_max=e.d_cmax, epilogue_kwargs=dict(mbstd_group_size=self.config_of(e).mbstd), **self._precision(e))
         if e.sg2_cfg == 'cifar':
             kwargs.update(architecture='orig')
+        if e.freezed:  # NVIDIA's Freeze-D: the first layers' weights are buffers (GN differentiates through them).
+            kwargs.update(block_kwargs=dict(freeze_layers=e.freezed))
         return kwargs
 
     @staticmethod

@@ -1,8 +1,8 @@
 """A run's progress as a picture: its losses and metrics against kimg, drawn from stats.jsonl with PIL.
 
 `write_progress_chart(stats_jsonl, png)` draws one panel per quantity, stacked: the D and G losses,
-then every metric the run computed ('Metrics/<name>'), each against thousands of real images
-shown ('Progress/kimg'), with its own vertical range, the range's ends and the last value written
+with --aug the augmentation probability p and the sign of D on reals that ADA follows, then every
+metric the run computed ('Metrics/<name>'), each against thousands of real images shown ('Progress/kimg'), with its own vertical range, the range's ends and the last value written
 on it. NaN or missing values leave a gap. The training loop redraws it at every snapshot
 (progress.png in the run directory). PIL only: training does not depend on a plotting library.
 """
@@ -20,6 +20,7 @@ import dnnlib
 #----------------------------------------------------------------------------
 
 LOSSES = ('Loss/D/loss', 'Loss/G/loss')
+AUGMENT = ('Progress/augment', 'Loss/signs/real')  # With --aug: ADA's p and the statistic it follows.
 WIDTH, PANEL_HEIGHT = 640, 150
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 70, 20, 22, 22
 BACKGROUND, AXES, TEXT = (255, 255, 255), (90, 90, 90), (20, 20, 20)
@@ -37,10 +38,10 @@ def read_series(stats_jsonl: str) -> dict[str, list[tuple[float, float]]]:
             except (ValueError, KeyError, TypeError):
                 continue  # A line cut short by a crash, or one without progress.
             for name, value in entry.items():
-                if name in LOSSES or name.startswith('Metrics/'):
+                if name in LOSSES or name in AUGMENT or name.startswith('Metrics/'):
                     mean = value.get('mean') if isinstance(value, dict) else None
                     series.setdefault(name, []).append((kimg, float(mean) if mean is not None else math.nan))
-    return {name: series[name] for name in sorted(series, key=lambda n: (n not in LOSSES, n))}
+    return {name: series[name] for name in sorted(series, key=lambda n: (n not in LOSSES, n not in AUGMENT, n))}
 
 
 def _format(value: float) -> str:

@@ -7,7 +7,8 @@ At every tick (kimg_per_tick thousand real images) `TickReporter.tick()`
         the first such G step and network, from the updaters' device-side flags, and the loss terms
         that were non-finite; with fp16 (overflowing steps are skipped) a non-finite weight instead,
     prints the progress line (kimg to the image, as snapshot names give it; share done, ETA, phase of progressive
-        growing with its lod, sec/kimg, time spent on grids/snapshots/metrics, memory, losses; on a CPU, 'starved' when
+        growing with its lod, the augmentation probability p of --aug, sec/kimg, time spent on grids/snapshots/metrics,
+        memory, losses; on a CPU, 'starved' when
         more threads want to run than there are cores: torch_utils/threads.py),
     starts the next tick (the run state's tick_start_nimg, which a snapshot records: a run resumed
         between ticks ends its tick where the stopped one would have),
@@ -130,8 +131,10 @@ class TickReporter:
         """Whether the current tick, begun at state.tick_start_nimg, is complete."""
         return state.cur_nimg >= state.tick_start_nimg + self.kimg_per_tick * 1000
 
-    def tick(self, updaters: list[NetworkUpdater], state: Any, done: bool) -> dnnlib.EasyDict:
-        """Statistics of the tick; raises TrainingDiverged; prints the progress line (see the module docstring)."""
+    def tick(self, updaters: list[NetworkUpdater], state: Any, done: bool,
+             augment_p: torch.Tensor | None = None) -> dnnlib.EasyDict:
+        """Statistics of the tick; raises TrainingDiverged; prints the progress line (see the module docstring).
+        `augment_p`: the augmentation probability of --aug=ada|fixed, read once here (Progress/augment)."""
         bad_steps = torch.stack([u.first_bad_step for u in updaters])
         if torch.distributed.is_initialized():
             torch.distributed.all_reduce(bad_steps, op=torch.distributed.ReduceOp.MIN)
@@ -145,13 +148,16 @@ class TickReporter:
         eta = (now - self.session_start_time) * (1 - done_share) / max(done_share - self.session_start_progress, 1e-12)
         lod = self.schedule.plan(state.step, state.cur_nimg).lod  # Of the phase now, which phase_label names.
         for name, value in [('Progress/tick', state.cur_tick), ('Progress/step', state.step), ('Progress/kimg', state.cur_nimg / 1000),
-                            ('Timing/sec_per_kimg', sec_per_kimg)] + ([('Progress/lod', lod)] if lod is not None else []):
+                            ('Timing/sec_per_kimg', sec_per_kimg)] + ([('Progress/lod', lod)] if lod is not None else []) \
+                + ([('Progress/augment', float(augment_p))] if augment_p is not None else []):
             stats[name] = dnnlib.EasyDict(num=1, mean=float(value), std=0.0)
         fields = [f'tick {state.cur_tick:<4d}', f'step {state.step:<7d}', f'kimg {state.cur_nimg / 1000:<9.3f}',
                   f'done {100 * done_share:5.1f}%', f'ETA {dnnlib.util.format_time(eta) if not done else "-":<11s}']
         phase_label = self.schedule.phase_label(state.step, state.cur_nimg)
         if phase_label is not None:
             fields += [f'phase {phase_label:<18s}', f'lod {lod:<5.2f}']
+        if augment_p is not None:
+            fields += [f'augment {stats["Progress/augment"].mean:<5.3f}']
         fields += [f'time {dnnlib.util.format_time(now - self.start_time):<12s}', f'sec/kimg {sec_per_kimg:<7.2f}',
                    f'maintenance {self.maintenance_time:<5.1f}',
                    f'cpumem {psutil.Process(os.getpid()).memory_info().rss / 2**30:<5.2f}']

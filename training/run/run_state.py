@@ -10,7 +10,8 @@ generator of the fakes' labels). A snapshot (torch_utils/persistence.py: plain d
     progress                    step, cur_nimg, cur_tick, tick_start_nimg, consumed, best_metric, best
     rng_states                  one {torch, cuda, labels} per process
     loss_states                 one loss state_dict per process (StyleGAN2's path length average; absent in snapshots
-                                written before it was kept, whose resumed runs start it at 0)
+                                written before it was kept, whose resumed runs start it at 0; with --aug, the
+                                augmentation's p and ADA's statistic: training/step/ada.py)
     training_set_kwargs         the data it was trained on
     experiment                  the run's Experiment as plain data (training/experiment.py), which a
                                 resumed run takes unless told otherwise
@@ -52,10 +53,11 @@ def load_resumable(path: str) -> dnnlib.EasyDict:
                          f'(network-snapshot-*.pkl) can be resumed')
     loss_states = snapshot.get('loss_states', [])
     if not isinstance(loss_states, list) or not all(
-            isinstance(s, dict) and sorted(s) == sorted(LOSS_STATE_KEYS) and all(torch.is_tensor(v) and v.shape == ()
-                                                                                  and v.is_floating_point() for v in s.values())
+            isinstance(s, dict) and 'pl_mean' in s and set(s) <= set(LOSS_STATE_KEYS)
+            and all(torch.is_tensor(v) and v.shape == () and v.is_floating_point() for v in s.values())
             for s in loss_states):
-        raise ValueError(f'{path}: loss_states must be a list of {{{", ".join(LOSS_STATE_KEYS)}}} scalars, one per process')
+        raise ValueError(f'{path}: loss_states must be a list of {{{", ".join(LOSS_STATE_KEYS)}}} scalars (pl_mean and '
+                         f'those of --aug), one per process')
     return snapshot
 
 

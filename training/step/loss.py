@@ -31,6 +31,13 @@
   * consistency regularization (cr > 0): + cr * E[(s(real) - s(aug(real)))^2], with the same
     label for both and aug a random flip + translation (training/step/augment.py); s is f_hat under GN.
 
+  * augmentation of D's inputs (`augment_kwargs`, train.py --aug; training/step/ada.py): D sees A(x), the fakes then
+    the reals of the D step and the fakes of the G step each through A with draws of its own, as NVIDIA's loss. GN
+    normalizes D at its input, the augmented image; for fixed draws A is affine in x, and GN's fast G step and affine
+    D step stay exact (docs/gradnorm.md). The penalties (R1, the GPs) differentiate D(A(x)) w.r.t. x, the image before
+    augmentation, as NVIDIA's R1; CR compares D on the augmented reals with D on CR's copy of them. The sign of the
+    score on the reals goes to ADA's statistic and to 'Loss/signs/real'.
+
 The D step uses M reals and M fakes generated from gen_z (no gradient into G); the G step
 generates from gen_z (its batch may differ, e.g. 2M). Where D treats every sample on its own
 (`D.is_sample_independent`: no batch statistics, no minibatch stddev), the reals, the fakes and
@@ -103,6 +110,7 @@ import torch.nn.functional as F
 import dnnlib
 from ops import conv2d_gradfix
 from torch_utils import training_stats
+from training.step.ada import STATE_KEYS as AUGMENT_STATE_KEYS, Augmentation
 from training.step.augment import consistency_augment
 from training.step.gradnorm import (affine_form_error, generator_backward_fast, linearizable_layers, normalize_gradient,
                                per_sample_norm)
@@ -112,7 +120,7 @@ from training.step.precision import Precision
 
 AFFINE_CHECK_SAMPLES = 4       # Samples of the first batch on which D's affine form is checked, in float64.
 AFFINE_CHECK_TOLERANCE = 1e-9  # Largest relative error in float64 (rounding gives ~1e-15; a missed term ~1e-1).
-LOSS_STATE_KEYS = ('pl_mean',)  # What GANLoss.state_dict holds: float scalars.
+LOSS_STATE_KEYS = ('pl_mean',) + AUGMENT_STATE_KEYS  # What GANLoss.state_dict may hold: float scalars (--aug's too).
 PHASES = ('both', 'main', 'reg')  # A step's loss with its regularizer, without it, the regularizer alone (phases()).
 
 
@@ -166,13 +174,13 @@ def interpolate_penalty(loss: GANLoss, real_img: torch.Tensor, real_c: torch.Ten
                          f'but {gen_img.shape[0]} fakes')
     alpha = torch.rand([real_img.shape[0]] + [1] * (real_img.ndim - 1), device=real_img.device, dtype=real_img.dtype)
     mixed = alpha * real_img + (1 - alpha) * gen_img
-    grad_norm = input_gradient_norm(loss.run_D, mixed, real_c, loss.input_grad_scale())  # Interpolates keep the real labels.
+    grad_norm = input_gradient_norm(loss.discriminate, mixed, real_c, loss.input_grad_scale())  # With the real labels.
     return loss.gp_weight * (grad_norm - center).square(), grad_norm
 
 
 def r1_penalty(loss: GANLoss, real_img: torch.Tensor, real_c: torch.Tensor, gen_img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """r1_gamma / 2 * ||grad D(real)||^2 per sample (Mescheder et al. 2018). Returns (penalty, ||grad||)."""
-    grad_norm = input_gradient_norm(loss.run_D, real_img, real_c, loss.input_grad_scale())
+    grad_norm = input_gradient_norm(loss.discriminate, real_img, real_c, loss.input_grad_scale())
     return loss.r1_gamma / 2 * grad_norm.square(), grad_norm
 
 
@@ -241,6 +249,7 @@ class GANLoss:
         pl_batch_shrink: int = 2,           # The path length term sees batch / pl_batch_shrink latents.
         G_reg_interval: int = 1,            # The path length term at every this-many-th G step, own phase (NVIDIA: 4).
         D_reg_interval: int = 1,            # The constraint's penalty (R1) at every this-many-th D step, own phase (NVIDIA: 16).
+        augment_kwargs: dict | None = None, # D's inputs augmented: training/step/ada.py's Augmentation kwargs.
     ) -> None:
         self.G = G
         self.D = D
@@ -278,6 +287,7 @@ class GANLoss:
         self.pl_weight, self.pl_decay, self.pl_batch_shrink = pl_weight, pl_decay, pl_batch_shrink
         self.reg_intervals = dict(G=G_reg_interval, D=D_reg_interval)
         self.pl_mean = torch.zeros([], device=None if param is None else param.device)
+        self.augment = None if augment_kwargs is None else Augmentation(**augment_kwargs, device=self.pl_mean.device)
         self._phase = dict(G='both', D='both')  # What accumulate_gradients computes (set_phase).
 
     def exact_path_note(self) -> str | None:
@@ -302,17 +312,20 @@ class GANLoss:
         self._phase[net] = phase
 
     def state_tensors(self) -> list[torch.Tensor]:
-        """Tensors the steps change besides the networks and optimizers (the path length average)."""
-        return [getattr(self, key) for key in LOSS_STATE_KEYS]
+        """Tensors the steps change besides the networks and optimizers (the path length average, ADA's statistic)."""
+        return [self.pl_mean] + ([] if self.augment is None else self.augment.state_tensors())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The state_tensors by name, on the CPU, for a snapshot."""
-        return {key: getattr(self, key).detach().cpu().clone() for key in LOSS_STATE_KEYS}
+        """The state by name, on the CPU, for a snapshot: pl_mean, and with --aug the augmentation's p and statistic."""
+        augment = {} if self.augment is None else self.augment.state_dict()
+        return dict(pl_mean=self.pl_mean.detach().cpu().clone(), **augment)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Continue from a snapshot's state_dict (in place: captured CUDA graphs keep their tensors)."""
-        for key in LOSS_STATE_KEYS:
-            getattr(self, key).copy_(state[key])
+        """Continue from a snapshot's state_dict (in place: captured CUDA graphs keep their tensors); a run with --aug
+        from a snapshot without it keeps its starting p."""
+        self.pl_mean.copy_(state['pl_mean'])
+        if self.augment is not None and all(key in state for key in AUGMENT_STATE_KEYS):
+            self.augment.load_state_dict(state)
 
     def run_G(self, z: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """G(z, c) in the loss's precision, with style mixing where asked; the images come back in float32."""
@@ -337,6 +350,14 @@ class GANLoss:
     def run_D(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """D(img, c) in the loss's precision; the scores come back in float32."""
         return self.precision.run(self.D, img, c)
+
+    def augmented(self, img: torch.Tensor) -> torch.Tensor:
+        """What D sees of `img`: A(img) with draws of its own under --aug, else img."""
+        return img if self.augment is None else self.augment(img)
+
+    def discriminate(self, img: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """D(A(img), c): the penalties differentiate it w.r.t. the image before augmentation, as NVIDIA's R1."""
+        return self.run_D(self.augmented(img), c)
 
     def input_grad_scale(self) -> float:
         """||grad|| w.r.t. the image D is defined on, per unit of ||grad|| w.r.t. its actual input (see module docstring)."""
@@ -389,11 +410,13 @@ class GANLoss:
             penalty = self._report_penalty(real_img, real_c, gen_img)
             (penalty * self.reg_intervals['D'] * gain).backward()
             return
+        seen_gen = self.augmented(gen_img)  # Fakes first, then reals, each with its own draws (NVIDIA's order).
+        seen_real = self.augmented(real_img)
         if self.bias_layers is not None and not self.linear_d_checked:
-            self._check_linear_d(real_img, real_c)
-        imgs, labels = [real_img, gen_img], [real_c, gen_c]
-        if self.cr > 0:
-            imgs.append(consistency_augment(real_img))
+            self._check_linear_d(seen_real, real_c)
+        imgs, labels = [seen_real, seen_gen], [real_c, gen_c]
+        if self.cr > 0:  # Under --aug: CR's flip and shift of the augmented reals, compared with D on them.
+            imgs.append(consistency_augment(seen_real))
             labels.append(real_c)  # The augmented copy keeps its real label.
         results = self._batch_scores(imgs, labels)
         (real_scores, real_grad_norm), (fake_scores, fake_grad_norm) = results[:2]
@@ -403,6 +426,9 @@ class GANLoss:
         training_stats.report('Loss/scores/fake', fake_scores)
         training_stats.report('Loss/D/real', real_terms)
         training_stats.report('Loss/D/fake', fake_terms)
+        if self.augment is not None:
+            self.augment.record(real_scores)  # ADA's statistic: the sign of D (GN: of f_hat, f's) on the reals.
+            training_stats.report('Loss/signs/real', real_scores.sign())
         if real_grad_norm is not None:
             training_stats.report('Loss/grad_norm', torch.cat([real_grad_norm, fake_grad_norm]))
 
@@ -438,7 +464,7 @@ class GANLoss:
     def _generator_step(self, gen_z: torch.Tensor, gen_c: torch.Tensor, gain: float | torch.Tensor) -> None:
         phase = self._phase['G']
         if phase != 'reg':
-            gen_img = self.run_G(gen_z, gen_c)
+            gen_img = self.augmented(self.run_G(gen_z, gen_c))  # GN normalizes D at what it sees, A(G(z)).
             if self.constraint.gn_zeta is not None and self.fast_g:
                 loss, _ = generator_backward_fast(self.run_D, gen_img, gen_c, zeta=self.constraint.gn_zeta,
                                                   loss_fn=lambda s: g_loss_terms(self.loss, s).mean(),

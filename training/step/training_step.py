@@ -15,7 +15,8 @@ The graph key of a step is what a replay cannot change: the shapes of its inputs
 rounds, and for progressive growing the active resolution and whether a fade-in is under way (its
 progress, the lod, is a device tensor that the networks read), and the step's phases (the loss's `phases`:
 StyleGAN2's lazily scheduled path length term and R1 take an optimizer step of their own). The EMA
-decay, which gn-stylegan2's ramp-up changes at every step, is a device tensor the G step reads.
+decay, which gn-stylegan2's ramp-up changes at every step, is a device tensor the G step reads. A run with --aug
+runs eagerly (AUGMENT_NOT_CAPTURED), and after every D step ADA's p is adjusted when due (training/step/ada.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from training.step.updater import NetworkUpdater, make_capturable
 #----------------------------------------------------------------------------
 
 CUDA_GRAPHS = ('auto', 'on', 'off')
+AUGMENT_NOT_CAPTURED = ('CUDA graphs off: steps with --aug (its draws, ADA\'s p) have not been verified under capture; '
+                        'the steps run eagerly')
 FP16_NOT_CAPTURED = ('--cuda-graphs=on cannot capture --precision=fp16: its dynamic loss scaling reads the overflow '
                      'flag on the host at every step; use --precision=bf16, or --cuda-graphs=auto (eager fp16 steps)')
 
@@ -96,6 +99,8 @@ class TrainingStep:
         precision = loss.precision
         if graph_engine is None:
             use, why = use_cuda_graphs(cuda_graphs, self.device, num_gpus, precision.name)
+            if use and getattr(loss, 'augment', None) is not None:
+                use, why = False, AUGMENT_NOT_CAPTURED
             if why is not None:
                 log(why)
             if use:
@@ -135,6 +140,8 @@ class TrainingStep:
         key = ('D', tuple(real_img.shape), tuple(real_c.shape), tuple(gen_c.shape), rounds, self._structure(), phases)
         self.captured['D'](key, functools.partial(self._discriminator_step, rounds=rounds, phases=phases),
                            dict(real_img=real_img, real_c=real_c, gen_c=gen_c))
+        if getattr(self.loss, 'augment', None) is not None:
+            self.loss.augment.d_step_done()  # ADA: p adjusted on the device after every 4th D step.
 
     def generator(self, gen_c: torch.Tensor, rounds: int, step: int, ema_beta: float = 0.0) -> None:
         """One G update of G step `step` on the fakes of `gen_c`'s labels, in `rounds` accumulation rounds; then
