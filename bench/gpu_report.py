@@ -63,9 +63,15 @@ Steps, in order of value, with their planned seconds (--quick / full run):
   (full run only)   - /  120    the same with --deterministic: what repeatable GPU arithmetic costs.
   digits step      15 /   60    bench/train_speed.py, gn-stylegan on the digits' 32x32 at --cmax=32 and batch
                                 32, graphs and eager: the CPU-scale quick start's step on a GPU.
-  presets          45 /  300    every SN-GAN and BigGAN preset with GN at tf32 and bf16, as train.py runs them
+  precision        10 /   60    bench/precision.py on the GPU: GN's and the unconstrained D's gradient against
+                                float64 at fp32, tf32 and bf16, with GN's D step affine and plain, for
+                                cifar10-cnn and cifar10-resnet: the figures docs/precision.md's GPU
+                                recommendation waits for.
+  presets          35 /  300    every SN-GAN and BigGAN preset with GN at tf32 and bf16, as train.py runs them
                                 (CUDA graphs where they pass; --quick: one round): the GPU time of
                                 docs/reproduce.md.
+  (full run only)   - /   60    bench/train_speed.py --augs: what ADA's bgc pipeline and DiffAugment cost a GN
+                                step of gn-stylegan2 at 256x256 and of cifar10-resnet, against no augmentation.
   gn-stylegan      25 /  300    bench/stylegan.py: GN-StyleGAN D+G steps at 256x256 and at 1024x1024 with v1's
                                 per-GPU batch of 4, each with the kernels and with the reference ops (what the
                                 chooser's choices are worth in a real step), each with its own peak memory.
@@ -84,7 +90,7 @@ Steps, in order of value, with their planned seconds (--quick / full run):
   (full run only)   - /  420    bench/compare.py: docs/results.md's gn-stylegan2 comparison on the digits (GN,
                                 NVIDIA's R1 and no constraint, its CPU-sized networks, 60 kimg each, seed 0)
                                 on the GPU, every run that ends in the box scored, the final samples.
-  total           360 / 5145
+  total           360 / 5265
 
 The report ends with the targets of the training step (CUDA graphs) on one H100/H200, each measured value
 against its bound: the cifar10-resnet iteration with graphs at most 0.45x the authors' code with GN and 0.5x
@@ -725,12 +731,23 @@ STEPS = [
                      '--cuda-graphs=both', f'--rounds={3 if quick else 10}'] for quick in (True, False)},
                                                    rehearsal=STYLEGAN_REHEARSAL),
          {True: 15, False: 60}, ('gpu',), TRAIN_SPEED_CUDA),
+    Step('precision', 'GN\'s D gradient against float64 at fp32, tf32 and bf16, both D-step forms: what docs/precision.md '
+         'leaves open on a GPU (bench/precision.py)', bench_step('bench.precision', {
+             quick: ['--cfg=cifar10-cnn,cifar10-resnet', '--batch=8', '--seeds=1', '--norms=gn,none',
+                     '--precisions=fp32,tf32,bf16', '--linear-d=both', '--device=cuda'] for quick in (True, False)},
+             rehearsal={'--cfg': 'cifar10-cnn', '--batch': '2', '--device': 'cpu'}),
+         {True: 10, False: 60}, ('gpu',)),
     Step('train_speed_presets', 'Training speed of the paper\'s SN-GAN and BigGAN presets with GN, tf32 and bf16, as train.py '
          'runs them: the time column of docs/reproduce.md (bench/train_speed.py)', bench_step('bench.train_speed', {
              quick: [f'--cfg={SNGAN_PRESETS}', '--norms=gn', '--fast-g=default', '--precisions=tf32,bf16']
              + (['--rounds=1'] if quick else []) for quick in (True, False)},
              rehearsal=SNGAN_REHEARSAL),
-         {True: 45, False: 300}, ('gpu',), TRAIN_SPEED_CUDA),
+         {True: 35, False: 300}, ('gpu',), TRAIN_SPEED_CUDA),
+    Step('train_speed_aug', 'Training speed with augmentation: none, ADA\'s bgc pipeline and DiffAugment, for gn-stylegan2 at '
+         '256x256 and cifar10-resnet, GN, tf32 (bench/train_speed.py)', bench_step('bench.train_speed', {
+             False: ['--cfg=gn-stylegan2,cifar10-resnet', '--resolution=256', '--batch=16', '--norms=gn', '--precisions=tf32',
+                     '--augs=noaug,ada,diffaug']}, rehearsal=dict(SNGAN_REHEARSAL, **{'--cfg': 'cifar10-resnet'})),
+         {True: None, False: 60}, ('gpu',), TRAIN_SPEED_CUDA),
     Step('stylegan', 'GN-StyleGAN steps at 256x256 and 1024x1024, batch 4, kernels against reference ops '
          '(bench/stylegan.py)', bench_step('bench.stylegan', {
              quick: ['--resolutions=256,1024', '--max-resolution=1024', '--impl=both']

@@ -172,9 +172,9 @@ def gradients(G: torch.nn.Module, D: torch.nn.Module, loss_kwargs: dict, precisi
 def compare(cfg_name: str, norm: str, precisions: list[str], batch_size: int, seed: int, resolution: int, cmax: int,
             lod: float, linear_d: str = 'default', device: torch.device = torch.device('cpu')) -> list[dict]:
     progressive = configs.get_config(cfg_name).arch == 'stylegan'
-    # Style mixing draws at random per call: not comparable between float64 and float32.
+    # Style mixing and augmentation draw at random per call: not comparable between float64 and float32.
     opts = preset_experiment(cfg_name, norm=norm, batch=batch_size, resolution=resolution if progressive else None,
-                             cmax=cmax if progressive else None, style_mixing=0 if progressive else None)
+                             cmax=cmax if progressive else None, style_mixing=0 if progressive else None, aug='noaug')
     G, D = build_network(opts.G_kwargs, device, seed), build_network(opts.D_kwargs, device, seed)
     active = G.img_resolution
     if progressive:

@@ -42,7 +42,7 @@ def bench_one(resolution: int, precision: str, impl: str, steps: int, warmup: in
               sg2_cfg: str = 'auto', cmax: int | None = None) -> dict:
     """Time `steps` D+G iterations (lazy regularizers at their intervals) after `warmup` untimed ones."""
     opts = preset_experiment('gn-stylegan2', resolution=resolution, label_dim=0, sg2_cfg=sg2_cfg, gpus=PAPER_GPUS,
-                             precision=precision, cmax=cmax, kimg=1)
+                             precision=precision, cmax=cmax, kimg=1, aug='noaug')  # The records' rows: D sees the images.
     batch = opts.batch // PAPER_GPUS
     G, D = build_network(opts.G_kwargs, device), build_network(opts.D_kwargs, device)
     G_opt = dnnlib.util.construct_class_by_name(params=G.parameters(), **opts.G_opt_kwargs)

@@ -3,11 +3,13 @@
     python -m bench.train_speed --batch=16                              # cifar10-resnet, batch 16: minutes on a CPU
     python -m bench.train_speed --cfg=cifar10-resnet --batch=64 --norms=gn,none --precisions=fp32,bf16 --out=speed.json
     python -m bench.train_speed --cfg=gn-stylegan --resolution=64 --cmax=64 --batch=8 --norms=gn,r1 --precisions=fp32,bf16 --rounds=3
+    python -m bench.train_speed --cfg=cifar10-resnet --batch=16 --norms=gn --augs=noaug,ada,diffaug   # what augmentation costs
 
 For every preset, discriminator constraint (--norms), fast-G setting (--fast-g; only meaningful for
 the GN variants, and only where D is piecewise linear: for gn-stylegan and gn-stylegan2 the default, both,
 times their exact G step alone), GN's D step in affine form or plain (--linear-d; GN only, see training/step/gradnorm.py),
-one or separate D calls per D step (--fuse-d) and precision (--precisions), it builds G, D, the
+one or separate D calls per D step (--fuse-d), what D sees (--augs: none, NVIDIA's ADA pipeline at its starting p,
+whose transformations run whatever p is, or DiffAugment) and precision (--precisions), it builds G, D, the
 optimizers and GANLoss with an Experiment (training/experiment.py), as train.py does, and times the
 training loop's own D step and G step (NetworkUpdater.run of training/step/updater.py: zero_grad,
 GANLoss.accumulate_gradients, gradient check, optimizer step through the loss scaler; shared with
@@ -47,6 +49,7 @@ from __future__ import annotations
 import torch_utils.startup  # noqa: F401  (first: the wait policy, the torch check, warnings; torch_utils/startup.py)
 
 import datetime
+import itertools
 import os
 import statistics
 import time
@@ -72,15 +75,18 @@ def _blank(value: object) -> str:
 
 
 def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution: int | None, cmax: int | None,
-                 device: torch.device, ch: int | None = None) -> dict:
+                 device: torch.device, ch: int | None = None, augs: tuple[str, ...] = ('noaug',)) -> dict:
     """The networks and optimizers of one preset (an Experiment (training/experiment.py)), shared by all of its configurations.
 
     Every norm except 'sn' uses the same D (sn builds D with spectral normalization), so one D
     (two with sn) and one G serve every configuration; their weights drift as the benchmark
     trains them, which changes nothing in the arithmetic being timed. `ch`: the SN-GAN and BigGAN networks' base width
-    instead of the preset's.
+    instead of the preset's. `augs`: the --aug settings timed (their GANLoss kwargs: `aug_loss_kwargs`).
     """
-    opts = {norm: preset_experiment(cfg_name, norm=norm, resolution=resolution, batch=batch, cmax=cmax) for norm in norms}
+    opts = {norm: preset_experiment(cfg_name, norm=norm, resolution=resolution, batch=batch, cmax=cmax, aug='noaug')
+            for norm in norms}
+    aug_loss_kwargs = {aug: preset_experiment(cfg_name, resolution=resolution, batch=batch, cmax=cmax,
+                                              aug=aug).loss_kwargs.get('augment_kwargs') for aug in augs}
     any_opts = next(iter(opts.values()))
     if ch is not None and configs.get_config(cfg_name).arch.startswith('stylegan'):
         raise click.ClickException(f'--ch: {cfg_name} is narrowed by --cmax')
@@ -94,21 +100,24 @@ def build_preset(cfg_name: str, norms: list[str], batch: int | None, resolution:
             Ds[sn] = build_network(dict(opts[norm].D_kwargs, **width), device)
             D_opts[sn] = dnnlib.util.construct_class_by_name(params=Ds[sn].parameters(), **opts[norm].D_opt_kwargs)
     plan = any_opts.schedule.plan(0, 0)
-    return dict(cfg=configs.get_config(cfg_name), opts=opts, G=G, G_opt=G_opt, Ds=Ds, D_opts=D_opts, n_dis=plan.n_dis,
+    return dict(cfg=configs.get_config(cfg_name), opts=opts, aug_loss_kwargs=aug_loss_kwargs, G=G, G_opt=G_opt, Ds=Ds,
+                D_opts=D_opts, n_dis=plan.n_dis,
                 batch_D=plan.batch_D, batch_G=plan.batch_G, resolution=G.img_resolution,
                 group_size=any_opts.schedule.group_size)
 
 
 class Configuration:
-    """One (preset, norm, fast_g, linear_d, fuse, precision, CUDA graphs): the training loop's step for it, timed."""
+    """One (preset, norm, fast_g, linear_d, fuse, aug, precision, CUDA graphs): the training loop's step for it, timed."""
 
     def __init__(self, preset: dict, norm: str, fast_g: bool | None, linear_d: bool | None, fuse: bool | None,
                  precision: str, device: torch.device, clock: Callable[[], float], deterministic: bool = False,
-                 cuda_graphs: str = 'off') -> None:
+                 cuda_graphs: str = 'off', aug: str = 'noaug') -> None:
         self.preset, self.norm, self.precision, self.device, self.clock = preset, norm, precision, device, clock
-        self.deterministic, self.cuda_graphs = deterministic, cuda_graphs
+        self.deterministic, self.cuda_graphs, self.aug = deterministic, cuda_graphs, aug
         sn = loss_lib.CONSTRAINTS[norm].spectral_norm
         loss_kwargs = dnnlib.EasyDict(preset['opts'][norm].loss_kwargs)
+        if preset['aug_loss_kwargs'][aug] is not None:
+            loss_kwargs.augment_kwargs = preset['aug_loss_kwargs'][aug]
         for key, value in [('fast_g', fast_g), ('fuse_d_calls', fuse), ('linear_d', linear_d)]:
             if value is not None:
                 loss_kwargs[key] = value
@@ -205,7 +214,7 @@ class Configuration:
         loss = self.training.loss
         row = dict(cfg=self.preset['cfg'].name, norm=self.norm, fast_g=loss.fast_g if self.gn else None,
                    linear_d=loss.bias_layers is not None if self.gn else None, fuse_d_calls=loss.fuse_d_calls,
-                   precision=self.precision, cuda_graphs=self.cuda_graphs, replayed=self.replaying(),
+                   aug=self.aug, precision=self.precision, cuda_graphs=self.cuda_graphs, replayed=self.replaying(),
                    batch_D=self.preset['batch_D'], batch_G=self.preset['batch_G'],
                    resolution=self.preset['resolution'], n_dis=self.preset['n_dis'], sec_per_D_step=d, sec_per_G_step=g,
                    sec_per_iteration=self.preset['n_dis'] * d + g, rounds=len(self.times['D']['wall']))
@@ -231,11 +240,25 @@ def ratios(rows: list[dict]) -> list[dict]:
         if row['norm'] != 'gn':
             continue
         base = next((r for r in rows if r['norm'] == 'none' and r['cfg'] == row['cfg'] and r['precision'] == row['precision']
-                     and r['fuse_d_calls'] == row['fuse_d_calls'] and r['cuda_graphs'] == row['cuda_graphs']), None)
+                     and r['fuse_d_calls'] == row['fuse_d_calls'] and r['cuda_graphs'] == row['cuda_graphs']
+                     and r['aug'] == row['aug']), None)
         if base is not None:
             out.append(dict(cfg=row['cfg'], precision=row['precision'], fast_g=row['fast_g'], linear_d=row['linear_d'],
-                            fuse_d_calls=row['fuse_d_calls'], cuda_graphs=row['cuda_graphs'],
+                            fuse_d_calls=row['fuse_d_calls'], cuda_graphs=row['cuda_graphs'], aug=row['aug'],
                             D=row['sec_per_D_step'] / base['sec_per_D_step'],
+                            G=row['sec_per_G_step'] / base['sec_per_G_step'],
+                            iteration=row['sec_per_iteration'] / base['sec_per_iteration']))
+    return out
+
+
+def augmentation_costs(rows: list[dict]) -> list[dict]:
+    """Each augmented row over the same configuration without augmentation: D step, G step and full iteration."""
+    same = ('cfg', 'norm', 'fast_g', 'linear_d', 'fuse_d_calls', 'precision', 'cuda_graphs')
+    out = []
+    for row in rows:
+        base = next((r for r in rows if r['aug'] == 'noaug' and all(r[k] == row[k] for k in same)), None)
+        if row['aug'] != 'noaug' and base is not None:
+            out.append(dict({k: row[k] for k in same}, aug=row['aug'], D=row['sec_per_D_step'] / base['sec_per_D_step'],
                             G=row['sec_per_G_step'] / base['sec_per_G_step'],
                             iteration=row['sec_per_iteration'] / base['sec_per_iteration']))
     return out
@@ -294,6 +317,9 @@ def fast_variants(cfg_name: str, D: torch.nn.Module, fast_g: str) -> list[bool |
               'where D qualifies)', type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
 @click.option('--fuse-d', 'fuse_d',     help='One D call on reals + fakes: on, off, both, or GANLoss\'s default for the device',
               type=click.Choice(['default', 'both', 'on', 'off']), default='default', show_default=True)
+@click.option('--augs',                 help='What D sees, comma-separated: noaug, ada (NVIDIA\'s bgc pipeline at its starting '
+                                             'p), diffaug (color,translation,cutout)', default='noaug', show_default=True,
+              callback=parse_list(('noaug', 'ada', 'diffaug')))
 @click.option('--precisions',           help='Precisions, comma-separated', default='fp32', show_default=True,
               callback=parse_list(precision_lib.PRECISIONS))
 @click.option('--batch',                help='D batch M (G gets the preset\'s ratio)  [default: the preset\'s]; gn-stylegan(2): the minibatch', type=click.IntRange(min=2))
@@ -315,10 +341,12 @@ def fast_variants(cfg_name: str, D: torch.nn.Module, fast_g: str) -> list[bool |
               'steps of the same presets, norms gn/none and precisions fp32/tf32, timed in the same rounds (bench/authors.py)',
               metavar='DIR', type=click.Path(exists=True, file_okay=False))
 @click.option('--out',                  help='JSON file for the results', metavar='PATH')
-def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, precisions: list[str], batch: int | None,
+def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fuse_d: str, augs: list[str],
+         precisions: list[str], batch: int | None,
          resolution: int | None, cmax: int | None, ch: int | None, rounds: int, warmup: int, threads: int | None, clock: str,
          device: str | None, deterministic: bool, cuda_graphs: str, authors_code: str | None, out: str | None) -> None:
-    """Seconds per D step and per G step of the presets, for each norm, fast-G setting, precision and CUDA-graph setting."""
+    """Seconds per D step and per G step of the presets, for each norm, fast-G setting, augmentation, precision and CUDA-graph
+    setting."""
     try:
         device = devices.parse_device(device)
     except ValueError as e:
@@ -338,20 +366,19 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
     rows, authors_rows = [], []
     gradnorm_losses = authors.import_authors_code(authors_code) if authors_code is not None else None
     for name in cfg_names:  # One preset at a time: its networks, graphs and memory are its own.
-        preset = build_preset(name, norms, batch, resolution, cmax, device, ch)
+        preset = build_preset(name, norms, batch, resolution, cmax, device, ch, tuple(augs))
         runs = []
         for norm in norms:
             gn = loss_lib.CONSTRAINTS[norm].gn_zeta is not None
             for fast in (fast_variants(name, preset['Ds'][loss_lib.CONSTRAINTS[norm].spectral_norm], fast_g) if gn
                          else [None]):
                 for linear in (linear_settings if gn else [None]):
-                    for fuse in fuse_settings:
-                        for precision in precisions:
-                            for graph_setting in graph_settings:
-                                if graph_setting == 'on' and precision == 'fp16':
-                                    continue  # fp16's loss scaling reads the GPU every step: never captured.
-                                runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn,
-                                                          deterministic, graph_setting))
+                    for fuse, aug, precision, graph_setting in itertools.product(fuse_settings, augs, precisions,
+                                                                                  graph_settings):
+                        if graph_setting == 'on' and precision == 'fp16':
+                            continue  # fp16's loss scaling reads the GPU every step: never captured.
+                        runs.append(Configuration(preset, norm, fast, linear, fuse, precision, device, clock_fn,
+                                                  deterministic, graph_setting, aug))
         theirs = []
         if gradnorm_losses is not None:
             for run in runs:
@@ -375,11 +402,12 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
 
     on_off = lambda flag: '' if flag is None else ('on' if flag else 'off')
     seconds = lambda value: '' if value is None else f'{value:.4f}'
-    print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"prec":<5} {"graph":<5} {"batch":>7} {"s/D step":>9} '
+    print(f'{"cfg":<20} {"norm":<5} {"fast_g":<6} {"lin_d":<6} {"fuse_d":<6} {"aug":<7} {"prec":<5} {"graph":<5} {"batch":>7} {"s/D step":>9} '
           f'{"s/G step":>9} {"s/iter":>8} {"host/D":>7} {"dev/D":>7} {"host/G":>7} {"dev/G":>7} {"ops/D":>6} {"calls/D":>7} '
           f'{"ops/G":>6} {"calls/G":>7} {"sync/D":>6} {"sync/G":>6} {"GiB":>6}')
     for r in rows:
-        print(f'{r["cfg"]:<20} {r["norm"]:<5} {on_off(r["fast_g"]):<6} {on_off(r["linear_d"]):<6} {on_off(r["fuse_d_calls"]):<6} {r["precision"]:<5} '
+        print(f'{r["cfg"]:<20} {r["norm"]:<5} {on_off(r["fast_g"]):<6} {on_off(r["linear_d"]):<6} {on_off(r["fuse_d_calls"]):<6} '
+              f'{r["aug"]:<7} {r["precision"]:<5} '
               f'{on_off(r["replayed"]):<5} {r["batch_D"]:>3}/{r["batch_G"]:<3} '
               f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f} '
               f'{seconds(r["host_sec_per_D_step"]):>7} {seconds(r["device_sec_per_D_step"]):>7} '
@@ -388,13 +416,16 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
               f'{_blank(r["syncs_per_D_step"]):>6} {_blank(r["syncs_per_G_step"]):>6} '
               f'{"" if r["peak_reserved_gib"] is None else format(r["peak_reserved_gib"], ".2f"):>6}')
     for r in authors_rows:
-        print(f'{r["cfg"]:<20} {r["norm"]:<5} {"(authors)":<20} {r["precision"]:<5} {"":<5} {r["batch_D"]:>3}/{r["batch_G"]:<3} '
+        print(f'{r["cfg"]:<20} {r["norm"]:<5} {"(authors)":<20} {"noaug":<7} {r["precision"]:<5} {"":<5} {r["batch_D"]:>3}/{r["batch_G"]:<3} '
               f'{r["sec_per_D_step"]:>9.4f} {r["sec_per_G_step"]:>9.4f} {r["sec_per_iteration"]:>8.3f}')
     gn_ratios, versus_authors, speedups = ratios(rows), authors.ours_over_authors(rows, authors_rows), graph_speedups(rows)
     print_ratios('GN / vanilla (norm none)', gn_ratios, lambda r: f'{r["cfg"]:<20} {r["precision"]:<5} graph {r["cuda_graphs"]:<4} '
                  f'fast_g {on_off(r["fast_g"]):<4} lin_d {on_off(r["linear_d"]):<4} fuse_d {on_off(r["fuse_d_calls"]):<4}')
     print_ratios('Ours / the authors\' code', versus_authors, lambda r: f'{r["cfg"]:<20} {r["norm"]:<5} {r["precision"]:<5} '
                  f'(theirs at {r["against"]}) graphs {r["cuda_graphs"]:<4} replayed {on_off(r["replayed"]):<4}')
+    aug_costs = augmentation_costs(rows)
+    print_ratios('Augmented / noaug', aug_costs, lambda r: f'{r["cfg"]:<20} {r["norm"]:<5} {r["aug"]:<7} {r["precision"]:<5} '
+                 f'graph {r["cuda_graphs"]:<4}')
     print_ratios('Eager / CUDA graph', speedups,
                  lambda r: f'{r["cfg"]:<20} {r["norm"]:<5} {r["precision"]:<5} replayed {on_off(r["replayed"]):<4}')
 
@@ -408,6 +439,7 @@ def main(cfg_names: list[str], norms: list[str], fast_g: str, linear_d: str, fus
             torch=torch.__version__,
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             rounds=rounds, warmup=warmup, results=rows, gn_over_vanilla=gn_ratios, eager_over_graph=speedups,
+            augmented_over_noaug=aug_costs,
             authors=authors_rows, ours_over_authors=versus_authors))
         print(f'Results written to {out}')
 

@@ -78,7 +78,7 @@ def test_d_sees_each_batch_augmented_with_its_own_draws(kwargs, norm):
     augment = (lambda x: pipe(x)) if pipe is not None else (lambda x: DiffAugment(x, kwargs['diffaug']))
     for net in ('D', 'G'):
         D = InputsD()
-        loss = GANLoss(G=nn.Identity(), D=D, norm=norm, linear_d=False, channels_last=False, augment_kwargs=kwargs)
+        loss = GANLoss(G=nn.Identity(), D=D, norm=norm, linear_d=False, augment_kwargs=kwargs)
         loss.run_G = G
         torch.manual_seed(1)
         loss.accumulate_gradients(net, real, c, z, c)

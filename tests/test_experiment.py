@@ -267,7 +267,7 @@ def test_freezed_makes_nvidias_first_layers_buffers():
     before = {name: t.clone() for name, t in D.state_dict().items()}
     optimizer = torch.optim.Adam(D.parameters(), lr=0.1)
     G = lambda z, c: z.reshape(-1, 3, 32, 32)
-    GANLoss(G=G, D=D.requires_grad_(True), channels_last=False).accumulate_gradients(
+    GANLoss(G=G, D=D.requires_grad_(True)).accumulate_gradients(
         'D', torch.randn(4, 3, 32, 32), torch.zeros(4, 0), torch.randn(4, 3 * 32 * 32), torch.zeros(4, 0))
     optimizer.step()
     changed = {name for name, t in D.state_dict().items() if not torch.equal(t, before[name])}
