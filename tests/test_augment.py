@@ -277,8 +277,9 @@ class _HostReads(TorchDispatchMode):
 
 @pytest.mark.parametrize('name', ['bgcfnc'])
 def test_no_host_reads(name):
-    # A host read of a tensor value (NVIDIA's padding amounts) would make a GPU step wait for the device.
+    # A host read of a tensor value (NVIDIA's padding amounts) would make a GPU step wait for the device: the GPU's path.
     pipe = _pipe(0.7, **AUGPIPE_SPECS[name])
+    pipe.host_margin = False
     images = torch.rand(4, 3, 24, 24, requires_grad=True)
     with _HostReads() as mode:
         pipe(images).square().sum().backward()
@@ -356,3 +357,20 @@ def test_snapshot_rebuilds_the_pipe_with_its_p():
     assert rebuilt.p.dtype == torch.float32 and float(rebuilt.p) == np.float32(0.37)
     images = torch.rand(2, 3, 24, 24) * 2 - 1
     assert torch.equal(_run(rebuilt, images)[0], _run(pipe, images)[0])
+
+
+@pytest.mark.parametrize('spec', [dict(AUGPIPE_SPECS['bg']), dict(scale=1, rotate=1, xfrac=1, scale_std=2, xfrac_std=0.5)])
+def test_the_gpus_padding_gives_the_cpus_batch(spec):
+    """Geometry padded by the largest margin and masked to NVIDIA's (the GPU's path, no host read) against NVIDIA's least
+    margin read back (the CPU's path, NVIDIA's own): the same batch from the same draws, but for float32 rounding of the
+    resampling positions (3.8e-6 is NVIDIA's own distance from float64 here, about 1.5e-5 the GPU path's)."""
+    images = torch.rand(16, 3, 24, 20) * 2 - 1
+    pipe = _pipe(1.0, **spec)
+    out = {}
+    for host_margin in (True, False):
+        pipe.host_margin = host_margin
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(5)
+            out[host_margin] = pipe(images)
+    assert (out[True] - out[False]).abs().max() < 5e-5
+

@@ -18,8 +18,8 @@ measures it against their code). DiffAugment (Zhao et al., NeurIPS 2020) is like
 `DiffAugment_pytorch.py`: the same draws, the same batch.
 
 Everything is drawn and applied for the whole batch at once with tensor operations: no Python loop over images,
-no Python branching on drawn values and no round trip through the host (where NVIDIA reads its padding amounts
-back to the host, the pipeline here pads by the largest amount and masks; see AugmentPipe).
+no Python branching on drawn values and no round trip through a GPU (where NVIDIA reads its padding amounts back
+to the host, the pipeline here pads by the largest amount and masks on a GPU; see AugmentPipe).
 """
 
 from __future__ import annotations
@@ -227,14 +227,14 @@ class AugmentPipe(torch.nn.Module):
     Blit and geometry are one inverse transform (output pixel -> input pixel) composed from the draws and
     executed once: the image is padded by reflection, upsampled 2x with the sym6 wavelet filter, resampled
     bilinearly at the transformed positions and downsampled again, so the transformations interpolate with little
-    aliasing. NVIDIA pads by the least margin that the batch's transforms need, read back to the host; here the image
-    is padded by the largest margin it can take (size - 1) and everything beyond NVIDIA's margin is set to zero,
-    before and after the upsampling, which is NVIDIA's image inside a zero border: the same values, with the margin
-    kept on the device. Colours are one 4x4 matrix per image; the filter is a separable per-image convolution.
-    Colour, filter, noise and cutout give NVIDIA's values bit for bit; the resampling's positions, normalized over
-    the larger padded image, round differently in float32, so blit and geometry agree with NVIDIA's to that rounding
-    (bench/augment_check.py). The constants are copied to the device on the first call: a CUDA graph captures a
-    later one.
+    aliasing. NVIDIA pads by the least margin that the batch's transforms need, read back to the host. So does the
+    pipeline on a CPU, where that read costs no wait: NVIDIA's batch bit for bit, every spec (bench/augment_check.py).
+    On a GPU (`host_margin` False) the image is padded by the largest margin it can take (size - 1) and everything
+    beyond NVIDIA's margin is set to zero, before and after the upsampling, which is NVIDIA's image inside a zero
+    border, with the margin kept on the device; the resampling's positions, normalized over the larger padded image,
+    then round differently in float32 (about 1.5e-5). Colours are one 4x4 matrix per image; the filter is a separable
+    per-image convolution. The constants are copied to the device on the first call: a CUDA graph captures a later
+    one.
 
     Differentiable in the images (every step is linear in them for fixed draws: geometry, filter and cutout
     linear, colour and noise adding a constant), with second derivatives through ops/grid_sample_gradfix,
@@ -252,6 +252,7 @@ class AugmentPipe(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.register_buffer('p', torch.zeros([]))  # Overall probability multiplier, set by the training loop.
+        self.host_margin: bool | None = None  # Geometry padded by NVIDIA's least margin, read back (None: on a CPU only).
         self.xflip, self.rotate90, self.xint = float(xflip), float(rotate90), float(xint)
         self.xint_max = float(xint_max)
         self.scale, self.rotate, self.aniso, self.xfrac = float(scale), float(rotate), float(aniso), float(xfrac)
@@ -346,15 +347,23 @@ class AugmentPipe(torch.nn.Module):
         margin = margin + _constant((Hz_pad * 2 - cx, Hz_pad * 2 - cy) * 2, device)
         margin = margin.max(_constant((0.0,) * 4, device)).min(_constant((W - 1, H - 1) * 2, device)).ceil()
 
-        # Pad by size - 1 on every side, and keep NVIDIA's margin only: before the upsampling (whose filter reads
-        # beyond NVIDIA's padded image: zeros there) and after it (grid sampling reads zeros beyond it).
-        images = F.pad(images, [W - 1, W - 1, H - 1, H - 1], mode='reflect')
-        images = images * self._window(margin, W - 1, H - 1, W, H, 1).to(images.dtype)
-        images = upfirdn2d.upsample2d(images, self.Hz_geom, up=2)
-        images = images * self._window(margin, W - 1, H - 1, W, H, 2).to(images.dtype)
+        if images.device.type == 'cpu' if self.host_margin is None else self.host_margin:
+            # Where the host computes, reading the margin back costs no wait: NVIDIA's least padding, and its
+            # re-centring translation of the padded image (the same positions as NVIDIA's, at NVIDIA's cost).
+            left, top, right, bottom = (int(m) for m in margin.tolist())
+            images = F.pad(images, [left, right, top, bottom], mode='reflect')
+            G_inv = _translate2d((left - right) / 2, (top - bottom) / 2, device) @ G_inv
+            images = upfirdn2d.upsample2d(images, self.Hz_geom, up=2)
+        else:
+            # On a GPU, pad by size - 1 on every side and keep NVIDIA's margin only: before the upsampling (whose
+            # filter reads beyond NVIDIA's padded image: zeros there) and after it (grid sampling reads zeros beyond
+            # it). The padded image, symmetric about the original one, is centred on it: no re-centring.
+            images = F.pad(images, [W - 1, W - 1, H - 1, H - 1], mode='reflect')
+            images = images * self._window(margin, W - 1, H - 1, W, H, 1).to(images.dtype)
+            images = upfirdn2d.upsample2d(images, self.Hz_geom, up=2)
+            images = images * self._window(margin, W - 1, H - 1, W, H, 2).to(images.dtype)
 
-        # Pixels of the upsampled image, then the [-1, 1] coordinates of affine_grid (the padded image, symmetric
-        # about the original image here, is centred on it: NVIDIA's re-centring translation is zero).
+        # Pixels of the upsampled image, then the [-1, 1] coordinates of affine_grid.
         G_inv = _scale2d(2, 2, device) @ G_inv @ _scale2d_inv(2, 2, device)
         G_inv = _translate2d(-0.5, -0.5, device) @ G_inv @ _translate2d_inv(-0.5, -0.5, device)
         shape = [N, C, (H + Hz_pad * 2) * 2, (W + Hz_pad * 2) * 2]
