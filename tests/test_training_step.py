@@ -77,6 +77,11 @@ def train_with_training_step(run: Run, engine=None) -> training_step.TrainingSte
                                        group_size=run.experiment.schedule.group_size, graph_engine=engine,
                                        log=pytest.fail)
     torch.manual_seed(1)
+    return run_plans(steps, run)
+
+
+def run_plans(steps: training_step.TrainingStep, run: Run) -> training_step.TrainingStep:
+    """`run`'s plans through `steps`, as the training loop calls them."""
     for index, plan in enumerate(run.plans):
         d_batches, g_labels = run.batches(plan, seed=index)
         steps.set_plan(plan)
@@ -287,14 +292,9 @@ def test_auto_captures_only_on_a_release_a_gpu_run_verified_and_on_captures_anyw
     for mode in ('auto', 'on'):
         engines.clear()
         run, lines = Run('cifar10-resnet', 'gn'), []  # 5 D steps a G step: D's graph replays.
-        steps = training_step.TrainingStep(run.G, run.D, run.G_opt, run.D_opt, run.loss, G_ema=run.G_ema,
-                                           group_size=run.experiment.schedule.group_size, cuda_graphs=mode, log=lines.append)
-        for index, plan in enumerate(run.plans):
-            d_batches, g_labels = run.batches(plan, seed=index)
-            steps.set_plan(plan)
-            for real_img, real_c, gen_c in d_batches:
-                steps.discriminator(real_img, real_c, gen_c, plan.rounds_D, index)
-            steps.generator(g_labels, plan.rounds_G, index, plan.ema_beta)
+        steps = run_plans(training_step.TrainingStep(run.G, run.D, run.G_opt, run.D_opt, run.loss, G_ema=run.G_ema,
+                                                     group_size=run.experiment.schedule.group_size, cuda_graphs=mode,
+                                                     log=lines.append), run)
         captured = listed or mode == 'on'
         assert len(engines) == captured and not (captured and steps.captured['D'].graphs == {})
         assert captured == bool(engines and any(graph.replays >= 1 for graph in engines[0].captures))
