@@ -45,14 +45,17 @@ import torch
 
 
 def _import_cpp_extension() -> None:
-    """torch.utils.cpp_extension, without the line a CUDA build of torch logs at its import on a machine without a GPU
-    ("No CUDA runtime is found"): this module finds the toolkit itself and says in one line why a kernel is not built."""
+    """torch.utils.cpp_extension, without the line a CUDA build of torch writes at its import on a machine without a GPU
+    ("No CUDA runtime is found"; logged by current releases, printed to stderr by torch 2.5): this module finds the
+    toolkit itself and says in one line why a kernel is not built."""
+    import io
     import logging
     cpp_logger = logging.getLogger('torch.utils.cpp_extension')
     level = cpp_logger.level
     cpp_logger.setLevel(logging.ERROR)
     try:
-        import torch.utils.cpp_extension  # noqa: F401
+        with contextlib.redirect_stderr(io.StringIO()):
+            import torch.utils.cpp_extension  # noqa: F401
     finally:
         cpp_logger.setLevel(level)
 
