@@ -277,7 +277,7 @@ class _HostReads(TorchDispatchMode):
 
 @pytest.mark.parametrize('name', ['bgcfnc'])
 def test_no_host_reads(name):
-    # A host read of a tensor value (NVIDIA's padding amounts) would make a GPU step wait for the device: the GPU's path.
+    # A host read of a tensor value (NVIDIA's padding amounts) would make a GPU step wait: the GPU's path.
     pipe = _pipe(0.7, **AUGPIPE_SPECS[name])
     pipe.host_margin = False
     images = torch.rand(4, 3, 24, 24, requires_grad=True)
@@ -359,11 +359,12 @@ def test_snapshot_rebuilds_the_pipe_with_its_p():
     assert torch.equal(_run(rebuilt, images)[0], _run(pipe, images)[0])
 
 
-@pytest.mark.parametrize('spec', [dict(AUGPIPE_SPECS['bg']), dict(scale=1, rotate=1, xfrac=1, scale_std=2, xfrac_std=0.5)])
+@pytest.mark.parametrize('spec', [dict(AUGPIPE_SPECS['bg']),
+                                  dict(scale=1, rotate=1, xfrac=1, scale_std=2, xfrac_std=0.5)])
 def test_the_gpus_padding_gives_the_cpus_batch(spec):
-    """Geometry padded by the largest margin and masked to NVIDIA's (the GPU's path, no host read) against NVIDIA's least
-    margin read back (the CPU's path, NVIDIA's own): the same batch from the same draws, but for float32 rounding of the
-    resampling positions (3.8e-6 is NVIDIA's own distance from float64 here, about 1.5e-5 the GPU path's)."""
+    """Geometry padded by the largest margin and masked to NVIDIA's (the GPU's path, no host read) against NVIDIA's
+    least margin read back (the CPU's path, NVIDIA's own): the same batch from the same draws, but for float32 rounding
+    of the resampling positions."""
     images = torch.rand(16, 3, 24, 20) * 2 - 1
     pipe = _pipe(1.0, **spec)
     out = {}

@@ -112,11 +112,13 @@ def take_in(opts: dnnlib.EasyDict, gpus: int, device: torch.device, rank: int, s
     latest = opts.resume == 'latest'
     for flag, given in (('--resume-override', opts.resume_override), ('--resume-fresh-d', opts.resume_fresh_d)):
         if latest and given:
-            raise StartRefused(f'{flag} goes with --resume=PKL: --resume=latest continues a run of this very experiment')
+            raise StartRefused(f'{flag} goes with --resume=PKL: --resume=latest continues a run of this very '
+                               f'experiment')
     initial = load_nvidia(opts, stop)  # NVIDIA's networks to start from, or None.
     resume = None if opts.resume is None or latest or initial is not None else load_resume(opts.resume)
     fresh_d = resume is not None and opts.resume_fresh_d
-    experiment, resume_overrides = experiment_of(opts, gpus, device, resume, fresh_d, transfer=initial is not None or fresh_d)
+    experiment, resume_overrides = experiment_of(opts, gpus, device, resume, fresh_d,
+                                                 transfer=initial is not None or fresh_d)
     if fresh_d:  # A new run from the snapshot's G and G_ema, D from scratch.
         initial, resume = dnnlib.EasyDict(G=resume.G, G_ema=resume.G_ema), None
     continuation = run_dirs.find_latest(opts.outdir, experiment, print if rank == 0 else lambda _: None) if latest else None

@@ -232,9 +232,9 @@ class AugmentPipe(torch.nn.Module):
     On a GPU (`host_margin` False) the image is padded by the largest margin it can take (size - 1) and everything
     beyond NVIDIA's margin is set to zero, before and after the upsampling, which is NVIDIA's image inside a zero
     border, with the margin kept on the device; the resampling's positions, normalized over the larger padded image,
-    then round differently in float32 (about 1.5e-5). Colours are one 4x4 matrix per image; the filter is a separable
-    per-image convolution. The constants are copied to the device on the first call: a CUDA graph captures a later
-    one.
+    then round differently in float32 (bench/augment_check.py measures it). Colours are one 4x4 matrix per image;
+    the filter is a separable per-image convolution. The constants are copied to the device on the first call: a CUDA
+    graph captures a later one.
 
     Differentiable in the images (every step is linear in them for fixed draws: geometry, filter and cutout
     linear, colour and noise adding a constant), with second derivatives through ops/grid_sample_gradfix,
@@ -252,7 +252,7 @@ class AugmentPipe(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.register_buffer('p', torch.zeros([]))  # Overall probability multiplier, set by the training loop.
-        self.host_margin: bool | None = None  # Geometry padded by NVIDIA's least margin, read back (None: on a CPU only).
+        self.host_margin: bool | None = None  # Pad the geometry by NVIDIA's least margin, read back (None: on a CPU).
         self.xflip, self.rotate90, self.xint = float(xflip), float(rotate90), float(xint)
         self.xint_max = float(xint_max)
         self.scale, self.rotate, self.aniso, self.xfrac = float(scale), float(rotate), float(aniso), float(xfrac)
