@@ -144,6 +144,8 @@ def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
     set_threads(args.threads)
     try:
         _run(rank, args, device)
+        if args.num_gpus > 1:
+            torch.distributed.barrier()  # Leave together: tearing gloo down while another process still works can abort it.
     except _USER_ERRORS as e:
         _fail(rank, args, dnnlib.util.first_line(e))
     except Exception:
@@ -152,10 +154,10 @@ def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
         raise
     finally:
         if args.num_gpus > 1:
-            destroyed = compat.destroy_process_group()
-    if args.num_gpus > 1 and not destroyed:  # Left to the process's end (compat): it ends now, its work done.
-        sys.stdout.flush()
-        sys.stderr.flush()
+            compat.destroy_process_group()  # Or left to os._exit below (compat).
+    if args.num_gpus > 1:  # One of several processes, its work done: it ends at once. The interpreter's own teardown
+        sys.stdout.flush()  # of gloo's threads can abort it with a C++ runtime message ("terminate called without an
+        sys.stderr.flush()  # active exception", seen once in CI), as in training/launch.py.
         os._exit(0)
 
 

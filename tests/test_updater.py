@@ -301,6 +301,9 @@ def test_training_step_reads_nothing_back_to_the_host(cfg_name, norm, monkeypatc
     """One D step and one G step of every preset (narrow networks) without a host read of a tensor: on a GPU,
     no synchronization inside a step. StyleGAN's style mixing included (its generator mixes with probability 0.9)."""
     loss, updaters, batch = _preset_step(cfg_name, norm)
+    if loss.augment is not None and loss.augment.pipe is not None:  # gn-stylegan2's ADA: its GPU path, under way.
+        loss.augment.pipe.host_margin = False
+        loss.augment.pipe.p.fill_(0.5)
     for net in ['D', 'G']:  # First steps: Adam's state and GN's one-time check of the affine form (a host read).
         train_step(updaters[net], loss, batch if net == 'D' else [None, None] + batch[2:], 1, 0)
     reads = HostReads([u.optimizer for u in updaters.values()])
