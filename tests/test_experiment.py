@@ -121,7 +121,13 @@ def test_progressive_diagnostic_options_reach_the_networks_and_the_schedule():
      r'^--diffaug takes a comma-separated list of color, translation, cutout; got "color,zoom"$'),
     ('quickstart', dict(aug='ada', cuda_graphs='on', device='cuda'),
      r'^--cuda-graphs=on: --aug=ada runs its steps eagerly'),
-    ('quickstart', dict(freezed=2), r'^--freezed: gn-stylegan2 only$'),
+    ('quickstart', dict(freezed=8), r'^--freezed=8: D has 7 convolutions to freeze at 32x32$'),
+    ('quickstart', dict(depth=4, freezed=5), r'^--freezed=5: D has 4 convolutions to freeze at 32x32$'),
+    ('cifar10-resnet', dict(freezed=5), r'^--freezed=5: D has 4 residual blocks to freeze at 32x32$'),
+    ('cifar10-biggan', dict(label_dim=10, freezed=5), r'^--freezed=5: D has 4 residual blocks to freeze at 32x32$'),
+    ('stl10-resnet', dict(img_resolution=48, freezed=5), r'^--freezed=5: D has 4 residual blocks to freeze at 48x48$'),
+    ('celebahq128-resnet', dict(img_resolution=128, freezed=7), r'^--freezed=7: D has 6 residual blocks to freeze at 128x128$'),
+    ('gn-stylegan', dict(freezed=1), r'^--freezed: gn-stylegan grows D at its input during the run, so a frozen'),
     ('gn-stylegan2', dict(freezed=11), r'^--freezed=11: D has 10 layers to freeze at 32x32$'),
     ('gn-stylegan2', dict(sg2_cfg='cifar', freezed=8), r'^--freezed=8: D has 7 layers to freeze at 32x32$'),
 ])
@@ -249,6 +255,46 @@ def test_subset_takes_nvidias_images_for_the_seed():
     np.random.RandomState(7).shuffle(order)
     assert len(dataset) == 200
     np.testing.assert_array_equal(dataset._raw_idx, np.sort(order[:200]))
+
+
+@pytest.mark.parametrize('cfg,norm,frozen_prefixes', [
+    ('quickstart', 'gn', ('convs.0.', 'convs.1.', 'convs.2.')),
+    ('quickstart', 'sn', ('convs.0.', 'convs.1.', 'convs.2.')),
+    ('cifar10-resnet', 'gn', ('blocks.0.', 'blocks.1.', 'blocks.2.')),
+    ('cifar10-biggan', 'sn', ('blocks.0.', 'blocks.1.', 'blocks.2.')),
+])
+def test_freezed_freezes_the_first_convolutions_or_residual_blocks(cfg, norm, frozen_prefixes):
+    """--freezed=3 on the SN-GAN family: the first 3 convolutions (standard CNN) or residual blocks (ResNet, BigGAN)
+    hold buffers, as many as the unfrozen D's parameters there, and the rest parameters; D and its input gradient are
+    the unfrozen D's, value for value (the same seed); a GN or SN D step leaves the frozen tensors as they were and
+    moves every parameter. The largest --freezed the Experiment takes builds (its count is the network's)."""
+    import dnnlib
+    from training.step.loss import GANLoss
+    def make(freezed):
+        e = build(cfg, norm=norm, label_dim=10, freezed=freezed)
+        torch.manual_seed(0)
+        return dnnlib.util.construct_class_by_name(**dict(e.D_kwargs, ch=4))
+    units = {'quickstart': 7, 'cifar10-resnet': 4, 'cifar10-biggan': 4}[cfg]
+    make(units)  # The Experiment's bound is what the network takes.
+    with pytest.raises(ValueError, match=f'^--freezed={units + 1}: D has {units} '):
+        build(cfg, norm=norm, label_dim=10, freezed=units + 1)
+    D, D_free = make(3), make(None)
+    frozen = {name for name, _ in D.named_buffers() if name.startswith(frozen_prefixes) and not name.endswith(('_u', '_v'))}
+    assert frozen == {name for name, _ in D_free.named_parameters() if name.startswith(frozen_prefixes)}
+    assert {name for name, _ in D.named_parameters()} == {name for name, _ in D_free.named_parameters()} - frozen
+    x = torch.randn(4, 3, 32, 32, requires_grad=True)
+    c = torch.eye(D.c_dim)[torch.arange(4) % D.c_dim] if D.c_dim else torch.zeros(4, 0)
+    y, y_free = D(x, c), D_free(x, c)
+    assert torch.equal(y, y_free)
+    assert torch.equal(torch.autograd.grad(y.sum(), x)[0], torch.autograd.grad(y_free.sum(), x)[0])
+    before = {name: t.clone() for name, t in D.state_dict().items()}
+    optimizer = torch.optim.Adam(D.parameters(), lr=0.1)
+    G = lambda z, c: z.reshape(-1, 3, 32, 32)
+    GANLoss(G=G, D=D.requires_grad_(True), norm=norm, loss='ns').accumulate_gradients(  # ns: no bias gradient cancels.
+        'D', torch.rand(4, 3, 32, 32) * 2 - 1, c, torch.rand(4, 3 * 32 * 32) * 2 - 1, c)
+    optimizer.step()
+    changed = {name for name, t in D.state_dict().items() if not torch.equal(t, before[name])}
+    assert not changed & frozen and {name for name, _ in D.named_parameters()} <= changed
 
 
 def test_freezed_makes_nvidias_first_layers_buffers():

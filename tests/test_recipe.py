@@ -26,7 +26,7 @@ OWNERS = {'act': 'the standard-CNN presets', 'depth': 'the standard-CNN presets'
           'd_cmax': 'gn-stylegan or gn-stylegan2', 'tanh': 'gn-stylegan', 'map_dim': 'gn-stylegan or gn-stylegan2',
           'map_lrmul': 'gn-stylegan', 'style_mixing': 'gn-stylegan or gn-stylegan2', 'lod_kimg': 'gn-stylegan',
           'lr_rampdown': 'gn-stylegan', 'resolution': 'gn-stylegan', 'sg2_cfg': 'gn-stylegan2',
-          'pl_weight': 'gn-stylegan2', 'freezed': 'gn-stylegan2'}
+          'pl_weight': 'gn-stylegan2'}
 
 
 @pytest.mark.parametrize('key', list(OWNERS))

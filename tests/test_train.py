@@ -117,6 +117,20 @@ def test_conditional_biggan(dataset_zip, tmp_path):
     assert result.returncode != 0 and '--class is required' in result.stderr and 'Traceback' not in result.stderr
 
 
+def test_freezed_trains_all_but_ds_first_convolutions(dataset_zip, tmp_path):
+    """train.py --freezed=3 on the quick start: from one snapshot to the next, D's first three convolutions stay as they
+    were and everything else of D moves; the run's record says so."""
+    outdir = str(tmp_path / 'runs')
+    run_cli('train.py', f'--outdir={outdir}', f'--data={dataset_zip}', '--freezed=3', '--steps=2', '--batch=4',
+            '--tick=0.004', '--snap=1', '--workers=0')
+    run_dir = only_run_dir(outdir)
+    first, last = (persistence.load_snapshot(os.path.join(run_dir, name)).D.state_dict() for name in snapshots(run_dir))
+    moved = {name.split('.')[0] + '.' + name.split('.')[1] for name in first if not torch.equal(first[name], last[name])}
+    assert moved == {'convs.3', 'convs.4', 'convs.5', 'convs.6', 'fc.weight', 'fc.bias', 'projection.embed'}
+    with open(os.path.join(run_dir, 'training_options.json')) as f:
+        assert json.load(f)['D_kwargs']['freeze_layers'] == 3
+
+
 @pytest.mark.parametrize('launcher', [['train.py', '--gpus=2'],
                                       ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']])
 def test_two_process_gloo_run(dataset_zip, tmp_path, launcher):
@@ -246,6 +260,8 @@ def test_gn_stylegan_progressive_and_resume_mid_fade(tmp_path):
     # Little data: --subset against the data (as NVIDIA's train.py), the augmentation's options (test_experiment.py).
     (['--subset=1798'], 'Error: --subset must be between 1 and 1797, the images of'),
     (['--aug=fixed', '--p=1.5'], 'Error: --p must be between 0 and 1, got 1.5'),
+    (['--freezed=8'], 'Error: --freezed=8: D has 7 convolutions to freeze at 32x32'),
+    (['--cfg=gn-stylegan', '--freezed=1'], 'Error: --freezed: gn-stylegan grows D at its input during the run'),
 ])
 def test_user_errors_are_one_line(tmp_path, args, message):
     digits = os.path.join(REPO_ROOT, 'data', 'digits32.zip')

@@ -216,19 +216,24 @@ class _ShapesOnly(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-_shapes_cache: dict[tuple[str, str, int], dict[str, tuple[int, ...]]] = {}  # G and G_ema share one probe.
+_meta_cache: dict[tuple[str, str, int, int | None], torch.nn.Module] = {}  # G and G_ema share one probe.
 
 
 def _shapes_of(cls: type, kwargs: dict, max_bytes: int, max_tensors: int | None = None) -> dict[str, tuple[int, ...]]:
-    """State dict shapes of the network cls(**kwargs), built on the meta device without storage.
+    """State dict shapes of the network cls(**kwargs), built on the meta device without storage (_meta_network)."""
+    return {k: tuple(v.shape) for k, v in _meta_network(cls, kwargs, max_bytes, max_tensors).state_dict().items()}
+
+
+def _meta_network(cls: type, kwargs: dict, max_bytes: int, max_tensors: int | None = None) -> torch.nn.Module:
+    """The network cls(**kwargs), built on the meta device without storage (kept for the same arguments).
 
     Building stops as soon as the registered parameters and buffers exceed max_bytes, or number more
     than max_tensors (None: any number), so a loop asking for millions of layers, however small,
     ends early too.
     """
     key = (class_name_of(cls), json.dumps(kwargs, sort_keys=True), max_bytes, max_tensors)
-    if key in _shapes_cache:
-        return _shapes_cache[key]
+    if key in _meta_cache:
+        return _meta_cache[key]
     nbytes, seen, thread = 0, set(), threading.get_ident()
 
     def count(_module: torch.nn.Module, _name: str, tensor: torch.Tensor | None) -> None:
@@ -250,8 +255,8 @@ def _shapes_of(cls: type, kwargs: dict, max_bytes: int, max_tensors: int | None 
     finally:
         for hook in hooks:
             hook.remove()
-    _shapes_cache[key] = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    return _shapes_cache[key]
+    _meta_cache[key] = module
+    return module
 
 
 def network_shapes(network_kwargs: dict) -> dict[str, tuple[int, ...]]:
@@ -259,6 +264,14 @@ def network_shapes(network_kwargs: dict) -> dict[str, tuple[int, ...]]:
     the meta device without storage."""
     kwargs = dnnlib.util.to_plain(dict(network_kwargs))
     return _shapes_of(dnnlib.util.get_class(kwargs.pop('class_name')), kwargs, max_bytes=1 << 62)
+
+
+def network_parameters(network_kwargs: dict) -> set[str]:
+    """Names of the trainable parameters (those of its state dict that are not buffers, e.g. not Freeze-D's frozen
+    weights) of the network that `network_kwargs` describes, built on the meta device without storage."""
+    kwargs = dnnlib.util.to_plain(dict(network_kwargs))
+    module = _meta_network(dnnlib.util.get_class(kwargs.pop('class_name')), kwargs, max_bytes=1 << 62)
+    return {name for name, _ in module.named_parameters()}
 
 
 def _decode_module(value: dict, where: str) -> torch.nn.Module:

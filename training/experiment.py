@@ -96,7 +96,7 @@ class Experiment:
     diffaug: str | None = None          # DiffAugment's policy.
     ada_kimg: float | None = None       # ADA's speed: kimg per unit of p (500; 100 from another run's networks).
     subset: int | None = None           # Train on this many images of the data, NVIDIA's choice for the seed.
-    freezed: int | None = None          # D's first layers frozen (Freeze-D).
+    freezed: int | None = None          # D's first layers (or blocks) from the input frozen (Freeze-D).
 
     # The data the networks are built for.
     img_resolution: int = 32            # Resolution of the training images.
@@ -167,6 +167,11 @@ class Experiment:
             raise DataMismatch(f'--cfg={name} is class-conditional, but the dataset has no labels')
         configs.check_options(name, given, values['img_resolution'])
         recipe.fill(values, given, preset)
+        if values.get('freezed'):
+            units, what = recipe.freezable(values)
+            if values['freezed'] > units:
+                size = values['img_resolution']
+                raise ValueError(f'--freezed={values["freezed"]}: D has {units} {what} to freeze at {size}x{size}')
         values['metrics'] = tuple(values.get('metrics', ()))
         has_reference = values.get('ref_data') is not None or values.get('ref_stats') is not None
         values['best_metric'] = metric_main.check_metrics(values['metrics'], values.get('best_metric'), has_reference)

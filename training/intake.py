@@ -291,14 +291,17 @@ def check_resume_networks(snapshot: dnnlib.EasyDict, experiment: Experiment, pat
 
 
 def network_mismatch(snapshot: dnnlib.EasyDict, experiment: Experiment) -> tuple[str, str] | None:
-    """The first of the snapshot's G, G_ema and D whose class, parameter names or shapes are not those this run
-    builds, and how ('; it is a ...' or '; its kwargs differ: ...'); None where they all are."""
+    """The first of the snapshot's G, G_ema and D whose class, tensor names or shapes, or trained parameters (Freeze-D
+    makes some buffers) are not those this run builds, and how ('; it is a ...' or '; its kwargs differ: ...'); None
+    where they all are."""
     for name, kwargs in [('G', experiment.G_kwargs), ('G_ema', experiment.G_kwargs), ('D', experiment.D_kwargs)]:
         net = snapshot.get(name)
         if net is None:
             continue
         shapes = {key: tuple(tensor.shape) for key, tensor in net.state_dict().items()}
-        if persistence.class_name_of(type(net)) != kwargs.class_name or shapes != persistence.network_shapes(kwargs):
+        parameters = {key for key, _ in net.named_parameters()}
+        if (persistence.class_name_of(type(net)) != kwargs.class_name or shapes != persistence.network_shapes(kwargs)
+                or parameters != persistence.network_parameters(kwargs)):
             return name, (f'; it is a {persistence.class_name_of(type(net))}, this run\'s a {kwargs.class_name}'
                           if persistence.class_name_of(type(net)) != kwargs.class_name else
                           kwargs_differences(net.init_kwargs, {k: v for k, v in kwargs.items() if k != 'class_name'}))

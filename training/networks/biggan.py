@@ -18,7 +18,7 @@ from torch import nn
 
 from torch_utils import persistence
 from training.networks.sngan import (DiscriminatorBlock, GeneratorBlock, Projection, ResidualDiscriminator,
-                                     ResidualGenerator, apply_spectral_norm, init_weights)
+                                     ResidualGenerator, apply_spectral_norm, check_freeze, freeze, init_weights)
 
 #----------------------------------------------------------------------------
 
@@ -61,6 +61,7 @@ class BigGANDiscriminator(ResidualDiscriminator):
     """BigGAN discriminator at 32x32: four residual blocks (two down-sampling), ReLU, global sum pooling, projection."""
 
     sum_pool = True
+    num_blocks = 4  # Residual blocks: two down-sampling, two at 8x8.
 
     def __init__(self,
         c_dim: int,                     # Label dimension (number of classes), 0 = unconditional.
@@ -68,6 +69,7 @@ class BigGANDiscriminator(ResidualDiscriminator):
         img_channels: int,              # Number of input color channels.
         ch: int = 256,                  # Width of every block (BigGAN's 4 x 64 at 32x32).
         spectral_norm: bool = False,    # Spectral normalization on every conv/linear weight (--norm=sn).
+        freeze_blocks: int = 0,         # Freeze-D (--freezed): the first residual blocks from the input are not trained.
     ) -> None:
         super().__init__()
         self.c_dim = c_dim
@@ -82,6 +84,8 @@ class BigGANDiscriminator(ResidualDiscriminator):
         self.fc = nn.Linear(ch, 1)
         self.projection = Projection(c_dim, ch)
         init_weights(self, 'xavier')
+        check_freeze(freeze_blocks, len(self.blocks), 'BigGANDiscriminator freeze_blocks')
+        freeze(self.blocks[:freeze_blocks])
         if spectral_norm:
             apply_spectral_norm(self)
 

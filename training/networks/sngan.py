@@ -81,6 +81,23 @@ def init_weights(module: nn.Module, init: str) -> None:
                 nn.init.zeros_(m.bias)
 
 
+def freeze(modules: list[nn.Module]) -> None:
+    """Freeze-D (Mo et al. 2020; NVIDIA's freeze_layers): every parameter of `modules` becomes a buffer of the same
+    name, so no optimizer of D.parameters() updates it, while the state dict keeps it and D's input gradient (GN's
+    normalization, the penalties) still runs through it. Before spectral normalization, which then keeps its raw
+    weight as a buffer too."""
+    for module in modules:
+        for layer in module.modules():
+            for name, param in list(layer.named_parameters(recurse=False)):
+                delattr(layer, name)
+                layer.register_buffer(name, param.detach())
+
+
+def check_freeze(count: int, units: int, what: str) -> None:
+    if not 0 <= count <= units:
+        raise ValueError(f'{what}: freezes 0 to {units}, got {count}')
+
+
 class ClassBatchNorm2d(nn.Module):
     """Batch norm whose affine gain and bias depend on the class label when c_dim > 0.
 
@@ -182,6 +199,7 @@ def cnn_depth_layout(depth: int) -> list[int]:
 
 
 MAX_CNN_DEPTH = 16
+STANDARD_CNN_DEPTH = 7  # SN-GAN's standard CNN D: seven convolutions.
 
 #----------------------------------------------------------------------------
 # ResNet blocks (SN-GAN; reused by BigGAN).
@@ -305,6 +323,7 @@ class CNNDiscriminator(nn.Module):
         spectral_norm: bool = False,    # Spectral normalization on every conv/linear weight (--norm=sn).
         act: str = 'lrelu:0.1',         # Activation after every conv (--act; ACTIVATIONS).
         depth: int | None = None,       # Convolutional layers (3 to MAX_CNN_DEPTH), None = the standard D's 7.
+        freeze_layers: int = 0,         # Freeze-D (--freezed): the first convolutions from the input are not trained.
     ) -> None:
         super().__init__()
         if img_resolution % 8 != 0:
@@ -315,7 +334,7 @@ class CNNDiscriminator(nn.Module):
         self.act = act
         self.activation = activation_function(act)
         self.is_piecewise_linear = ACTIVATIONS[parse_activation(act)[0]][1]  # GN's fast paths need it.
-        slots = cnn_depth_layout(7 if depth is None else depth)
+        slots = cnn_depth_layout(STANDARD_CNN_DEPTH if depth is None else depth)
         layers, width, in_channels = [], ch, img_channels
         for stage in range(4):  # A stride-2 4x4 conv doubling the width before every stage but the first.
             if stage > 0:
@@ -330,6 +349,8 @@ class CNNDiscriminator(nn.Module):
         self.fc = nn.Linear(num_features, 1)
         self.projection = Projection(c_dim, num_features)
         init_weights(self, 'kaiming')
+        check_freeze(freeze_layers, len(self.convs), 'CNNDiscriminator freeze_layers')
+        freeze(self.convs[:freeze_layers])
         if spectral_norm:
             apply_spectral_norm(self)
 
@@ -442,6 +463,7 @@ class ResNetDiscriminator(ResidualDiscriminator):
         img_channels: int,              # Number of input color channels.
         ch: int | None = None,          # Base width; None = the paper's width for this resolution.
         spectral_norm: bool = False,    # Spectral normalization on every conv/linear weight (--norm=sn).
+        freeze_blocks: int = 0,         # Freeze-D (--freezed): the first residual blocks from the input are not trained.
     ) -> None:
         super().__init__()
         layout = resnet_layout(img_resolution)
@@ -457,6 +479,8 @@ class ResNetDiscriminator(ResidualDiscriminator):
         self.fc = nn.Linear(widths[-1], 1)
         self.projection = Projection(c_dim, widths[-1])
         init_weights(self, 'kaiming')
+        check_freeze(freeze_blocks, num_blocks, 'ResNetDiscriminator freeze_blocks')
+        freeze(self.blocks[:freeze_blocks])
         if spectral_norm:
             apply_spectral_norm(self)
 

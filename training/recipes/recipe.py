@@ -74,6 +74,12 @@ class Recipe(abc.ABC):
         defaults for `preset`, raising ValueError in one line on a value the family cannot train."""
         self.fill_fixed(values, preset)
 
+    def freezable(self, values: dict[str, Any]) -> tuple[int, str]:
+        """Freeze-D (--freezed, checked once the family has filled `values` in): how many of D's units, counted from
+        the input, can be frozen, and what they are ('layers', 'residual blocks'); ValueError in one line for a D
+        without any."""
+        raise ValueError(f'--freezed: the D of --cfg={values["cfg"]} has no layers to freeze')
+
     @staticmethod
     def fill_fixed(values: dict[str, Any], preset: dnnlib.EasyDict) -> None:
         """A run of fixed batches at the data's resolution: the preset's learning rates, batch and length, a --kimg

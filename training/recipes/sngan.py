@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import dnnlib
-from training.networks import sngan
+from training.networks import biggan, sngan
 from training.recipes.recipe import Recipe
 
 #----------------------------------------------------------------------------
@@ -138,6 +138,15 @@ class SNGANRecipe(Recipe):
             sngan.cnn_depth_layout(given['depth'])
         self.fill_fixed(values, preset)
 
+    def freezable(self, values: dict[str, Any]) -> tuple[int, str]:
+        """The standard CNN's convolutions, the ResNet's and BigGAN's residual blocks."""
+        arch = self.presets[values['cfg']]['arch']
+        if arch == 'cnn':
+            return values.get('depth') or sngan.STANDARD_CNN_DEPTH, 'convolutions'
+        if arch == 'resnet':
+            return len(sngan.resnet_layout(values['img_resolution'])['D_mult']), 'residual blocks'
+        return biggan.BigGANDiscriminator.num_blocks, 'residual blocks'
+
     def G_kwargs(self, e: Any) -> dnnlib.EasyDict:
         kwargs = self.network_kwargs(e, e.preset.G_kwargs)
         if e.depth is not None:
@@ -147,6 +156,8 @@ class SNGANRecipe(Recipe):
     def D_kwargs(self, e: Any) -> dnnlib.EasyDict:
         kwargs = self.network_kwargs(e, e.preset.D_kwargs)
         kwargs.update({key: getattr(e, key) for key in ('act', 'depth') if getattr(e, key) is not None})
+        if e.freezed:  # Freeze-D: the first units' weights are buffers (GN differentiates through them).
+            kwargs['freeze_layers' if e.preset.arch == 'cnn' else 'freeze_blocks'] = e.freezed
         return kwargs
 
     def schedule_kwargs(self, e: Any) -> dnnlib.EasyDict:

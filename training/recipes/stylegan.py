@@ -67,6 +67,12 @@ class StyleGANRecipe(Recipe):
         values.setdefault('lod_kimg', progressive.PHASE_KIMG)
         values.setdefault('lr_rampdown', 0.0)
 
+    def freezable(self, values: dict[str, Any]) -> tuple[int, str]:
+        """None: Freeze-D fine-tunes a D whose input layers have trained, and progressive growing fades them in."""
+        raise ValueError(f'--freezed: gn-stylegan grows D at its input during the run, so a frozen first block would '
+                         f'never train; Freeze-D takes a D built at its full size (gn-stylegan2, the SN-GAN, ResNet '
+                         f'and BigGAN presets)')
+
     def old_record(self, record: dict[str, Any], snapshot: dict[str, Any]) -> None:
         G, D = snapshot['G'].init_kwargs, snapshot['D'].init_kwargs
         record.update(img_resolution=(snapshot.get('training_set_kwargs') or {}).get('resolution', G['img_resolution']),

@@ -68,7 +68,7 @@ class StyleGAN2Recipe(Recipe):
 
     presets = PRESETS
     archs = {'stylegan2': ('training.networks.stylegan2.Generator', 'training.networks.stylegan2.Discriminator')}
-    options = ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight', 'freezed')
+    options = ('cmax', 'd_cmax', 'map_dim', 'style_mixing', 'sg2_cfg', 'pl_weight')
     owner = 'gn-stylegan2'
     datasets = {'gn-stylegan2': 'images of a power-of-two size such as FFHQ, MetFaces or AFHQ (python dataset_tool.py '
                                 '--source=DIR --dest=data.zip)'}
@@ -94,13 +94,13 @@ class StyleGAN2Recipe(Recipe):
         values.setdefault('map_dim', 512)
         values.setdefault('style_mixing', 0.0 if name == 'cifar' else LOSS['style_mixing_prob'])
         values.setdefault('pl_weight', 0.0 if name == 'cifar' else LOSS['pl_weight'])
-        layers = d_layers(img_resolution, 'orig' if name == 'cifar' else 'resnet')
-        if values.get('freezed') is not None and values['freezed'] > layers:
-            raise ValueError(f'--freezed={values["freezed"]}: D has {layers} layers to freeze at '
-                             f'{img_resolution}x{img_resolution}')
         if 'steps' not in values:
             values.setdefault('kimg', float(config.kimg))
         self.fill_fixed(values, preset)
+
+    def freezable(self, values: dict[str, Any]) -> tuple[int, str]:
+        """NVIDIA's layers (d_layers) of the filled-in configuration."""
+        return d_layers(values['img_resolution'], 'orig' if values['sg2_cfg'] == 'cifar' else 'resnet'), 'layers'
 
     @staticmethod
     def config_of(e: Any) -> dnnlib.EasyDict:
