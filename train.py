@@ -105,7 +105,7 @@ from training.step.ada import AUGMENTS, AUGPIPES  # noqa: E402
 @click.option('--diffaug',      help='DiffAugment\'s policy, comma-separated  [default: color,translation,cutout]', metavar='POLICY', type=str)
 @click.option('--ada-kimg',     help='ADA: kimg for p to move by 1  [default: 500; from NVIDIA\'s pickle: 100]', metavar='KIMG', type=float)
 @click.option('--subset',       help='Train on N images of the data, NVIDIA\'s for the --seed  [default: all]', metavar='INT', type=click.IntRange(min=1))
-@click.option('--freezed',      help='Freeze D\'s first N layers from the input (Freeze-D): gn-stylegan2 NVIDIA\'s layers, the standard CNN its convolutions, ResNet and BigGAN their residual blocks  [default: 0]', metavar='INT', type=click.IntRange(min=0))
+@click.option('--freezed',      help='Freeze-D: D\'s first N layers (gn-stylegan2: NVIDIA\'s; standard CNN: convs; ResNet, BigGAN: blocks)  [default: 0]', metavar='INT', type=click.IntRange(min=0))
 
 # Length and batches.
 @click.option('--batch',        help='Global D batch M; gn-stylegan: cap on the minibatch', metavar='INT',       type=click.IntRange(min=1))

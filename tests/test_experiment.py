@@ -126,7 +126,8 @@ def test_progressive_diagnostic_options_reach_the_networks_and_the_schedule():
     ('cifar10-resnet', dict(freezed=5), r'^--freezed=5: D has 4 residual blocks to freeze at 32x32$'),
     ('cifar10-biggan', dict(label_dim=10, freezed=5), r'^--freezed=5: D has 4 residual blocks to freeze at 32x32$'),
     ('stl10-resnet', dict(img_resolution=48, freezed=5), r'^--freezed=5: D has 4 residual blocks to freeze at 48x48$'),
-    ('celebahq128-resnet', dict(img_resolution=128, freezed=7), r'^--freezed=7: D has 6 residual blocks to freeze at 128x128$'),
+    ('celebahq128-resnet', dict(img_resolution=128, freezed=7),
+     r'^--freezed=7: D has 6 residual blocks to freeze at 128x128$'),
     ('gn-stylegan', dict(freezed=1), r'^--freezed: gn-stylegan grows D at its input during the run, so a frozen'),
     ('gn-stylegan2', dict(freezed=11), r'^--freezed=11: D has 10 layers to freeze at 32x32$'),
     ('gn-stylegan2', dict(sg2_cfg='cifar', freezed=8), r'^--freezed=8: D has 7 layers to freeze at 32x32$'),
@@ -279,7 +280,8 @@ def test_freezed_freezes_the_first_convolutions_or_residual_blocks(cfg, norm, fr
     with pytest.raises(ValueError, match=f'^--freezed={units + 1}: D has {units} '):
         build(cfg, norm=norm, label_dim=10, freezed=units + 1)
     D, D_free = make(3), make(None)
-    frozen = {name for name, _ in D.named_buffers() if name.startswith(frozen_prefixes) and not name.endswith(('_u', '_v'))}
+    frozen = {name for name, _ in D.named_buffers()
+              if name.startswith(frozen_prefixes) and not name.endswith(('_u', '_v'))}  # Not SN's power iteration.
     assert frozen == {name for name, _ in D_free.named_parameters() if name.startswith(frozen_prefixes)}
     assert {name for name, _ in D.named_parameters()} == {name for name, _ in D_free.named_parameters()} - frozen
     x = torch.randn(4, 3, 32, 32, requires_grad=True)

@@ -97,9 +97,9 @@ def test_a_change_of_the_networks_is_refused_with_what_works(tmp_path):
     assert output.startswith('Error: --resume: --cfg=cifar10-cnn (was quickstart) changes the G of ')
     code, output = _train(*resume, '--freezed=2', '--resume-override')  # The same tensors, fewer of them trained.
     assert code != 0 and output.strip().splitlines() == [
-        f'Error: --resume: --freezed=2 (was None) changes the D of {snap}; its kwargs differ: freeze_layers (unset) (this '
-        f'run: 2); a run cannot continue with other networks: add --resume-fresh-d to keep its G and G_ema and train a '
-        f'new D from scratch, or start a new run without --resume']
+        f'Error: --resume: --freezed=2 (was None) changes the D of {snap}; its kwargs differ: freeze_layers (unset) '
+        f'(this run: 2); a run cannot continue with other networks: add --resume-fresh-d to keep its G and G_ema and '
+        f'train a new D from scratch, or start a new run without --resume']
     assert not (tmp_path / 'resumed').exists()
 
     code, output = _train(*resume, '--norm=gp1')

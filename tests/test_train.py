@@ -125,7 +125,7 @@ def test_freezed_trains_all_but_ds_first_convolutions(dataset_zip, tmp_path):
             '--tick=0.004', '--snap=1', '--workers=0')
     run_dir = only_run_dir(outdir)
     first, last = (persistence.load_snapshot(os.path.join(run_dir, name)).D.state_dict() for name in snapshots(run_dir))
-    moved = {name.split('.')[0] + '.' + name.split('.')[1] for name in first if not torch.equal(first[name], last[name])}
+    moved = {'.'.join(name.split('.')[:2]) for name in first if not torch.equal(first[name], last[name])}
     assert moved == {'convs.3', 'convs.4', 'convs.5', 'convs.6', 'fc.weight', 'fc.bias', 'projection.embed'}
     with open(os.path.join(run_dir, 'training_options.json')) as f:
         assert json.load(f)['D_kwargs']['freeze_layers'] == 3

@@ -69,7 +69,7 @@ class BigGANDiscriminator(ResidualDiscriminator):
         img_channels: int,              # Number of input color channels.
         ch: int = 256,                  # Width of every block (BigGAN's 4 x 64 at 32x32).
         spectral_norm: bool = False,    # Spectral normalization on every conv/linear weight (--norm=sn).
-        freeze_blocks: int = 0,         # Freeze-D (--freezed): the first residual blocks from the input are not trained.
+        freeze_blocks: int = 0,         # Freeze-D (--freezed): the first residual blocks from the input not trained.
     ) -> None:
         super().__init__()
         self.c_dim = c_dim

@@ -463,7 +463,7 @@ class ResNetDiscriminator(ResidualDiscriminator):
         img_channels: int,              # Number of input color channels.
         ch: int | None = None,          # Base width; None = the paper's width for this resolution.
         spectral_norm: bool = False,    # Spectral normalization on every conv/linear weight (--norm=sn).
-        freeze_blocks: int = 0,         # Freeze-D (--freezed): the first residual blocks from the input are not trained.
+        freeze_blocks: int = 0,         # Freeze-D (--freezed): the first residual blocks from the input not trained.
     ) -> None:
         super().__init__()
         layout = resnet_layout(img_resolution)

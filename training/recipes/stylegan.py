@@ -69,9 +69,9 @@ class StyleGANRecipe(Recipe):
 
     def freezable(self, values: dict[str, Any]) -> tuple[int, str]:
         """None: Freeze-D fine-tunes a D whose input layers have trained, and progressive growing fades them in."""
-        raise ValueError(f'--freezed: gn-stylegan grows D at its input during the run, so a frozen first block would '
-                         f'never train; Freeze-D takes a D built at its full size (gn-stylegan2, the SN-GAN, ResNet '
-                         f'and BigGAN presets)')
+        raise ValueError('--freezed: gn-stylegan grows D at its input during the run, so a frozen first block would '
+                         'never train; Freeze-D takes a D built at its full size (gn-stylegan2, the SN-GAN, ResNet '
+                         'and BigGAN presets)')
 
     def old_record(self, record: dict[str, Any], snapshot: dict[str, Any]) -> None:
         G, D = snapshot['G'].init_kwargs, snapshot['D'].init_kwargs
