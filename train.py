@@ -175,9 +175,12 @@ def _print_options(start: intake.Start, outdir: str) -> None:
     if (note := experiment.schedule.group_size_note()) is not None:
         print(note)
     print()
-    if start.latest:
-        print(f'--resume=latest: continuing {start.continuation.run_dir} from {start.continuation.snapshot_pkl}'
-              if start.continuation else f'--resume=latest: no run of this experiment in {outdir}; starting one')
+    if start.latest and start.continuation:
+        print(f'--resume=latest: continuing {start.continuation.run_dir} from {start.continuation.snapshot_pkl}')
+    elif start.latest:
+        other = '' if start.other_run is None else (f' (the newest run there, {start.other_run[0]}, was trained with '
+                                                    f'other options: {"; ".join(start.other_run[1])})')
+        print(f'--resume=latest: no run of this experiment in {outdir}; starting one{other}')
 
 
 if __name__ == '__main__':

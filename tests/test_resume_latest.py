@@ -101,7 +101,8 @@ def test_records_after_the_snapshot_are_dropped(tmp_path):
 
 def test_train_py_says_what_latest_continues(tmp_path):
     """In-process train.py: a fresh run of one G step; then --resume=latest (dry run) names its directory and snapshot,
-    another seed starts a new run, and --resume-override is refused in one line."""
+    another seed starts a new run, saying how the newest run differs (an empty --outdir: nothing to say), and
+    --resume-override is refused in one line."""
     from click.testing import CliRunner
     import train
     outdir = tmp_path / 'runs'
@@ -114,7 +115,10 @@ def test_train_py_says_what_latest_continues(tmp_path):
     assert f'--resume=latest: continuing {run_dir} from {snapshot}' in result.output
     assert f'"resume_pkl": "{snapshot}"' in result.output
     result = CliRunner().invoke(train.main, [*common, '--seed=1', '--resume=latest', '--dry-run'])
-    assert f'--resume=latest: no run of this experiment in {outdir}; starting one' in result.output
+    assert (f'--resume=latest: no run of this experiment in {outdir}; starting one (the newest run there, {run_dir}, '
+            f'was trained with other options: --seed=1 (was 0))') in result.output.splitlines()
+    result = CliRunner().invoke(train.main, [f'--outdir={tmp_path / "empty"}', '--resume=latest', '--dry-run'])
+    assert f'--resume=latest: no run of this experiment in {tmp_path / "empty"}; starting one' in result.output.splitlines()
     result = CliRunner().invoke(train.main, [*common, '--resume=latest', '--resume-override'])
     assert result.exit_code != 0 and result.output.strip().splitlines() == [
         'Error: --resume-override goes with --resume=PKL: --resume=latest continues a run of this very experiment']

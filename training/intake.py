@@ -74,6 +74,7 @@ class Start:
     resume_changes: list[str] = dataclasses.field(default_factory=list)  # Its length, reporting, execution changed.
     notes: list[str] = dataclasses.field(default_factory=list)  # Those changes, as lines to print and log.
     resumes: list[dict] = dataclasses.field(default_factory=list)  # Every resume of the run that changed something.
+    other_run: tuple[str, list[str]] | None = None  # --resume=latest starting a new run: the newest other run, its changes.
 
     @property
     def complete(self) -> bool:
@@ -131,6 +132,8 @@ def take_in(opts: dnnlib.EasyDict, gpus: int, device: torch.device, rank: int, s
     start = Start(experiment=experiment, resume_overrides=resume_overrides, resume=resume,
                   resume_pkl=resume_pkl, initial=initial, latest=latest, continuation=continuation,
                   resume_given=opts.resume is not None and not latest)
+    if latest and continuation is None:
+        start.other_run = run_dirs.newest_other_run(opts.outdir, experiment)
     if opts.data is None and experiment.data == QUICKSTART_DATA and data_stand_in(experiment.cfg) is not None:
         start.notes.append(data_stand_in(experiment.cfg))  # A default said aloud.
     if resume is not None:  # What the resume changes besides the experiment (--resume-override's): said and recorded.

@@ -158,6 +158,16 @@ def find_latest(outdir: str, experiment: Any, log: Callable[[str], None]) -> Con
     return None
 
 
+def newest_other_run(outdir: str, experiment: Any) -> tuple[str, list[str]] | None:
+    """The newest run in `outdir` of another experiment than `experiment` and how its options differ (by its
+    training_options.json), for --resume=latest to say why it starts a new run (a default that changed since, say)."""
+    for _, run_dir in reversed(_run_dirs(outdir)):
+        recorded = _recorded_experiment(run_dir, type(experiment))
+        if recorded is not None and (changes := recorded.changes(experiment)):
+            return run_dir, changes
+    return None
+
+
 def drop_records_after(run_dir: str, step: int, cur_nimg: int) -> int:
     """Remove from `run_dir` the statistics of G steps after `step` (stats.jsonl) and the metrics of snapshots after
     `cur_nimg` images (metric-*.jsonl), and lines cut short; return how many lines went."""
