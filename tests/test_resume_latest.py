@@ -117,8 +117,9 @@ def test_train_py_says_what_latest_continues(tmp_path):
     result = CliRunner().invoke(train.main, [*common, '--seed=1', '--resume=latest', '--dry-run'])
     assert (f'--resume=latest: no run of this experiment in {outdir}; starting one (the newest run there, {run_dir}, '
             f'was trained with other options: --seed=1 (was 0))') in result.output.splitlines()
-    result = CliRunner().invoke(train.main, [f'--outdir={tmp_path / "empty"}', '--resume=latest', '--dry-run'])
-    assert f'--resume=latest: no run of this experiment in {tmp_path / "empty"}; starting one' in result.output.splitlines()
+    empty = tmp_path / 'empty'
+    result = CliRunner().invoke(train.main, [f'--outdir={empty}', '--resume=latest', '--dry-run'])
+    assert f'--resume=latest: no run of this experiment in {empty}; starting one' in result.output.splitlines()
     result = CliRunner().invoke(train.main, [*common, '--resume=latest', '--resume-override'])
     assert result.exit_code != 0 and result.output.strip().splitlines() == [
         'Error: --resume-override goes with --resume=PKL: --resume=latest continues a run of this very experiment']

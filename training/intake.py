@@ -74,7 +74,7 @@ class Start:
     resume_changes: list[str] = dataclasses.field(default_factory=list)  # Its length, reporting, execution changed.
     notes: list[str] = dataclasses.field(default_factory=list)  # Those changes, as lines to print and log.
     resumes: list[dict] = dataclasses.field(default_factory=list)  # Every resume of the run that changed something.
-    other_run: tuple[str, list[str]] | None = None  # --resume=latest starting a new run: the newest other run, its changes.
+    other_run: tuple[str, list[str]] | None = None  # --resume=latest starting anew: the newest other run, its changes.
 
     @property
     def complete(self) -> bool:
