@@ -94,6 +94,7 @@ def freeze(modules: list[nn.Module]) -> None:
 
 
 def check_freeze(count: int, units: int, what: str) -> None:
+    """Refuse, in one line, a Freeze-D count `count` beyond the `units` a D has (`what`: the class and keyword)."""
     if not 0 <= count <= units:
         raise ValueError(f'{what}: freezes 0 to {units}, got {count}')
 

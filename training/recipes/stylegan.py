@@ -68,7 +68,7 @@ class StyleGANRecipe(Recipe):
         values.setdefault('lr_rampdown', 0.0)
 
     def freezable(self, values: dict[str, Any]) -> tuple[int, str]:
-        """None: Freeze-D fine-tunes a D whose input layers have trained, and progressive growing fades them in."""
+        """Refused: Freeze-D fine-tunes a D whose input layers have trained, and progressive growing fades them in."""
         raise ValueError('--freezed: gn-stylegan grows D at its input during the run, so a frozen first block would '
                          'never train; Freeze-D takes a D built at its full size (gn-stylegan2, the SN-GAN, ResNet '
                          'and BigGAN presets)')
