@@ -157,7 +157,7 @@ def subprocess_fn(rank: int, args: dnnlib.EasyDict) -> None:
             compat.destroy_process_group()  # Or left to os._exit below (compat).
     if args.num_gpus > 1:  # One of several processes, its work done: it ends at once. The interpreter's own teardown
         sys.stdout.flush()  # of gloo's threads can abort it with a C++ runtime message ("terminate called without an
-        sys.stderr.flush()  # active exception", seen once in CI), as in training/launch.py.
+        sys.stderr.flush()  # active exception"), as in training/launch.py.
         os._exit(0)
 
 
